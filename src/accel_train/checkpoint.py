@@ -1,0 +1,76 @@
+"""Atomic checkpoint files and the RNG state that makes a resume exact."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accel_train.config import UserError
+
+FORMAT_VERSION = 1
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """Write to a temp file beside `path`, fsync, rename: a kill at any moment leaves either the
+    old file or the new one, never a torn one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{key}={str(path)!r}: no such file. Give the path of a .pt checkpoint.")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as err:
+        raise UserError(
+            f"{key}={str(path)!r} is not a readable checkpoint ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200]}). It may be truncated or not written by "
+            "accel-train; use another checkpoint (e.g. checkpoints/best.pt or last.pt)."
+        ) from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION:
+        raise UserError(
+            f"{key}={str(path)!r} was not written by this version of accel-train "
+            "(no 'format' marker). Use a checkpoint from checkpoints/ of an accel-train run."
+        )
+    return ckpt
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_as_tuples(state["python"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuples(x):
+    # random.setstate wants tuples; be lenient if a round trip turned them into lists.
+    return tuple(_as_tuples(v) for v in x) if isinstance(x, list | tuple) else x

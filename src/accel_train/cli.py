@@ -1,0 +1,75 @@
+"""Console entrypoints `accel-train` and `accel-eval`: Hydra composes, we report errors cleanly."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from accel_train.config import CONFIG_DIR, UserError, register_configs
+
+log = logging.getLogger("accel_train")
+
+
+def report_user_errors(fn):
+    """A UserError becomes one paragraph on stderr and exit code 2 (the traceback only with
+    HYDRA_FULL_ERROR=1, like Hydra's own errors)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as err:
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            prog = os.path.basename(sys.argv[0]) or "accel-train"
+            print(
+                f"{prog}: error: {err}\n(Set HYDRA_FULL_ERROR=1 for the traceback.)",
+                file=sys.stderr,
+            )
+            sys.exit(2)
+
+    return wrapper
+
+
+def _check_config_dir() -> None:
+    if not (CONFIG_DIR / "train.yaml").is_file():
+        print(
+            f"accel-train: error: the config directory {CONFIG_DIR} is missing. accel-train reads "
+            "its YAML configs from the source checkout: install it with `pip install -e .`.",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
+@report_user_errors
+def _train(cfg: DictConfig):
+    from accel_train.launch import launch
+
+    return launch(cfg)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="eval")
+@report_user_errors
+def _evaluate(cfg: DictConfig):
+    from accel_train.evaluate import evaluate_checkpoint
+
+    evaluate_checkpoint(cfg)
+
+
+def train() -> None:
+    _check_config_dir()
+    _train()
+
+
+def evaluate() -> None:
+    _check_config_dir()
+    _evaluate()

@@ -1,0 +1,117 @@
+"""Process-group setup/teardown, the training device, and the DDP / FSDP model wrappers."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from torch import nn
+
+from accel_train.config import UserError
+
+log = logging.getLogger(__name__)
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def inside_torchrun() -> bool:
+    """True in a process started by torchrun (or anything that sets its variables)."""
+    return all(v in os.environ for v in TORCHRUN_VARS)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 or dist.is_initialized()
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if dist.is_initialized():
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+
+def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UserError(
+            "trainer.device=cuda but this machine has no usable CUDA device "
+            f"(torch {torch.__version__}, torch.cuda.is_available() is False). "
+            "Use `trainer.device=cpu` or `trainer.device=auto`."
+        )
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        raise UserError(
+            f"local rank {local_rank} has no GPU: this node has {torch.cuda.device_count()}. "
+            "Set `launcher.nproc_per_node` to at most the number of GPUs (or `auto`)."
+        )
+    return torch.device("cuda", local_rank)
+
+
+@contextlib.contextmanager
+def process_group(device_request: str, timeout_s: float = 600.0) -> Iterator[DistEnv]:
+    """World size 1 in-process, or join the torchrun group; always torn down on the way out."""
+    if not inside_torchrun():
+        yield DistEnv(0, 0, 1, resolve_device(device_request))
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    device = resolve_device(device_request, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend=backend,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    try:
+        yield DistEnv(rank, local_rank, world, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, sc: DictConfig, env: DistEnv) -> nn.Module:
+    """Apply the parallelism strategy; returns the module the training step calls."""
+    if sc.name == "single" or not env.distributed:
+        return model
+    if sc.name == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(
+            model,
+            device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            bucket_cap_mb=sc.bucket_cap_mb,
+            gradient_as_bucket_view=sc.gradient_as_bucket_view,
+            static_graph=sc.static_graph,
+            find_unused_parameters=sc.find_unused_parameters,
+        )
+    assert sc.name == "fsdp", sc.name
+    from torch.distributed.fsdp import fully_shard
+
+    from accel_train.models import blocks_to_shard
+
+    for block in blocks_to_shard(model):
+        fully_shard(block, reshard_after_forward=sc.reshard_after_forward)
+    fully_shard(model, reshard_after_forward=sc.reshard_after_forward)
+    return model

@@ -1,0 +1,70 @@
+"""Optimizers and learning-rate schedules from torch; schedules step once per optimizer step."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from omegaconf import DictConfig
+from torch.optim import lr_scheduler
+
+from accel_train.config import UserError
+
+log = logging.getLogger(__name__)
+
+
+def scaled_lr(oc: DictConfig, global_batch: int) -> float:
+    """optimizer.lr, times global_batch / reference_batch_size under the linear scaling rule."""
+    if not oc.scale_lr_with_batch:
+        return oc.lr
+    factor = global_batch / oc.reference_batch_size
+    log.info(
+        "linear lr scaling: lr %.4g x (global batch %d / reference %d) = %.4g",
+        oc.lr,
+        global_batch,
+        oc.reference_batch_size,
+        oc.lr * factor,
+    )
+    return oc.lr * factor
+
+
+def build_optimizer(params, oc: DictConfig, lr: float, device: torch.device):
+    # Fused kernels are the fastest on CUDA; on the CPU the default (foreach) is.
+    fused = oc.fused if oc.fused is not None else device.type == "cuda"
+    kwargs = {"lr": lr, "weight_decay": oc.weight_decay, "fused": fused or None}
+    if oc.name == "sgd":
+        return torch.optim.SGD(params, momentum=oc.momentum, nesterov=oc.nesterov, **kwargs)
+    cls = torch.optim.Adam if oc.name == "adam" else torch.optim.AdamW
+    return cls(params, betas=tuple(oc.betas), eps=oc.eps, **kwargs)
+
+
+def build_scheduler(optimizer, sc: DictConfig, total_steps: int, lr_scale: float = 1.0):
+    """A torch scheduler (or None for a constant lr), with an optional linear warmup in front."""
+    warmup = sc.warmup_steps
+    if sc.name == "onecycle":
+        if warmup:
+            raise UserError(
+                "scheduler=onecycle with scheduler.warmup_steps>0: OneCycle has its own warmup "
+                "(scheduler.pct_start). Set `scheduler.warmup_steps=0`."
+            )
+        return lr_scheduler.OneCycleLR(
+            optimizer, max_lr=sc.max_lr * lr_scale, total_steps=total_steps, pct_start=sc.pct_start
+        )
+    if warmup >= total_steps and warmup > 0:
+        raise UserError(
+            f"scheduler.warmup_steps={warmup} is not below the run's {total_steps} optimizer "
+            "steps. Lower it or train longer."
+        )
+    after = total_steps - warmup
+    if sc.name == "step":
+        main = lr_scheduler.StepLR(optimizer, step_size=sc.step_size, gamma=sc.gamma)
+    elif sc.name == "cosine":
+        main = lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(after, 1), eta_min=sc.min_lr)
+    elif warmup:
+        main = lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
+    else:
+        return None
+    if not warmup:
+        return main
+    ramp = lr_scheduler.LinearLR(optimizer, start_factor=1.0 / warmup, total_iters=warmup)
+    return lr_scheduler.SequentialLR(optimizer, [ramp, main], milestones=[warmup])

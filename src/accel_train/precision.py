@@ -1,0 +1,70 @@
+"""Turn `precision=<name>` into what the loop needs on this device: autocast, scaler, dtypes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from accel_train.config import UserError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str  # the configured option
+    device_type: str  # "cuda" or "cpu"
+    autocast_dtype: torch.dtype | None  # None = no autocast
+    param_dtype: torch.dtype  # bf16 for bf16_true, else fp32
+    use_scaler: bool  # dynamic loss scaling (fp16 only)
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.autocast_dtype)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        return torch.amp.GradScaler(self.device_type, enabled=self.use_scaler)
+
+    def describe(self) -> str:
+        if self.param_dtype == torch.bfloat16:
+            return f"{self.name}: weights and compute in bf16 on {self.device_type}"
+        if self.autocast_dtype is None:
+            return f"{self.name}: fp32 on {self.device_type}"
+        kind = str(self.autocast_dtype).removeprefix("torch.")
+        scaler = " + GradScaler" if self.use_scaler else ""
+        return f"{self.name}: {kind} autocast{scaler} on {self.device_type}"
+
+
+def resolve_precision(name: str, device: torch.device, tf32: bool = True) -> Precision:
+    dev = device.type
+    if dev == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        if name in ("bf16", "bf16_true") and not torch.cuda.is_bf16_supported():
+            raise UserError(
+                f"precision={name}: this GPU ({torch.cuda.get_device_name(device)}) has no bf16 "
+                "support. Use `precision=amp` (fp16 autocast + GradScaler) or `precision=fp32`."
+            )
+    if name == "amp":
+        # fp16 on CUDA (tensor cores, needs loss scaling); bf16 on CPU, where fp16 autocast has
+        # no fast kernels (~6x slower than fp32 here) but bf16 runs ~1.5x faster.
+        name_used = "fp16" if dev == "cuda" else "bf16"
+        resolved = resolve_precision(name_used, device, tf32)
+        return Precision("amp", dev, resolved.autocast_dtype, torch.float32, resolved.use_scaler)
+    if name == "fp16" and dev == "cpu":
+        log.warning(
+            "precision=fp16 on the CPU: fp16 autocast has few fast CPU kernels and runs several "
+            "times slower than fp32. `precision=amp` picks bf16 on the CPU."
+        )
+    if name == "fp32":
+        return Precision(name, dev, None, torch.float32, False)
+    if name == "fp16":
+        return Precision(name, dev, torch.float16, torch.float32, True)
+    if name == "bf16":
+        return Precision(name, dev, torch.bfloat16, torch.float32, False)
+    assert name == "bf16_true", name
+    return Precision(name, dev, None, torch.bfloat16, False)
