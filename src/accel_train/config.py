@@ -221,9 +221,8 @@ def validate(cfg: DictConfig) -> None:
     for key, (minimum, meaning) in MINIMUMS.items():
         value = OmegaConf.select(cfg, key)
         if value < minimum:
-            raise UserError(
-                f"{key}={value} must be >= {minimum} ({meaning}). Set e.g. `{key}={max(minimum, 1)}`."
-            )
+            fix = f"`{key}={max(minimum, 1)}`"
+            raise UserError(f"{key}={value} must be >= {minimum} ({meaning}). Set e.g. {fix}.")
     t = cfg.trainer
     if t.max_epochs < 1 and t.max_steps < 1:
         raise UserError(

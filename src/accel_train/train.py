@@ -135,9 +135,18 @@ class Trainer:
         with self._profiler() as prof:
             while self.epoch < self.max_epochs and self.step < self.total_steps:
                 t0 = time.perf_counter()
-                samples += self._train_epoch(prof)
+                epoch_samples = self._train_epoch(prof)
                 _sync(self.env.device)
-                train_time += time.perf_counter() - t0
+                epoch_s = time.perf_counter() - t0
+                train_time, samples = train_time + epoch_s, samples + epoch_samples
+                self.metrics.log(
+                    {
+                        "train/epoch_s": epoch_s,
+                        "train/epoch_samples_per_s": epoch_samples / epoch_s,
+                    },
+                    self.step,
+                    self.epoch,
+                )
                 epoch_done = self.batch_in_epoch >= self.train_loader.order.num_batches
                 if epoch_done:
                     self.epoch, self.batch_in_epoch = self.epoch + 1, 0
