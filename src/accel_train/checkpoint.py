@@ -74,3 +74,56 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def _as_tuples(x):
     # random.setstate wants tuples; be lenient if a round trip turned them into lists.
     return tuple(_as_tuples(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+# ---- sharded (FSDP) checkpoints: a directory written by torch.distributed.checkpoint --------
+# <name>.dcp/ holds the model and optimizer shards (reloadable at any world size) and meta.pt
+# (progress, RNG, scaler, scheduler, config) from rank 0. It is written to a temp dir and
+# renamed, so a kill during a save leaves the previous checkpoint intact.
+
+
+def save_sharded(model, optimizer, meta: dict[str, Any], path: Path, is_main: bool) -> None:
+    import shutil
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp))
+    if is_main:
+        atomic_save(meta, tmp / "meta.pt")
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+
+
+def load_sharded_meta(path: Path, key: str) -> dict[str, Any]:
+    return load_checkpoint(path / "meta.pt", key=key)
+
+
+def load_sharded(model, optimizer, path: Path) -> None:
+    """Load model (and optimizer, if given) shards into an FSDP or plain module."""
+    import torch.distributed.checkpoint as dcp
+
+    if optimizer is None:
+        model_sd = model.state_dict()
+        dcp.load({"model": model_sd}, checkpoint_id=str(path))
+        model.load_state_dict(model_sd)
+        return
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )

@@ -11,6 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from accel_train.config import CONFIG_DIR, UserError, register_configs
+from accel_train.launch import register_resolvers
 
 log = logging.getLogger("accel_train")
 
@@ -47,6 +48,7 @@ def _check_config_dir() -> None:
 
 
 register_configs()
+register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")

@@ -53,6 +53,7 @@ class PrecisionConfig:
 @dataclass
 class StrategyConfig:
     name: str = MISSING
+    backend: str = "auto"
     bucket_cap_mb: int = 25
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
@@ -69,6 +70,7 @@ class LauncherConfig:
     rdzv_backend: str = "c10d"
     rdzv_endpoint: str = "localhost:0"
     rdzv_id: str | None = None
+    rdzv_timeout: int = 300
     max_restarts: int = 0
     monitor_interval: float = 1.0
     log_dir: str | None = None
@@ -184,6 +186,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dataset.name": ("mnist", "fashion_mnist", "cifar10", "synthetic"),
     "precision.name": ("fp32", "amp", "fp16", "bf16", "bf16_true"),
     "strategy.name": ("single", "ddp", "fsdp"),
+    "strategy.backend": ("auto", "nccl", "gloo"),
     "launcher.name": ("local", "torchrun"),
     "loader.name": ("torch", "device"),
     "optimizer.name": ("sgd", "adam", "adamw"),

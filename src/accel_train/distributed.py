@@ -69,7 +69,9 @@ def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
 
 
 @contextlib.contextmanager
-def process_group(device_request: str, timeout_s: float = 600.0) -> Iterator[DistEnv]:
+def process_group(
+    device_request: str, backend: str = "auto", timeout_s: float = 600.0
+) -> Iterator[DistEnv]:
     """World size 1 in-process, or join the torchrun group; always torn down on the way out."""
     if not inside_torchrun():
         yield DistEnv(0, 0, 1, resolve_device(device_request))
@@ -79,7 +81,13 @@ def process_group(device_request: str, timeout_s: float = 600.0) -> Iterator[Dis
     device = resolve_device(device_request, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise UserError(
+            "strategy.backend=nccl needs CUDA devices but this rank trains on the CPU. Use "
+            "`strategy.backend=gloo` (or `auto`)."
+        )
     dist.init_process_group(
         backend=backend,
         timeout=datetime.timedelta(seconds=timeout_s),

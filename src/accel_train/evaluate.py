@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train.checkpoint import load_checkpoint
+from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
 from accel_train.config import TrainConfig
 from accel_train.data import BatchTransform, build_loader, load_split
 from accel_train.distributed import DistEnv, resolve_device
@@ -22,7 +23,11 @@ log = logging.getLogger("accel_train")
 
 def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     ckpt_path = Path(ecfg.ckpt_path)
-    state = load_checkpoint(ckpt_path, key="ckpt_path")
+    sharded = ckpt_path.is_dir()  # an FSDP checkpoint (torch.distributed.checkpoint)
+    if sharded:
+        state = load_sharded_meta(ckpt_path, key="ckpt_path")
+    else:
+        state = load_checkpoint(ckpt_path, key="ckpt_path")
     cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), state["config"])
     if ecfg.data_dir:
         cfg.paths.data_dir = ecfg.data_dir
@@ -33,7 +38,14 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=device)
 
     model = build_model(cfg.model, cfg.dataset).to(device, dtype=precision.param_dtype)
-    model.load_state_dict(state["model"])
+    if sharded:
+        with (
+            warnings.catch_warnings()
+        ):  # "no process group: loading in a single process" is the intent
+            warnings.simplefilter("ignore", UserWarning)
+            load_sharded(model, None, ckpt_path)
+    else:
+        model.load_state_dict(state["model"])
     test_set = load_split(cfg.dataset, cfg.paths.data_dir, train=False)
     # The device loader works for any split that fits in memory, and evaluation is one pass.
     cfg.loader.name = "device"
@@ -66,4 +78,4 @@ def _default_out(ckpt_path: Path) -> Path:
     folder = ckpt_path.parent
     if folder.name == "checkpoints":
         folder = folder.parent  # the run dir
-    return folder / f"eval_{ckpt_path.stem}.json"
+    return folder / f"eval_{ckpt_path.name.split('.')[0]}.json"

@@ -1,20 +1,41 @@
-"""Compose once, resolve once, write <run_dir>/config.yaml, then run: here or under torchrun."""
+"""Compose once, resolve once, write the run config, then run: in-process or under torchrun.
+
+Workers (``python -m accel_train.worker <config.yaml>``) only ever read that file; they never
+compose a config or parse Hydra overrides.
+"""
 
 from __future__ import annotations
 
 import io
 import logging
 import os
+import socket
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.tree import Tree
 
-from accel_train.config import TrainConfig, to_container, validate
+from accel_train.config import TrainConfig, UserError, to_container, validate
+from accel_train.distributed import inside_torchrun
 
 log = logging.getLogger("accel_train")
+
+
+def run_stamp(rdzv_id: str | None, nnodes: str) -> str:
+    """The last part of the run dir: a timestamp, or the rendezvous id that every node shares."""
+    if str(nnodes) != "1" and rdzv_id:
+        return str(rdzv_id)
+    if inside_torchrun() and os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
+        return f"torchrun_{os.environ['TORCHELASTIC_RUN_ID']}"  # same on every rank
+    return datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
+
+
+def register_resolvers() -> None:
+    OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True, replace=True)
 
 
 def resolve(cfg: DictConfig) -> DictConfig:
@@ -26,17 +47,17 @@ def resolve(cfg: DictConfig) -> DictConfig:
     return resolved
 
 
-def write_run_config(cfg: DictConfig, run_dir: Path, show: bool = True) -> Path:
+def write_run_config(cfg: DictConfig, run_dir: Path, name: str = "config.yaml") -> Path:
+    """Write the resolved config (atomically) and its tree rendering into the run dir."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "config.yaml"
-    tmp = path.with_suffix(".yaml.tmp")
+    path = run_dir / name
+    tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
     tmp.write_text(OmegaConf.to_yaml(cfg))
     os.replace(tmp, path)
-    buffer = io.StringIO()
-    Console(file=buffer, width=100, no_color=True).print(config_tree(cfg))
-    (run_dir / "config_tree.txt").write_text(buffer.getvalue())
-    if show:
-        Console(stderr=False).print(config_tree(cfg))
+    if name == "config.yaml":
+        buffer = io.StringIO()
+        Console(file=buffer, width=100, no_color=True).print(config_tree(cfg))
+        (run_dir / "config_tree.txt").write_text(buffer.getvalue())
     return path
 
 
@@ -53,15 +74,147 @@ def config_tree(cfg: DictConfig) -> Tree:
 
 
 def launch(cfg: DictConfig) -> float | None:
+    """The body of `accel-train`: returns the objective (best validation accuracy)."""
     validate(cfg)
-    resolved = resolve(cfg)
-    run_dir = Path(resolved.paths.output_dir)
-    write_run_config(resolved, run_dir, show=resolved.trainer.progress != "none")
-    summary = run_local(resolved)
-    return summary.get("best_val_acc")
+    cfg = resolve(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    nproc, nnodes = local_world_size(cfg), cfg.launcher.nnodes
+    check_strategy(cfg, nproc)
+    if inside_torchrun():
+        # Started by the user's own torchrun (or srun): this process *is* a worker.
+        if int(os.environ["RANK"]) == 0:
+            write_run_config(cfg, run_dir)
+        return run_worker(cfg).get("best_val_acc")
+    use_torchrun = cfg.launcher.name == "torchrun" or nproc > 1 or str(nnodes) != "1"
+    if not use_torchrun:
+        path = write_run_config(cfg, run_dir)
+        _show(cfg)
+        log.info("run dir: %s", run_dir)
+        return run_worker(cfg).get("best_val_acc")
+    # Several nodes may share the run dir: each writes its own copy and global rank 0
+    # writes config.yaml once the workers agree (they compare config hashes at start-up).
+    node_rank = cfg.launcher.node_rank
+    name = "config.yaml" if str(nnodes) == "1" else f"config.node{node_rank}.yaml"
+    path = write_run_config(cfg, run_dir, name)
+    _show(cfg)
+    log.info("run dir: %s", run_dir)
+    from accel_train.torchrun import run_torchrun
+
+    run_torchrun(cfg, path, nproc)
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        import json
+
+        return json.loads(summary.read_text()).get("best_val_acc")
+    return None
 
 
-def run_local(cfg: DictConfig) -> dict[str, Any]:
+def run_worker(cfg: DictConfig) -> dict[str, Any]:
     from accel_train.train import run_training
 
     return run_training(cfg)
+
+
+def _show(cfg: DictConfig) -> None:
+    if cfg.trainer.progress != "none":
+        Console().print(config_tree(cfg))
+
+
+def local_world_size(cfg: DictConfig) -> int:
+    """Processes on this node; checks `nproc_per_node` against the GPUs when training on CUDA."""
+    lc, want = cfg.launcher, str(cfg.launcher.nproc_per_node)
+    on_cuda = cfg.trainer.device == "cuda" or (
+        cfg.trainer.device == "auto" and torch.cuda.is_available()
+    )
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if want == "auto":
+        return max(gpus, 1) if on_cuda else 1
+    try:
+        nproc = int(want)
+    except ValueError:
+        raise UserError(
+            f"launcher.nproc_per_node={lc.nproc_per_node!r} is not a number or `auto`."
+        ) from None
+    if nproc < 1:
+        raise UserError(f"launcher.nproc_per_node={nproc} must be >= 1 (or `auto`).")
+    if on_cuda and nproc > gpus:
+        raise UserError(
+            f"launcher.nproc_per_node={nproc} but this node has {gpus} GPU(s). Use "
+            f"`launcher.nproc_per_node={gpus}` or `auto`, or train on the CPU with "
+            "`trainer.device=cpu` (gloo)."
+        )
+    return nproc
+
+
+def check_strategy(cfg: DictConfig, nproc: int) -> None:
+    sc, nnodes = cfg.strategy, str(cfg.launcher.nnodes)
+    if sc.name == "single" and (nproc > 1 or nnodes != "1"):
+        raise UserError(
+            f"strategy=single with launcher.nproc_per_node={nproc} and launcher.nnodes={nnodes}: "
+            "several processes need a data-parallel strategy. Add `strategy=ddp` (or "
+            "`strategy=fsdp`), or set `launcher.nproc_per_node=1`."
+        )
+    if sc.backend == "nccl" and not torch.cuda.is_available():
+        raise UserError(
+            "strategy.backend=nccl but this machine has no CUDA device; NCCL only runs on GPUs. "
+            "Use `strategy.backend=gloo` (or `auto`, which picks gloo on the CPU)."
+        )
+
+
+def check_rendezvous(cfg: DictConfig) -> None:
+    """Fail fast, naming the endpoint, when the rendezvous port is busy or unreachable."""
+    lc = cfg.launcher
+    host, _, port_text = str(lc.rdzv_endpoint).rpartition(":")
+    if not host or not port_text.isdigit():
+        raise UserError(
+            f"launcher.rdzv_endpoint={lc.rdzv_endpoint!r} is not host:port (e.g. node0:29500)."
+        )
+    port = int(port_text)
+    if port == 0:
+        if str(lc.nnodes) != "1":
+            raise UserError(
+                "launcher.rdzv_endpoint ends in :0 (a random port) but launcher.nnodes="
+                f"{lc.nnodes}: the other nodes could not find it. Give a fixed port, e.g. "
+                "`launcher.rdzv_endpoint=node0:29500`."
+            )
+        return
+    if lc.node_rank == 0 and _is_local(host):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                raise UserError(
+                    f"launcher.rdzv_endpoint={lc.rdzv_endpoint}: port {port} is already in use on "
+                    "this host (another run?). Pick a free port, e.g. "
+                    f"`launcher.rdzv_endpoint={host}:{port + 1}`."
+                ) from None
+        return
+    if not _reachable(host, port, timeout_s=lc.rdzv_timeout):
+        raise UserError(
+            f"launcher.rdzv_endpoint={lc.rdzv_endpoint}: nothing answered at {host}:{port} within "
+            f"launcher.rdzv_timeout={lc.rdzv_timeout}s. Start node_rank=0 first, check the host "
+            "name and port, and that the port is open between the nodes."
+        )
+
+
+def _is_local(host: str) -> bool:
+    if host in ("localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        return socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
+
+
+def _reachable(host: str, port: int, timeout_s: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=2):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)

@@ -34,8 +34,47 @@ log = logging.getLogger("accel_train")
 
 def run_training(cfg: DictConfig) -> dict[str, Any]:
     """Train with a resolved config, in this process (as one rank when inside torchrun)."""
-    with process_group(cfg.trainer.device) as env:
+    with process_group(cfg.trainer.device, cfg.strategy.backend) as env:
+        if env.distributed:
+            agree_on_config(cfg, env)
         return Trainer(cfg, env).fit()
+
+
+def agree_on_config(cfg: DictConfig, env: DistEnv) -> None:
+    """Every rank must train the same config (nodes compose their own); name the first
+    difference. Then global rank 0 writes the run's config.yaml."""
+    import torch.distributed as dist
+
+    from accel_train.launch import write_run_config
+
+    mine = _flatten(to_container(cfg))
+    mine.pop("launcher.node_rank", None)  # the one key that differs between nodes by design
+    gathered: list[dict | None] = [None] * env.world_size
+    dist.all_gather_object(gathered, mine)
+    for rank, theirs in enumerate(gathered):
+        if theirs != gathered[0]:
+            key = next(
+                k
+                for k in sorted(set(theirs) | set(gathered[0]))
+                if theirs.get(k) != gathered[0].get(k)
+            )
+            raise UserError(
+                f"the nodes disagree on the config: {key}={gathered[0].get(key)!r} on rank 0 but "
+                f"{theirs.get(key)!r} on rank {rank}. Start every node with the same overrides "
+                "(only launcher.node_rank may differ)."
+            )
+    if env.is_main:
+        write_run_config(cfg, Path(cfg.paths.output_dir))
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -100,6 +139,9 @@ class Trainer:
             env.device, dtype=self.precision.param_dtype, memory_format=memory_format
         )
         self.model = wrap_model(self.module, cfg.strategy, env)
+        # FSDP checkpoints are sharded (torch.distributed.checkpoint); others are one file.
+        self.sharded = cfg.strategy.name == "fsdp" and env.distributed
+        self.ckpt_suffix = ".dcp" if self.sharded else ".pt"
         self.accum = t.accumulate_grad_batches
         self.global_batch = lc.batch_size * self.accum * env.world_size
         self.steps_per_epoch = math.ceil(self.train_loader.order.num_batches / self.accum)
@@ -116,8 +158,13 @@ class Trainer:
             self.optimizer, cfg.scheduler, self.total_steps, lr / cfg.optimizer.lr
         )
         self.scaler = self.precision.grad_scaler()
+        # DDP's forward may broadcast buffers, a collective: validate on the bare module.
+        self.eval_model = self.module if cfg.strategy.name == "ddp" else self.model
         if t.compile:
             self.model = torch.compile(self.model)
+            self.eval_model = (
+                torch.compile(self.eval_model) if cfg.strategy.name == "ddp" else self.model
+            )
 
         self.epoch = self.step = self.batch_in_epoch = 0
         self.best_val_acc = -1.0
@@ -155,7 +202,7 @@ class Trainer:
                     epoch_done and self.epoch % self.cfg.trainer.val_every_n_epochs == 0
                 ):
                     self._validate()
-                self._save("last.pt")
+                self._save("last")
         summary = self._summary(samples / max(train_time, 1e-9), time.perf_counter() - start)
         self.progress.close()
         self.metrics.close()
@@ -178,8 +225,7 @@ class Trainer:
         ):
             x = self.transform(images, train=True, epoch=self.epoch, batch=b)
             boundary = (b + 1) % self.accum == 0 or b + 1 == order.num_batches
-            sync = contextlib.nullcontext() if boundary else _no_sync(self.model)
-            with sync:
+            with _gradient_sync(self.model, boundary):
                 with self.precision.autocast():
                     loss = F.cross_entropy(self.model(x), labels)
                 self.scaler.scale(loss / self.accum).backward()
@@ -199,7 +245,7 @@ class Trainer:
                 loss_sum.zero_()
                 micro_batches, logged_samples, tick = 0, samples, now
             if ckpt_every and self.step % ckpt_every == 0:
-                self._save("last.pt")
+                self._save("last")
             if self.step >= self.total_steps:
                 break
         return samples * self.env.world_size
@@ -238,7 +284,9 @@ class Trainer:
         )
 
     def _validate(self) -> None:
-        loss, acc = evaluate(self.model, self.val_loader, self.transform, self.precision, self.env)
+        loss, acc = evaluate(
+            self.eval_model, self.val_loader, self.transform, self.precision, self.env
+        )
         self.last_val = (loss, acc)
         self.metrics.log({"val/loss": loss, "val/acc": acc}, self.step, self.epoch)
         self.progress.message(
@@ -246,15 +294,23 @@ class Trainer:
         )
         if acc > self.best_val_acc:
             self.best_val_acc = acc
-            self._save("best.pt")
+            self._save("best")
 
     # ---- checkpoints -----------------------------------------------------------------
 
     def _state(self) -> dict[str, Any]:
+        """Everything but the sharded model/optimizer (those go through DCP under FSDP)."""
+        full = (
+            {}
+            if self.sharded
+            else {
+                "model": self.module.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+            }
+        )
         return {
             "format": ckpt_io.FORMAT_VERSION,
-            "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **full,
             "scaler": self.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
             "progress": {
@@ -269,20 +325,33 @@ class Trainer:
         }
 
     def _save(self, name: str) -> None:
+        path = self.ckpt_dir / f"{name}{self.ckpt_suffix}"
+        if self.sharded:
+            ckpt_io.save_sharded(self.module, self.optimizer, self._state(), path, self.env.is_main)
+            return
         if self.env.is_main:
-            ckpt_io.atomic_save(self._state(), self.ckpt_dir / name)
+            ckpt_io.atomic_save(self._state(), path)
         self.env.barrier()
 
     def _maybe_resume(self) -> str | None:
         resume = self.cfg.resume
         if resume is None:
             return None
-        path = self.ckpt_dir / "last.pt" if resume == "auto" else Path(resume)
+        path = self.ckpt_dir / f"last{self.ckpt_suffix}" if resume == "auto" else Path(resume)
         if resume == "auto" and not path.exists():
             return None  # nothing to resume from: a fresh start, not an error
-        state = ckpt_io.load_checkpoint(path, key="resume")
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if path.is_dir():  # a sharded checkpoint, loadable at any world size
+            state = ckpt_io.load_sharded_meta(path, key="resume")
+            ckpt_io.load_sharded(self.module, self.optimizer, path)
+        else:
+            state = ckpt_io.load_checkpoint(path, key="resume")
+            if self.sharded:
+                raise UserError(
+                    f"resume={path}: a single-file checkpoint cannot be loaded into strategy=fsdp; "
+                    "resume it with strategy=ddp or single."
+                )
+            self.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         if self.scheduler is not None and state["scheduler"] is not None:
             self.scheduler.load_state_dict(state["scheduler"])
@@ -376,10 +445,13 @@ class Trainer:
             )
 
 
-def _no_sync(model):
-    """Skip DDP's gradient all-reduce on accumulation micro-steps."""
+def _gradient_sync(model, enabled: bool):
+    """Skip the gradient all-reduce (DDP) / reduce-scatter (FSDP) on accumulation micro-steps."""
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext()
     no_sync = getattr(model, "no_sync", None)
-    return no_sync() if no_sync is not None else contextlib.nullcontext()
+    return no_sync() if no_sync is not None and not enabled else contextlib.nullcontext()
 
 
 def _sync(device: torch.device) -> None:

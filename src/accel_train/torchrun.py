@@ -1,0 +1,83 @@
+"""Start the worker group through torchrun's own Python API (torch.distributed.run)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from accel_train.config import UserError
+
+log = logging.getLogger("accel_train")
+
+WORKER_MODULE = "accel_train.worker"
+
+
+def torchrun_argv(cfg: DictConfig, config_path: Path, nproc: int) -> list[str]:
+    """torchrun's command line for this run (also what `--submit=false` style dry runs show)."""
+    lc = cfg.launcher
+    run_dir = Path(cfg.paths.output_dir)
+    rdzv_id = lc.rdzv_id or (uuid.uuid4().hex[:12] if str(lc.nnodes) == "1" else None)
+    if rdzv_id is None:
+        raise UserError(
+            f"launcher.nnodes={lc.nnodes} needs launcher.rdzv_id: a job id that every node is "
+            "given, e.g. `launcher.rdzv_id=job42`."
+        )
+    log_dir = Path(lc.log_dir) if lc.log_dir else run_dir / "logs"
+    return [
+        f"--nnodes={lc.nnodes}",
+        f"--nproc_per_node={nproc}",
+        f"--node_rank={lc.node_rank}",
+        f"--rdzv_backend={lc.rdzv_backend}",
+        f"--rdzv_endpoint={lc.rdzv_endpoint}",
+        f"--rdzv_id={rdzv_id}",
+        f"--rdzv_conf=join_timeout={lc.rdzv_timeout}",
+        f"--max_restarts={lc.max_restarts}",
+        f"--monitor_interval={lc.monitor_interval}",
+        f"--log_dir={log_dir / f'node{lc.node_rank}'}",
+        "--redirects=3",  # every rank's stdout/stderr into its own file under log_dir ...
+        "--tee=3",  # ... and onto the console too,
+        "--local_ranks_filter=0",  # but only local rank 0's.
+        "--module",
+        WORKER_MODULE,
+        str(config_path),
+    ]
+
+
+def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    from accel_train.launch import check_rendezvous
+
+    check_rendezvous(cfg)
+    if cfg.launcher.omp_num_threads:
+        os.environ["OMP_NUM_THREADS"] = str(cfg.launcher.omp_num_threads)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        # torchrun's own default (1 thread per process when there are several), set quietly.
+        cores = os.cpu_count() or 1
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // nproc))
+    argv = torchrun_argv(cfg, config_path, nproc)
+    log.info("torchrun %s", " ".join(argv))
+    args = get_args_parser().parse_args(argv)
+    try:
+        run(args)
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        detail = _worker_error_line(failure.error_file, failure.message)
+        raise UserError(
+            f"worker rank {rank} failed (exit code {failure.exitcode}){detail}. Its log is under "
+            f"{Path(args.log_dir)}; the run dir keeps every checkpoint written so far "
+            "(rerun with `resume=auto` and the same `hydra.run.dir` to continue)."
+        ) from None
+
+
+def _worker_error_line(error_file: str, message: str) -> str:
+    text = message if isinstance(message, str) else ""
+    if not text and error_file and Path(error_file).is_file():
+        text = Path(error_file).read_text()[-500:]
+    text = text.strip().splitlines()[-1] if text.strip() else ""
+    return f": {text}" if text else ""

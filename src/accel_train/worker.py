@@ -1,0 +1,38 @@
+"""A torchrun worker: `python -m accel_train.worker <run_dir>/config.yaml`.
+
+Reads the resolved config the launcher wrote; never composes a config or parses overrides, so
+it also runs under a user's own torchrun: `torchrun --nproc_per_node 4 -m accel_train.worker ...`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from accel_train.cli import report_user_errors
+from accel_train.config import UserError, load_run_config
+
+
+@report_user_errors
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        raise UserError("usage: python -m accel_train.worker <run_dir>/config.yaml")
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO if rank == "0" else logging.WARNING,
+        format=f"[%(asctime)s][rank {rank}][%(levelname)s] - %(message)s",
+    )
+    if not os.path.isfile(argv[0]):
+        raise UserError(f"config file {argv[0]!r} not found: pass the run dir's config.yaml.")
+    cfg = load_run_config(argv[0])
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.resume is None:
+        # torchrun restarted the group after a failure: continue, don't start over.
+        cfg.resume = "auto"
+    from accel_train.train import run_training
+
+    run_training(cfg)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
