@@ -88,9 +88,17 @@ def process_group(
             "strategy.backend=nccl needs CUDA devices but this rank trains on the CPU. Use "
             "`strategy.backend=gloo` (or `auto`)."
         )
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world, timeout=timeout))
+    # torchrun keeps its store across elastic restarts; without a per-attempt prefix a restarted
+    # group reads the dead workers' addresses and gloo's connect times out.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     dist.init_process_group(
         backend=backend,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        store=dist.PrefixStore(f"accel_train/attempt_{attempt}", store),
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
         device_id=device if device.type == "cuda" else None,
     )
     try:
