@@ -30,7 +30,8 @@ def torchrun_argv(cfg: DictConfig, config_path: Path, nproc: int) -> list[str]:
     return [
         f"--nnodes={lc.nnodes}",
         f"--nproc_per_node={nproc}",
-        f"--node_rank={lc.node_rank}",
+        # c10d assigns node ranks itself; torchrun only reads --node_rank for `static`.
+        *([f"--node_rank={lc.node_rank}"] if lc.rdzv_backend == "static" else []),
         f"--rdzv_backend={lc.rdzv_backend}",
         f"--rdzv_endpoint={lc.rdzv_endpoint}",
         f"--rdzv_id={rdzv_id}",
