@@ -213,6 +213,13 @@ MINIMUMS: dict[str, tuple[int, str]] = {
 
 def validate(cfg: DictConfig) -> None:
     """Checks that types alone cannot express. Raises UserError naming the key and the fix."""
+    if cfg.strategy.name == "dp":
+        raise UserError(
+            "strategy=dp (torch.nn.DataParallel) is not supported: it drives all GPUs from one "
+            "Python process, scatters inputs and gathers outputs through GPU 0 every step, and is "
+            "slower than DistributedDataParallel even on a single node (PyTorch's docs say so). "
+            "Use `strategy=ddp launcher.nproc_per_node=auto` (one process per GPU)."
+        )
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
