@@ -247,10 +247,14 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"optimizer.lr={cfg.optimizer.lr} must be > 0, e.g. `optimizer.lr=1e-3`.")
     if cfg.loader.name == "torch" and cfg.loader.prefetch_factor < 1:
         raise UserError("loader.prefetch_factor must be >= 1 (batches loaded ahead per worker).")
-    if cfg.resume not in (None, "auto") and not Path(cfg.resume).is_file():
+    # A checkpoint is a .pt file, or (FSDP) a .dcp directory holding meta.pt.
+    if cfg.resume not in (None, "auto") and not (
+        Path(cfg.resume).is_file() or (Path(cfg.resume) / "meta.pt").is_file()
+    ):
         raise UserError(
-            f"resume={cfg.resume!r}: no such checkpoint file. Give a path to a .pt file written by "
-            "accel-train, or `resume=auto` to continue from the run directory's last.pt."
+            f"resume={cfg.resume!r}: no such checkpoint. Give a path to a .pt file (or an FSDP "
+            ".dcp directory) written by accel-train, or `resume=auto` to continue from the run "
+            "directory's last checkpoint."
         )
 
 
