@@ -75,6 +75,23 @@ class LauncherConfig:
     monitor_interval: float = 1.0
     log_dir: str | None = None
     omp_num_threads: int | None = None
+    # SLURM (launcher=slurm) only:
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 0
+    mem: str | None = None
+    time: str = "01:00:00"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    job_name: str | None = None
+    sbatch_extra: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
+    signal_grace_s: int = 120
+    max_requeues: int = 3
+    submit: bool = True
 
 
 @dataclass
@@ -187,7 +204,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "precision.name": ("fp32", "amp", "fp16", "bf16", "bf16_true"),
     "strategy.name": ("single", "ddp", "fsdp"),
     "strategy.backend": ("auto", "nccl", "gloo"),
-    "launcher.name": ("local", "torchrun"),
+    "launcher.name": ("local", "torchrun", "slurm"),
     "loader.name": ("torch", "device"),
     "optimizer.name": ("sgd", "adam", "adamw"),
     "scheduler.name": ("none", "step", "cosine", "onecycle"),

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.tree import Tree
 
+from accel_train import slurm
 from accel_train.config import TrainConfig, UserError, to_container, validate
 from accel_train.distributed import inside_torchrun
 
@@ -31,6 +32,8 @@ def run_stamp(rdzv_id: str | None, nnodes: str) -> str:
         return str(rdzv_id)
     if inside_torchrun() and os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
         return f"torchrun_{os.environ['TORCHELASTIC_RUN_ID']}"  # same on every rank
+    if slurm.in_srun_step():  # `srun accel-train ...`: every task must find the same dir
+        return f"slurm_{os.environ['SLURM_JOB_ID']}_{os.environ['SLURM_STEP_ID']}"
     return datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
 
 
@@ -78,6 +81,10 @@ def launch(cfg: DictConfig) -> float | None:
     validate(cfg)
     cfg = resolve(cfg)
     run_dir = Path(cfg.paths.output_dir)
+    if cfg.launcher.name == "slurm":
+        return _launch_slurm(cfg, run_dir)
+    if slurm.in_srun_step() and not inside_torchrun():
+        adopt_srun_task(cfg)
     nproc, nnodes = local_world_size(cfg), cfg.launcher.nnodes
     check_strategy(cfg, nproc)
     if inside_torchrun():
@@ -107,6 +114,49 @@ def launch(cfg: DictConfig) -> float | None:
 
         return json.loads(summary.read_text()).get("best_val_acc")
     return None
+
+
+def _launch_slurm(cfg: DictConfig, run_dir: Path) -> None:
+    if slurm.in_srun_step():
+        raise UserError(
+            "launcher=slurm inside an srun step would submit a job from every task. Inside an "
+            "allocation call `srun accel-train ...` with launcher=local (the default), or run "
+            "`accel-train launcher=slurm` once from the batch script or salloc shell."
+        )
+    lc = cfg.launcher
+    nproc = slurm.processes_per_node(lc)
+    check_strategy(cfg, nproc * lc.nodes, nodes=lc.nodes)
+    if cfg.resume is None:
+        cfg.resume = "auto"  # a requeued job lands in this run dir and continues
+    path = write_run_config(cfg, run_dir)
+    slurm.submit(cfg, path)
+    return None
+
+
+def adopt_srun_task(cfg: DictConfig) -> None:
+    """`srun accel-train ...` inside an allocation: one task per node becomes a node agent
+    (torchrun); one task per process becomes a worker directly (torchrun's variables from
+    SLURM's, as torchrun would set them)."""
+    env = os.environ
+    nodes, ntasks = int(env["SLURM_JOB_NUM_NODES"]), int(env["SLURM_NTASKS"])
+    head = slurm.head_node()
+    port = slurm.rdzv_port(env["SLURM_JOB_ID"]) + 1 + int(env["SLURM_STEP_ID"]) % 100
+    if ntasks == nodes:
+        lc = cfg.launcher
+        lc.nnodes, lc.node_rank = str(nodes), int(env["SLURM_NODEID"])
+        lc.rdzv_endpoint = f"{head}:{port}"
+        lc.rdzv_id = f"{env['SLURM_JOB_ID']}_{env['SLURM_STEP_ID']}"
+        if nodes > 1 and lc.name == "local":
+            lc.name = "torchrun"
+        return
+    env.update(
+        RANK=env["SLURM_PROCID"],
+        WORLD_SIZE=str(ntasks),
+        LOCAL_RANK=env["SLURM_LOCALID"],
+        LOCAL_WORLD_SIZE=str(ntasks // nodes),
+        MASTER_ADDR=head,
+        MASTER_PORT=str(port),
+    )
 
 
 def run_worker(cfg: DictConfig) -> dict[str, Any]:
@@ -146,8 +196,8 @@ def local_world_size(cfg: DictConfig) -> int:
     return nproc
 
 
-def check_strategy(cfg: DictConfig, nproc: int) -> None:
-    sc, nnodes = cfg.strategy, str(cfg.launcher.nnodes)
+def check_strategy(cfg: DictConfig, nproc: int, nodes: int | None = None) -> None:
+    sc, nnodes = cfg.strategy, str(nodes or cfg.launcher.nnodes)
     if sc.name == "single" and (nproc > 1 or nnodes != "1"):
         raise UserError(
             f"strategy=single with launcher.nproc_per_node={nproc} and launcher.nnodes={nnodes}: "

@@ -12,6 +12,8 @@ import logging
 import math
 import os
 import random
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -169,12 +171,43 @@ class Trainer:
         self.epoch = self.step = self.batch_in_epoch = 0
         self.best_val_acc = -1.0
         self.last_val: tuple[float, float] | None = None
+        self.stop_requested = False  # set by SIGUSR1 on this rank
+        self.stopping = False  # agreed by all ranks: checkpoint and leave at this step
         self.metrics = MetricsLogger(self.run_dir, cfg.logger.name, enabled=env.is_main)
         self.progress = Progress(t.progress, enabled=env.is_main)
 
     # ---- the loop ------------------------------------------------------------------------
 
     def fit(self) -> dict[str, Any]:
+        with _on_signal(signal.SIGUSR1, self._request_stop):
+            return self._fit()
+
+    def _request_stop(self, signum, frame) -> None:
+        self.stop_requested = True
+        log.warning("rank %d: SIGUSR1 received, checkpointing at the next step", self.env.rank)
+
+    def _should_stop(self, synced: bool) -> bool:
+        """One process checks its flag every step; several agree at logging steps (where they
+        already synchronise), so no step pays for a collective of its own."""
+        if not self.env.distributed:
+            self.stopping = self.stop_requested
+        return self.stopping and (synced or not self.env.distributed)
+
+    def _stop_for_requeue(self) -> dict[str, Any]:
+        """Preempted (or near the time limit): save, then requeue the SLURM job (rank 0)."""
+        self._save("last")
+        ckpt = self.ckpt_dir / f"last{self.ckpt_suffix}"
+        log.warning("stopped at epoch %d step %d; checkpoint %s", self.epoch, self.step, ckpt)
+        self.progress.close()
+        self.metrics.log({"event": "preempted"}, self.step, self.epoch)
+        self.metrics.close()
+        if self.env.is_main:
+            from accel_train.slurm import requeue_or_stop
+
+            requeue_or_stop(self.cfg.launcher.max_requeues, ckpt)
+        return {"status": "preempted", "steps": self.step, "epochs": self.epoch}
+
+    def _fit(self) -> dict[str, Any]:
         start = time.perf_counter()
         resumed_from = self._maybe_resume()
         self._announce(resumed_from)
@@ -194,6 +227,8 @@ class Trainer:
                     self.step,
                     self.epoch,
                 )
+                if self.stopping:
+                    return self._stop_for_requeue()
                 epoch_done = self.batch_in_epoch >= self.train_loader.order.num_batches
                 if epoch_done:
                     self.epoch, self.batch_in_epoch = self.epoch + 1, 0
@@ -246,7 +281,7 @@ class Trainer:
                 micro_batches, logged_samples, tick = 0, samples, now
             if ckpt_every and self.step % ckpt_every == 0:
                 self._save("last")
-            if self.step >= self.total_steps:
+            if self.step >= self.total_steps or self._should_stop(self.step % log_every == 0):
                 break
         return samples * self.env.world_size
 
@@ -266,7 +301,10 @@ class Trainer:
         stats = torch.stack(
             [loss_sum.float(), torch.tensor(float(micro_batches), device=loss_sum.device)]
         )
-        loss_total, count = self.env.all_reduce_sum(stats).tolist()  # the step's one host sync
+        stats = torch.cat([stats, torch.tensor([float(self.stop_requested)], device=stats.device)])
+        # The step's one host sync; it also tells every rank whether any rank was told to stop.
+        loss_total, count, stop_votes = self.env.all_reduce_sum(stats).tolist()
+        self.stopping = stop_votes > 0
         metrics = {
             "train/loss": loss_total / max(count, 1),
             "train/lr": self.optimizer.param_groups[0]["lr"],
@@ -452,6 +490,19 @@ def _gradient_sync(model, enabled: bool):
         return contextlib.nullcontext()
     no_sync = getattr(model, "no_sync", None)
     return no_sync() if no_sync is not None and not enabled else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _on_signal(signum: int, handler):
+    """Install a signal handler for the duration (only the main thread may)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
 
 
 def _sync(device: torch.device) -> None:

@@ -1,0 +1,173 @@
+"""SLURM: render and submit the batch script, find our place inside an allocation, requeue.
+
+The parent (on the login node) writes <run_dir>/submit.sbatch and calls `sbatch`. In the job,
+`srun` starts one `python -m accel_train.node` per node: a torchrun agent whose rendezvous is
+on the allocation's first host. A requeued job runs the same script into the same run dir and
+resumes from checkpoints/last.pt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from accel_train.config import UserError
+
+log = logging.getLogger("accel_train")
+
+BASE_PORT = 29500  # rendezvous port = BASE_PORT + job id % 10000: stable across requeues
+
+
+def in_allocation() -> bool:
+    return "SLURM_JOB_ID" in os.environ
+
+
+def in_srun_step() -> bool:
+    """A task started by srun (not the batch script itself, which has no SLURM_STEP_ID...)."""
+    return in_allocation() and "SLURM_PROCID" in os.environ and "SLURM_STEP_ID" in os.environ
+
+
+def rdzv_port(job_id: str | int) -> int:
+    return BASE_PORT + int(job_id) % 10000
+
+
+def head_node() -> str:
+    """The first host of the allocation (what `scontrol show hostnames` lists first)."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+    )
+    return out.stdout.split()[0]
+
+
+def processes_per_node(lc: DictConfig) -> int:
+    return lc.gpus_per_node if lc.gpus_per_node > 0 else int(lc.nproc_per_node)
+
+
+def render_sbatch(cfg: DictConfig, config_path: Path) -> str:
+    """The batch script for this run. Lines meant for each node's own shell are escaped (\\$)."""
+    lc, run_dir = cfg.launcher, Path(cfg.paths.output_dir)
+    q = shlex.quote
+    directives = [
+        f"--job-name={lc.job_name or cfg.name}",
+        f"--nodes={lc.nodes}",
+        "--ntasks-per-node=1",  # one torchrun agent per node; it starts the per-GPU workers
+        *([f"--gpus-per-node={lc.gpus_per_node}"] if lc.gpus_per_node else []),
+        *([f"--cpus-per-task={lc.cpus_per_task}"] if lc.cpus_per_task else []),
+        *([f"--mem={lc.mem}"] if lc.mem else []),
+        f"--time={lc.time}",
+        *([f"--partition={lc.partition}"] if lc.partition else []),
+        *([f"--account={lc.account}"] if lc.account else []),
+        *([f"--qos={lc.qos}"] if lc.qos else []),
+        *([f"--constraint={lc.constraint}"] if lc.constraint else []),
+        *(["--exclusive"] if lc.exclusive else []),
+        f"--output={run_dir}/slurm-%j.out",
+        "--open-mode=append",  # a requeued job appends to the same log
+        "--requeue",
+        # USR1 to every task (the node agents, which pass it to the workers) before the limit.
+        f"--signal=USR1@{lc.signal_grace_s}",
+        *[str(extra) for extra in lc.sbatch_extra],
+    ]
+    node_cmd = " ".join(
+        [
+            q(sys.executable),
+            "-m accel_train.node",
+            q(str(config_path)),
+            '--nnodes "\\$SLURM_JOB_NUM_NODES"',
+            '--node-rank "\\$SLURM_NODEID"',
+            '--rdzv-endpoint "$HEAD_NODE:$RDZV_PORT"',
+            '--rdzv-id "\\$SLURM_JOB_ID"',
+        ]
+    )
+    lines = [
+        "#!/bin/bash",
+        f"# Written by accel-train for the run in {run_dir}.",
+        f"# Resubmit (resumes from last.pt): sbatch {q(str(run_dir / 'submit.sbatch'))}",
+        *[f"#SBATCH {d}" for d in directives],
+        "",
+        "set -eo pipefail",
+        *[str(line) for line in lc.setup],
+        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"RDZV_PORT=$(( {BASE_PORT} + SLURM_JOB_ID % 10000 ))",
+        'echo "accel-train: job $SLURM_JOB_ID (requeue ${SLURM_RESTART_COUNT:-0}) on '
+        '$SLURM_JOB_NODELIST, rendezvous $HEAD_NODE:$RDZV_PORT"',
+        # bash -c so that each node's own shell expands the escaped variables.
+        f'srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "exec {node_cmd}"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def submit(cfg: DictConfig, config_path: Path) -> str | None:
+    """Write submit.sbatch into the run dir and submit it; returns the job id (None: dry run)."""
+    run_dir = Path(cfg.paths.output_dir)
+    script = run_dir / "submit.sbatch"
+    script.write_text(render_sbatch(cfg, config_path))
+    script.chmod(0o755)
+    if in_allocation() and not in_srun_step():
+        # Already inside an allocation (salloc, or the user's own batch script): run the script
+        # body here, its srun uses this allocation. Submitting again would double-launch.
+        log.info(
+            "inside SLURM job %s: running %s in this allocation", os.environ["SLURM_JOB_ID"], script
+        )
+        result = subprocess.run(["bash", str(script)], check=False)
+        if result.returncode != 0:
+            raise UserError(f"the job step failed (exit {result.returncode}); see {run_dir}/logs.")
+        return os.environ["SLURM_JOB_ID"]
+    if not cfg.launcher.submit:
+        print(script.read_text())
+        log.info("launcher.submit=false: wrote %s, submitted nothing", script)
+        return None
+    if shutil.which("sbatch") is None:
+        raise UserError(
+            "launcher=slurm: `sbatch` is not on PATH (this is not a SLURM login node?). "
+            "`launcher.submit=false` writes and prints the batch script without submitting; "
+            "scripts/slurm/local-cluster.sh start runs a one-node SLURM on this machine."
+        )
+    result = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        message = " ".join((result.stderr or result.stdout).split())
+        raise UserError(
+            f"sbatch rejected the job: {message}. Check the launcher.* options (partition, time, "
+            f"gpus_per_node, mem, sbatch_extra) or edit and submit {script} yourself."
+        )
+    job_id = result.stdout.strip().split(";")[0]
+    log.info(
+        "submitted SLURM job %s\n  script: %s\n  log:    %s\n  ranks:  %s",
+        job_id,
+        script,
+        run_dir / f"slurm-{job_id}.out",
+        run_dir / "logs",
+    )
+    return job_id
+
+
+def requeue_or_stop(max_requeues: int, checkpoint: Path) -> None:
+    """After a preemption checkpoint (rank 0): requeue this job, or explain why not."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if job_id is None:
+        log.warning("stopped on request; the run resumes with `resume=auto` from %s", checkpoint)
+        return
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    if restarts >= max_requeues:
+        raise UserError(
+            f"SLURM job {job_id} was preempted or hit its time limit after {restarts} requeues "
+            f"(launcher.max_requeues={max_requeues}); not requeueing again. The latest "
+            f"checkpoint is {checkpoint}: resubmit the run's submit.sbatch to continue."
+        )
+    result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise UserError(
+            f"`scontrol requeue {job_id}` failed: {' '.join(result.stderr.split())}. The "
+            f"checkpoint {checkpoint} is safe: resubmit the run's submit.sbatch to continue."
+        )
+    log.info("requeued SLURM job %s (requeue %d of %d)", job_id, restarts + 1, max_requeues)
