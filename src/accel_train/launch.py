@@ -177,6 +177,10 @@ def local_world_size(cfg: DictConfig) -> int:
         cfg.trainer.device == "auto" and torch.cuda.is_available()
     )
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cfg.trainer.device == "cuda" and not gpus:
+        from accel_train.distributed import resolve_device
+
+        resolve_device("cuda")  # raises: names trainer.device=cuda and the fix
     if want == "auto":
         return max(gpus, 1) if on_cuda else 1
     try:
