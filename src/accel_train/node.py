@@ -56,10 +56,17 @@ def main(argv: list[str]) -> None:
     lc.nnodes, lc.node_rank = str(args.nnodes), args.node_rank
     lc.rdzv_endpoint, lc.rdzv_id = args.rdzv_endpoint, args.rdzv_id
     signal.signal(signal.SIGUSR1, forward_to_workers)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     from accel_train.slurm import processes_per_node
     from accel_train.torchrun import run_torchrun
 
-    run_torchrun(cfg, Path(args.config), processes_per_node(lc))
+    try:
+        run_torchrun(cfg, Path(args.config), processes_per_node(lc))
+    except SignalException as err:
+        # SLURM ends the step with SIGTERM when the job is requeued or cancelled.
+        logging.info("node agent stopped by %s", err.sigval.name)
+        sys.exit(128 + err.sigval.value)
 
 
 if __name__ == "__main__":

@@ -80,10 +80,10 @@ def render_sbatch(cfg: DictConfig, config_path: Path) -> str:
             q(sys.executable),
             "-m accel_train.node",
             q(str(config_path)),
-            '--nnodes "\\$SLURM_JOB_NUM_NODES"',
-            '--node-rank "\\$SLURM_NODEID"',
-            '--rdzv-endpoint "$HEAD_NODE:$RDZV_PORT"',
-            '--rdzv-id "\\$SLURM_JOB_ID"',
+            "--nnodes \\$SLURM_JOB_NUM_NODES",
+            "--node-rank \\$SLURM_NODEID",
+            "--rdzv-endpoint $HEAD_NODE:$RDZV_PORT",
+            "--rdzv-id \\$SLURM_JOB_ID",
         ]
     )
     lines = [
