@@ -81,4 +81,4 @@ def _worker_error_line(error_file: str, message: str) -> str:
     if not text and error_file and Path(error_file).is_file():
         text = Path(error_file).read_text()[-500:]
     text = text.strip().splitlines()[-1] if text.strip() else ""
-    return f": {text}" if text else ""
+    return f": {text.rstrip('.')}" if text else ""

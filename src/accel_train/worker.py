@@ -6,9 +6,11 @@ it also runs under a user's own torchrun: `torchrun --nproc_per_node 4 -m accel_
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+import time
 
 from accel_train.cli import report_user_errors
 from accel_train.config import UserError, load_run_config
@@ -16,6 +18,23 @@ from accel_train.config import UserError, load_run_config
 
 @report_user_errors
 def main(argv: list[str]) -> None:
+    try:
+        _main(argv)
+    except UserError as err:
+        _write_error_file(err)
+        raise
+
+
+def _write_error_file(err: UserError) -> None:
+    """Hand the message to the torchrun agent (it reads TORCHELASTIC_ERROR_FILE), so the
+    launcher's own error line says what went wrong, whichever rank failed."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"message": str(err), "timestamp": int(time.time())}, f)
+
+
+def _main(argv: list[str]) -> None:
     if len(argv) != 1:
         raise UserError("usage: python -m accel_train.worker <run_dir>/config.yaml")
     rank = os.environ.get("RANK", "0")
