@@ -46,7 +46,7 @@ def load_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as err:
         raise UserError(
             f"{key}={str(path)!r} is not a readable checkpoint ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:200]}). It may be truncated or not written by "
+            f"{(str(err).splitlines() or [''])[0][:200]}). It may be truncated or not written by "
             "accel-train; use another checkpoint (e.g. checkpoints/best.pt or last.pt)."
         ) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION:

@@ -58,7 +58,8 @@ def _load_torchvision(ds: DictConfig, data_dir: str, train: bool) -> ImageSet:
         try:
             tv = cls(root=str(root), train=train, download=True)
         except Exception as err:  # torchvision raises several types for network failures
-            reason = f"the download failed ({type(err).__name__}: {str(err).splitlines()[0]})"
+            first_line = (str(err).splitlines() or [""])[0]  # some errors have no message
+            reason = f"the download failed ({type(err).__name__}: {first_line})"
             raise UserError(_missing_message(ds, root, reason)) from None
     if ds.name == "cifar10":
         images = torch.from_numpy(tv.data).permute(0, 3, 1, 2).contiguous()
