@@ -1,0 +1,231 @@
+"""SLURM: the rendered batch script (unit), and real jobs on the localhost cluster that
+scripts/slurm/local-cluster.sh starts (CI starts it before pytest)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import FAST, check_ok, read_jsonl, run_cli
+from omegaconf import OmegaConf
+
+from accel_train.config import TrainConfig
+from accel_train.slurm import render_sbatch
+
+
+def _cfg(tmp_path: Path, **launcher) -> OmegaConf:
+    cfg = OmegaConf.structured(TrainConfig)
+    cfg.name = "mnist_amp"
+    cfg.paths.output_dir = str(tmp_path / "run dir")  # a space: quoting must hold
+    cfg.launcher.name = "slurm"
+    for key, value in launcher.items():
+        cfg.launcher[key] = value
+    return cfg
+
+
+def _directives(script: str) -> dict[str, str]:
+    pairs = [
+        line.removeprefix("#SBATCH --").partition("=")
+        for line in script.splitlines()
+        if line.startswith("#SBATCH")
+    ]
+    return {key: value for key, _, value in pairs}
+
+
+def test_one_node_script(tmp_path):
+    cfg = _cfg(tmp_path, nproc_per_node="2", time="00:30:00", signal_grace_s=90)
+    script = render_sbatch(cfg, tmp_path / "run dir" / "config.yaml")
+    d = _directives(script)
+    assert d["nodes"] == "1" and d["ntasks-per-node"] == "1"
+    assert d["time"] == "00:30:00" and d["signal"] == "USR1@90"
+    assert "requeue" in d and d["open-mode"] == "append"
+    assert "gpus-per-node" not in d and "partition" not in d
+    assert d["output"] == f"{tmp_path}/run dir/slurm-%j.out"
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_four_node_script(tmp_path):
+    cfg = _cfg(
+        tmp_path,
+        nodes=4,
+        gpus_per_node=8,
+        partition="gpu",
+        account="proj",
+        qos="high",
+        constraint="a100",
+        mem="64G",
+        cpus_per_task=32,
+        exclusive=True,
+        job_name="big",
+        sbatch_extra=["--mail-type=END"],
+        setup=["module load cuda/12.4"],
+    )
+    script = render_sbatch(cfg, tmp_path / "run dir" / "config.yaml")
+    d = _directives(script)
+    assert d["nodes"] == "4" and d["gpus-per-node"] == "8" and d["partition"] == "gpu"
+    assert d["account"] == "proj" and d["qos"] == "high" and d["constraint"] == "a100"
+    assert d["mem"] == "64G" and d["cpus-per-task"] == "32" and d["job-name"] == "big"
+    assert "exclusive" in d and d["mail-type"] == "END"
+    body = script.split("set -eo pipefail", 1)[1]
+    assert body.index("module load cuda/12.4") < body.index("srun")
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in script
+    srun = next(line for line in script.splitlines() if line.startswith("srun"))
+    # Each node's own shell expands these; the batch shell expands only the rendezvous host.
+    for var in ("SLURM_NODEID", "SLURM_JOB_NUM_NODES", "SLURM_JOB_ID"):
+        assert f"\\${var}" in srun
+    assert "$HEAD_NODE:$RDZV_PORT" in srun and "\\$HEAD_NODE" not in srun
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_script_expands_per_node(tmp_path, monkeypatch):
+    """Run the script with stand-ins for srun/scontrol: srun runs the task once per node the way
+    SLURM would (its own SLURM_NODEID), and the Python interpreter is `echo`."""
+    monkeypatch.setattr(sys, "executable", "echo")
+    script = render_sbatch(_cfg(tmp_path, nodes=4), tmp_path / "run dir" / "config.yaml")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text("#!/bin/bash\nprintf 'gpu-a\\ngpu-b\\ngpu-c\\ngpu-d\\n'\n")
+    (fake / "srun").write_text(
+        '#!/bin/bash\nfor n in 0 1 2 3; do SLURM_NODEID=$n "${@: -3}"; done\n'
+    )
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{fake}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "1234",
+        "SLURM_JOB_NUM_NODES": "4",
+        "SLURM_JOB_NODELIST": "gpu-[a-d]",
+    }
+    out = subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    lines = [line for line in out.splitlines() if "accel_train.node" in line]
+    assert len(lines) == 4
+    for rank, line in enumerate(lines):
+        assert f"--node-rank {rank} " in line
+        assert "--nnodes 4 " in line and "--rdzv-endpoint gpu-a:30734" in line
+        assert f"{tmp_path}/run dir/config.yaml" in line
+
+
+def test_submit_false_writes_and_prints(tmp_path):
+    proc = run_cli(
+        [
+            *FAST,
+            "launcher=slurm",
+            "launcher.submit=false",
+            "launcher.nodes=2",
+            "launcher.gpus_per_node=8",
+            "strategy=ddp",
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        tmp_path,
+    )
+    check_ok(proc)
+    script = (tmp_path / "run" / "submit.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in proc.stdout and script.splitlines()[0] == "#!/bin/bash"
+    assert OmegaConf.load(tmp_path / "run" / "config.yaml").resume == "auto"
+
+
+def test_no_sbatch_is_a_clear_error(tmp_path):
+    env = {"PATH": str(Path(sys.executable).parent)}  # no sbatch on this PATH
+    proc = run_cli([*FAST, "launcher=slurm", f"hydra.run.dir={tmp_path}/run"], tmp_path, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout
+    assert "sbatch" in proc.stderr and "launcher.submit=false" in proc.stderr
+
+
+# ---- a real SLURM on localhost ---------------------------------------------------------------
+
+
+def _cluster_up() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
+    return out.returncode == 0 and any(
+        s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split()
+    )
+
+
+slurm_cluster = pytest.mark.skipif(
+    not _cluster_up() and not os.environ.get("CI"),
+    reason="no SLURM here: run scripts/slurm/local-cluster.sh start (CI does)",
+)
+
+
+def _submit(tmp_path: Path, *overrides: str) -> tuple[str, Path]:
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        [
+            *FAST,
+            "launcher=slurm",
+            "strategy=ddp",
+            "launcher.nproc_per_node=2",
+            "launcher.time=00:10:00",
+            f"hydra.run.dir={run_dir}",
+            *overrides,
+        ],
+        tmp_path,
+    )
+    check_ok(proc)
+    job_id = re.search(r"submitted SLURM job (\d+)", proc.stdout + proc.stderr).group(1)
+    return job_id, run_dir
+
+
+def _job_field(job_id: str, field: str) -> str:
+    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True)
+    match = re.search(rf"\b{field}=(\S+)", out.stdout)
+    return match.group(1) if match else ""
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(1)
+
+
+def _slurm_log(run_dir: Path) -> str:
+    return "\n".join(p.read_text() for p in run_dir.glob("slurm-*.out"))
+
+
+@pytest.mark.slow
+@slurm_cluster
+def test_job_runs_on_slurm(tmp_path):
+    job_id, run_dir = _submit(tmp_path, "trainer.max_epochs=2")
+    summary = run_dir / "summary.json"
+    _wait(summary.exists, 240, f"job {job_id} to finish\n{_slurm_log(run_dir)}")
+    result = json.loads(summary.read_text())
+    assert result["world_size"] == 2 and result["steps"] == 2 * 2  # 256 / (64 x 2) per epoch
+    assert (run_dir / "checkpoints" / "last.pt").is_file()
+    assert (run_dir / "submit.sbatch").is_file() and f"job {job_id}" in _slurm_log(run_dir)
+
+
+@pytest.mark.slow
+@slurm_cluster
+def test_preempted_job_requeues_and_resumes(tmp_path):
+    # 10 epochs x 2 steps; a checkpoint every step so the signal always finds one.
+    job_id, run_dir = _submit(
+        tmp_path,
+        "trainer.max_epochs=10",
+        "trainer.ckpt_every_n_steps=1",
+        "trainer.log_every_n_steps=1",
+        "dataset.num_train=512",
+    )
+    last = run_dir / "checkpoints" / "last.pt"
+    _wait(last.exists, 240, f"a checkpoint of job {job_id}\n{_slurm_log(run_dir)}")
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+    summary = run_dir / "summary.json"
+    _wait(summary.exists, 300, f"the requeued job {job_id} to finish\n{_slurm_log(run_dir)}")
+    assert int(_job_field(job_id, "Restarts") or 0) >= 1
+    assert json.loads(summary.read_text())["steps"] == 10 * 4  # 512 / (64 x 2) per epoch
+    events = [r.get("event") for r in read_jsonl(run_dir / "metrics.jsonl")]
+    assert "preempted" in events and "resume" in events
+    assert "requeue 1" in _slurm_log(run_dir)
