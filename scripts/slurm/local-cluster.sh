@@ -98,10 +98,11 @@ install_packages() {
     command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install ${missing[*]} yourself"
     log "installing ${missing[*]} (apt-get)"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
+    # 9>&-: daemons started by package scripts must not inherit our lock fd
+    apt-get update -qq >/dev/null 9>&-
     apt-get install -y -qq --no-install-recommends \
         -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
-        "${missing[@]}" >/dev/null
+        "${missing[@]}" >/dev/null 9>&-
 }
 
 # --- munge ------------------------------------------------------------------
@@ -124,7 +125,7 @@ setup_munge() {
 
     if ! daemon_pid munged "$MUNGE_PID" >/dev/null; then
         log "starting munged"
-        runuser -u munge -- /usr/sbin/munged --pid-file="$MUNGE_PID"
+        runuser -u munge -- /usr/sbin/munged --pid-file="$MUNGE_PID" 9>&-
     fi
     local i
     for ((i = 0; i < 50; i++)); do
@@ -285,7 +286,7 @@ cmd_start() {
     fi
     if ! daemon_pid slurmctld "$CTLD_PID" >/dev/null; then
         log "starting slurmctld"
-        /usr/sbin/slurmctld || die "slurmctld failed to start; see $LOG_DIR/slurmctld.log"
+        /usr/sbin/slurmctld 9>&- || die "slurmctld failed to start; see $LOG_DIR/slurmctld.log"
     fi
     local i
     for ((i = 0; i < 100; i++)); do
@@ -294,7 +295,7 @@ cmd_start() {
     done
     if ! daemon_pid slurmd "$SLURMD_PID" >/dev/null; then
         log "starting slurmd"
-        /usr/sbin/slurmd || die "slurmd failed to start; see $LOG_DIR/slurmd.log"
+        /usr/sbin/slurmd 9>&- || die "slurmd failed to start; see $LOG_DIR/slurmd.log"
     fi
     wait_ready "$host" || exit 1
     one_line_status "$host"
