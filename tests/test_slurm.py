@@ -229,3 +229,65 @@ def test_preempted_job_requeues_and_resumes(tmp_path):
     events = [r.get("event") for r in read_jsonl(run_dir / "metrics.jsonl")]
     assert "preempted" in events and "resume" in events
     assert "requeue 1" in _slurm_log(run_dir)
+
+
+def _own_batch_job(tmp_path: Path, sbatch_lines: list[str], command: str) -> Path:
+    """Submit a user's own batch script that calls accel-train; returns the job's output file."""
+    out = tmp_path / "job.out"
+    script = tmp_path / "job.sbatch"
+    script.write_text(
+        "\n".join(
+            [
+                "#!/bin/bash",
+                *[f"#SBATCH {x}" for x in sbatch_lines],
+                f"#SBATCH --output={out}",
+                command,
+                "",
+            ]
+        )
+    )
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+    def finished() -> bool:
+        return not subprocess.run(
+            ["squeue", "-h", "-j", job_id], capture_output=True, text=True
+        ).stdout.strip()
+
+    _wait(finished, 240, f"job {job_id}")
+    return out
+
+
+@pytest.mark.slow
+@slurm_cluster
+def test_srun_inside_own_batch_script(tmp_path):
+    """`srun accel-train ...` with one task per process: the tasks become the workers of one
+    job (no second launch), sharing one run dir named after the job step."""
+    accel = Path(sys.executable).parent / "accel-train"
+    out = _own_batch_job(
+        tmp_path,
+        ["--nodes=1", "--ntasks=2"],
+        f"srun {accel} {' '.join(FAST)} strategy=ddp trainer.max_epochs=1 "
+        f"paths.log_dir={tmp_path}/outputs",
+    )
+    runs = list((tmp_path / "outputs" / "train").iterdir())
+    assert len(runs) == 1 and runs[0].name.startswith("slurm_"), out.read_text()
+    assert json.loads((runs[0] / "summary.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.slow
+@slurm_cluster
+def test_launcher_slurm_inside_allocation_does_not_resubmit(tmp_path):
+    accel = Path(sys.executable).parent / "accel-train"
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    out = _own_batch_job(
+        tmp_path,
+        ["--nodes=1"],
+        f"{accel} {' '.join(FAST)} launcher=slurm strategy=ddp launcher.nproc_per_node=2 "
+        f"trainer.max_epochs=1 hydra.run.dir={tmp_path}/run",
+    )
+    log = out.read_text()
+    assert "submitted SLURM job" not in log and "in this allocation" in log, log
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["world_size"] == 2
+    assert before is not None

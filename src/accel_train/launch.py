@@ -140,7 +140,7 @@ def adopt_srun_task(cfg: DictConfig) -> None:
     env = os.environ
     nodes, ntasks = int(env["SLURM_JOB_NUM_NODES"]), int(env["SLURM_NTASKS"])
     head = slurm.head_node()
-    port = slurm.rdzv_port(env["SLURM_JOB_ID"]) + 1 + int(env["SLURM_STEP_ID"]) % 100
+    port = slurm.step_port(env["SLURM_JOB_ID"], env["SLURM_STEP_ID"])
     if ntasks == nodes:
         lc = cfg.launcher
         lc.nnodes, lc.node_rank = str(nodes), int(env["SLURM_NODEID"])
@@ -234,6 +234,8 @@ def check_rendezvous(cfg: DictConfig) -> None:
         return
     if lc.node_rank == 0 and _is_local(host):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # Like TCPStore: a port in TIME_WAIT from a finished run is free to use.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("", port))
             except OSError:

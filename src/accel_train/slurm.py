@@ -38,6 +38,11 @@ def rdzv_port(job_id: str | int) -> int:
     return BASE_PORT + int(job_id) % 10000
 
 
+def step_port(job_id: str | int, step_id: str | int) -> int:
+    """The rendezvous port of `srun accel-train` in a user's allocation: a range of its own."""
+    return 40000 + int(job_id) % 2000 * 10 + int(step_id) % 10
+
+
 def head_node() -> str:
     """The first host of the allocation (what `scontrol show hostnames` lists first)."""
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST", "")
