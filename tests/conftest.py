@@ -1,0 +1,61 @@
+"""Fixtures: a tiny IDX MNIST on disk, CLI runners, and Hydra's compose API."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from helpers import run_cli as _run_cli
+from helpers import write_mnist
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from accel_train.config import CONFIG_DIR, register_configs
+
+
+@pytest.fixture(scope="session")
+def mnist_dir(tmp_path_factory) -> Path:
+    """A data dir holding MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte: 256 training
+    and 64 test images that torchvision's own MNIST class loads."""
+    return write_mnist(tmp_path_factory.mktemp("mnist-data"))
+
+
+@pytest.fixture
+def run_cli(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
+    """run_cli(args, prog="accel-train"|"accel-eval", timeout=..., env=..., cwd=tmp_path)."""
+
+    def run(args, *, cwd: Path | None = None, **kwargs) -> subprocess.CompletedProcess:
+        return _run_cli(args, cwd or tmp_path, **kwargs)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def run_cli_in() -> Callable[..., subprocess.CompletedProcess]:
+    """Like run_cli, for module-scoped fixtures: run_cli_in(args, cwd, ...)."""
+    return _run_cli
+
+
+@functools.cache
+def _register() -> None:
+    register_configs()
+    try:
+        from accel_train.launch import register_resolvers
+    except ImportError:  # older layout without custom resolvers
+        return
+    register_resolvers()
+
+
+@pytest.fixture(scope="session")
+def compose_cfg() -> Callable[..., DictConfig]:
+    """compose_cfg(overrides, config_name="train"): the composed (unresolved) config."""
+    _register()
+
+    def _compose(overrides=(), config_name: str = "train") -> DictConfig:
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+            return compose(config_name=config_name, overrides=list(overrides))
+
+    return _compose

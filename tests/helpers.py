@@ -1,0 +1,108 @@
+"""Shared helpers for the test suite (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+BIN = Path(sys.executable).parent
+
+# Small, fast runs where the model and data set size do not matter.
+FAST = [
+    "model=mlp",
+    "dataset.num_train=256",
+    "dataset.num_val=64",
+    "trainer.progress=none",
+    "loader.num_workers=0",
+]
+
+# Size of the tiny IDX MNIST written by the `mnist_dir` fixture.
+MNIST_TRAIN, MNIST_TEST = 256, 64
+
+
+def run_cli(
+    args: list[str],
+    cwd: Path,
+    *,
+    prog: str = "accel-train",
+    timeout: float = 180,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run a console script in a subprocess, the way a user would, and capture its output."""
+    full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    # Never fall back to ./data or the shared data set: a test that needs data says where.
+    full_env["ACCEL_TRAIN_DATA_DIR"] = str(Path(cwd) / "no-data-here")
+    full_env["PYTHONUNBUFFERED"] = "1"
+    full_env.update(env or {})
+    return subprocess.run(
+        [str(BIN / prog), *map(str, args)],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def check_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n"
+        f"{proc.stderr[-4000:]}"
+    )
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = load_weights(a), load_weights(b)
+    assert wa.keys() == wb.keys()
+    different = [k for k in wa if not torch.equal(wa[k], wb[k])]
+    assert not different, f"weights differ between {a} and {b} in {different}"
+
+
+# ---- tiny MNIST in torchvision's raw IDX layout ----------------------------------------------
+
+
+def _write_idx(path: Path, data: torch.Tensor) -> None:
+    """IDX format: magic (0, 0, type 0x08 = ubyte, ndim), big-endian int32 dims, raw bytes."""
+    header = struct.pack(">BBBB", 0, 0, 0x08, data.dim())
+    header += struct.pack(f">{data.dim()}I", *data.shape)
+    path.write_bytes(header + data.to(torch.uint8).contiguous().numpy().tobytes())
+
+
+def make_digits(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Learnable 28x28 uint8 "digits": a bright 6x6 block whose position encodes the class,
+    jittered by a pixel and on a noisy background."""
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % 10
+    labels = labels[torch.randperm(n, generator=gen)]
+    images = torch.randint(0, 60, (n, 28, 28), generator=gen, dtype=torch.int64)
+    jitter = torch.randint(-1, 2, (n, 2), generator=gen)
+    for i, c in enumerate(labels.tolist()):
+        r = 3 + (c // 4) * 8 + int(jitter[i, 0])
+        col = 2 + (c % 4) * 6 + int(jitter[i, 1])
+        images[i, r : r + 6, col : col + 6] = 255
+    return images.to(torch.uint8), labels.to(torch.uint8)
+
+
+def write_mnist(root: Path, n_train: int = MNIST_TRAIN, n_test: int = MNIST_TEST) -> Path:
+    """The four uncompressed files torchvision.datasets.MNIST reads (root/MNIST/raw/...)."""
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for prefix, n, seed in (("train", n_train, 1), ("t10k", n_test, 2)):
+        images, labels = make_digits(n, seed)
+        _write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
+        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
+    return root
