@@ -291,3 +291,40 @@ def test_launcher_slurm_inside_allocation_does_not_resubmit(tmp_path):
     assert "submitted SLURM job" not in log and "in this allocation" in log, log
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["world_size"] == 2
     assert before is not None
+
+
+@pytest.mark.slow
+@slurm_cluster
+def test_shipped_single_node_script_survives_preemption(tmp_path):
+    """scripts/slurm/single_node.sbatch as shipped: 2 CPU processes, preempted once, requeued
+    into the same run dir (named after the job), finishes with the full step count."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "slurm" / "single_node.sbatch"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    job_id = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            str(script),
+            *FAST,
+            "launcher.nproc_per_node=2",
+            "trainer.max_epochs=10",
+            "dataset.num_train=512",
+            "trainer.ckpt_every_n_steps=1",
+            "trainer.log_every_n_steps=1",
+            f"paths.log_dir={tmp_path}/outputs",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    run_dir = tmp_path / "outputs" / "train" / f"slurm_{job_id}_0"
+    last = run_dir / "checkpoints" / "last.pt"
+    _wait(last.exists, 240, f"a checkpoint of job {job_id}")
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+    summary = run_dir / "summary.json"
+    _wait(summary.exists, 300, f"the requeued job {job_id} to finish")
+    assert json.loads(summary.read_text())["steps"] == 10 * 4
+    assert int(_job_field(job_id, "Restarts") or 0) >= 1
+    assert [r.get("event") for r in read_jsonl(run_dir / "metrics.jsonl")].count("resume") >= 1

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import sys
 import uuid
 from pathlib import Path
 
@@ -49,6 +52,7 @@ def torchrun_argv(cfg: DictConfig, config_path: Path, nproc: int) -> list[str]:
 
 
 def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -64,8 +68,15 @@ def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
     argv = torchrun_argv(cfg, config_path, nproc)
     log.info("torchrun %s", " ".join(argv))
     args = get_args_parser().parse_args(argv)
+    # SIGUSR1 (SLURM's warning before the time limit, `scancel --signal=USR1`, or a user's
+    # `kill -USR1`) reaches this agent; the workers checkpoint at their next step on it.
+    signal.signal(signal.SIGUSR1, _forward_to_workers)
     try:
         run(args)
+    except SignalException as err:
+        # SLURM ends a step with SIGTERM when the job is requeued or cancelled.
+        log.info("torchrun agent stopped by %s", err.sigval.name)
+        sys.exit(128 + err.sigval.value)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         detail = _worker_error_line(failure.error_file, failure.message)
@@ -74,6 +85,28 @@ def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
             f"{Path(args.log_dir)}; the run dir keeps every checkpoint written so far "
             "(rerun with `resume=auto` and the same `hydra.run.dir` to continue)."
         ) from None
+
+
+def _child_pids(parent: int) -> list[int]:
+    """PIDs whose parent is `parent`: torchrun starts workers in sessions of their own, so a
+    process-group signal would not reach them."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _forward_to_workers(signum, frame) -> None:
+    for pid in _child_pids(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+            os.kill(pid, signum)
 
 
 def _worker_error_line(error_file: str, message: str) -> str:
