@@ -121,6 +121,11 @@ class ShardedOrder:
             self.num_batches = min(self.num_batches, limit)
         self.epoch, self.start_batch = 0, 0
 
+    def batch_len(self, b: int) -> int:
+        """Samples in this rank's batch b (the last batch of an epoch may be short)."""
+        per_rank = (self.n // self.world) if self.train else -(-self.n // self.world)
+        return max(0, min(self.batch_size, per_rank - b * self.batch_size))
+
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.epoch, self.start_batch = epoch, start_batch
 

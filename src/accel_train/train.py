@@ -249,8 +249,8 @@ class Trainer:
         order = self.train_loader.order
         start_batch = self.batch_in_epoch
         self.progress.start_epoch(self.epoch, order.num_batches, start_batch)
-        loss_sum = torch.zeros((), device=self.env.device)
-        micro_batches, samples, logged_samples, tick = 0, 0, 0, time.perf_counter()
+        loss_sum = torch.zeros((), device=self.env.device)  # sample-weighted, for logging
+        loss_samples, samples, logged_samples, tick = 0, 0, 0, time.perf_counter()
         log_every, ckpt_every = (
             self.cfg.trainer.log_every_n_steps,
             self.cfg.trainer.ckpt_every_n_steps,
@@ -260,13 +260,21 @@ class Trainer:
         ):
             x = self.transform(images, train=True, epoch=self.epoch, batch=b)
             boundary = (b + 1) % self.accum == 0 or b + 1 == order.num_batches
+            n = labels.shape[0]
+            # Weight by the samples in this step's accumulation window, so that a short last
+            # batch or a last window of fewer micro-batches gives the mean over its samples,
+            # the same gradient as one batch holding them all.
+            first = b - b % self.accum
+            window = sum(
+                order.batch_len(i) for i in range(first, min(first + self.accum, order.num_batches))
+            )
             with _gradient_sync(self.model, boundary):
                 with self.precision.autocast():
                     loss = F.cross_entropy(self.model(x), labels)
-                self.scaler.scale(loss / self.accum).backward()
-            loss_sum += loss.detach()
-            micro_batches += 1
-            samples += labels.shape[0]
+                self.scaler.scale(loss * (n / window)).backward()
+            loss_sum += loss.detach() * n
+            loss_samples += n
+            samples += n
             self.progress.advance()
             if not boundary:
                 continue
@@ -276,9 +284,9 @@ class Trainer:
                 prof.step()
             if self.step % log_every == 0:
                 now = time.perf_counter()
-                self._log_train(loss_sum, micro_batches, samples - logged_samples, now - tick)
+                self._log_train(loss_sum, loss_samples, samples - logged_samples, now - tick)
                 loss_sum.zero_()
-                micro_batches, logged_samples, tick = 0, samples, now
+                loss_samples, logged_samples, tick = 0, samples, now
             if ckpt_every and self.step % ckpt_every == 0:
                 self._save("last")
             if self.step >= self.total_steps or self._should_stop(self.step % log_every == 0):
@@ -297,9 +305,9 @@ class Trainer:
             self.scheduler.step()
         self.step += 1
 
-    def _log_train(self, loss_sum, micro_batches, samples, seconds) -> None:
+    def _log_train(self, loss_sum, loss_samples, samples, seconds) -> None:
         stats = torch.stack(
-            [loss_sum.float(), torch.tensor(float(micro_batches), device=loss_sum.device)]
+            [loss_sum.float(), torch.tensor(float(loss_samples), device=loss_sum.device)]
         )
         stats = torch.cat([stats, torch.tensor([float(self.stop_requested)], device=stats.device)])
         # The step's one host sync; it also tells every rank whether any rank was told to stop.
