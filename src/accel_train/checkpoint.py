@@ -112,18 +112,23 @@ def load_sharded_meta(path: Path, key: str) -> dict[str, Any]:
 
 def load_sharded(model, optimizer, path: Path) -> None:
     """Load model (and optimizer, if given) shards into an FSDP or plain module."""
-    import torch.distributed.checkpoint as dcp
+    import warnings
 
-    if optimizer is None:
-        model_sd = model.state_dict()
-        dcp.load({"model": model_sd}, checkpoint_id=str(path))
-        model.load_state_dict(model_sd)
-        return
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optimizer": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
-    )
+    with warnings.catch_warnings():
+        if not dist.is_initialized():  # one process loading shards of several is the point
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        if optimizer is None:
+            model_sd = model.state_dict()
+            dcp.load({"model": model_sd}, checkpoint_id=str(path))
+            model.load_state_dict(model_sd)
+            return
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optimizer": optim_sd}
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )

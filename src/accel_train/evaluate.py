@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +38,7 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
 
     model = build_model(cfg.model, cfg.dataset).to(device, dtype=precision.param_dtype)
     if sharded:
-        with (
-            warnings.catch_warnings()
-        ):  # "no process group: loading in a single process" is the intent
-            warnings.simplefilter("ignore", UserWarning)
-            load_sharded(model, None, ckpt_path)
+        load_sharded(model, None, ckpt_path)
     else:
         model.load_state_dict(state["model"])
     test_set = load_split(cfg.dataset, cfg.paths.data_dir, train=False)

@@ -218,6 +218,12 @@ def check_strategy(cfg: DictConfig, nproc: int, nodes: int | None = None) -> Non
 def check_rendezvous(cfg: DictConfig) -> None:
     """Fail fast, naming the endpoint, when the rendezvous port is busy or unreachable."""
     lc = cfg.launcher
+    if str(lc.nnodes) != "1" and not lc.rdzv_id:
+        raise UserError(
+            f"launcher.nnodes={lc.nnodes} needs launcher.rdzv_id (a job id every node is given) "
+            "and a fixed rendezvous port, e.g. `launcher.rdzv_id=job42 "
+            "launcher.rdzv_endpoint=node0:29500`."
+        )
     host, _, port_text = str(lc.rdzv_endpoint).rpartition(":")
     if not host or not port_text.isdigit():
         raise UserError(

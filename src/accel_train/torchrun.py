@@ -23,12 +23,7 @@ def torchrun_argv(cfg: DictConfig, config_path: Path, nproc: int) -> list[str]:
     """torchrun's command line for this run (also what `--submit=false` style dry runs show)."""
     lc = cfg.launcher
     run_dir = Path(cfg.paths.output_dir)
-    rdzv_id = lc.rdzv_id or (uuid.uuid4().hex[:12] if str(lc.nnodes) == "1" else None)
-    if rdzv_id is None:
-        raise UserError(
-            f"launcher.nnodes={lc.nnodes} needs launcher.rdzv_id: a job id that every node is "
-            "given, e.g. `launcher.rdzv_id=job42`."
-        )
+    rdzv_id = lc.rdzv_id or uuid.uuid4().hex[:12]  # several nodes: check_rendezvous demands one
     log_dir = Path(lc.log_dir) if lc.log_dir else run_dir / "logs"
     return [
         f"--nnodes={lc.nnodes}",
@@ -80,10 +75,17 @@ def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         detail = _worker_error_line(failure.error_file, failure.message)
+        run_dir = Path(cfg.paths.output_dir)
+        saved = any((run_dir / "checkpoints").glob("last.*"))
+        hint = (
+            f"; its checkpoints are kept: rerun with `resume=auto hydra.run.dir={run_dir}` "
+            "to continue"
+            if saved
+            else ""
+        )
         raise UserError(
-            f"worker rank {rank} failed (exit code {failure.exitcode}){detail}. Its log is under "
-            f"{Path(args.log_dir)}; the run dir keeps every checkpoint written so far "
-            "(rerun with `resume=auto` and the same `hydra.run.dir` to continue)."
+            f"worker rank {rank} failed (exit code {failure.exitcode}){detail}. The workers' "
+            f"logs are under {Path(args.log_dir)}{hint}."
         ) from None
 
 
