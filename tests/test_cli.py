@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import FAST, MNIST_TEST, check_ok, read_jsonl
 from omegaconf import OmegaConf
 
@@ -180,17 +179,3 @@ def test_eval_matches_logged_val_acc(mnist_run, run_cli, tmp_path):
     assert result["test/loss"] == pytest.approx(at_step[0]["val/loss"], rel=1e-4)
     # Nothing else is written: eval makes no Hydra run dir in its working directory.
     assert not (tmp_path / "outputs").exists() and not (tmp_path / ".hydra").exists()
-
-
-def test_eval_out_path_and_weights(mnist_run, run_cli, tmp_path):
-    """`out_path=` puts the JSON elsewhere; the model it scores is the checkpoint's."""
-    run_dir, _ = mnist_run
-    last = run_dir / "checkpoints" / "last.pt"
-    out = tmp_path / "sub" / "result.json"
-    proc = run_cli([f"ckpt_path={last}", f"out_path={out}", "batch_size=7"], prog="accel-eval")
-    check_ok(proc)
-    result = json.loads(out.read_text())
-    final = json.loads((run_dir / "summary.json").read_text())["final_val_acc"]
-    assert result["test/acc"] == pytest.approx(final, abs=1.5 / MNIST_TEST)
-    state = torch.load(last, map_location="cpu", weights_only=True)
-    assert result["step"] == state["progress"]["step"]

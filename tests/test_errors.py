@@ -66,22 +66,10 @@ def test_missing_dataset(run_cli, tmp_path):
     _check_error(proc, "dataset=mnist", str(empty / "MNIST"), "paths.data_dir", "dataset=synthetic")
 
 
-def test_missing_dataset_download_fails_offline(run_cli, tmp_path):
-    """With download=true (the default) and no network the attempt fails fast and says so."""
-    empty = tmp_path / "empty"
-    proc = run_cli(["dataset=mnist", f"paths.data_dir={empty}", *FAST[3:]], timeout=120)
-    _check_error(proc, "dataset=mnist", "download failed", "paths.data_dir")
-
-
 def test_corrupt_checkpoint_for_eval(run_cli, tmp_path):
     bad = _truncated_checkpoint(tmp_path / "best.pt")
     proc = run_cli([f"ckpt_path={bad}"], prog="accel-eval")
     _check_error(proc, "ckpt_path=", str(bad), "not a readable checkpoint")
-
-
-def test_missing_checkpoint_for_eval(run_cli, tmp_path):
-    proc = run_cli([f"ckpt_path={tmp_path / 'nope.pt'}"], prog="accel-eval")
-    _check_error(proc, "ckpt_path=", "no such file")
 
 
 def test_corrupt_checkpoint_for_resume(run_cli, tmp_path):
