@@ -52,11 +52,27 @@ register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
-@report_user_errors
 def _train(cfg: DictConfig):
+    from accel_train import sweep
+
+    if sweep.in_multirun():
+        # A sweep job: a failure is recorded in <job dir>/status.json and the sweep goes on.
+        return sweep.run_job(cfg)
+    return _train_single(cfg)
+
+
+@report_user_errors
+def _train_single(cfg: DictConfig):
     from accel_train.launch import launch
 
     return launch(cfg)
+
+
+@report_user_errors
+def _check_plugins(argv: list[str]) -> None:
+    from accel_train.sweep import check_plugins
+
+    check_plugins(argv)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="eval")
@@ -68,8 +84,22 @@ def _evaluate(cfg: DictConfig):
 
 
 def train() -> None:
+    from accel_train import sweep
+
     _check_config_dir()
-    _train()
+    _check_plugins(sys.argv[1:])
+    try:
+        _train()
+    finally:
+        sweep.finish_pending()  # the sweeper raised: still write the summary of the jobs run
+    result = sweep.last_result
+    if result is not None and result.failed:
+        print(
+            f"accel-train: {len(result.failed)} of {len(result.rows)} sweep jobs failed "
+            f"(see {result.sweep_dir / sweep.SUMMARY_NAME}.csv).",
+            file=sys.stderr,
+        )
+        sys.exit(1)
 
 
 def evaluate() -> None:

@@ -169,6 +169,7 @@ class PathsConfig:
 class TrainConfig:
     name: str = "train"
     resume: str | None = None
+    objective: str = "best_val_acc"
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
@@ -211,6 +212,15 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "logger.name": ("tensorboard", "csv", "none"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.progress": ("auto", "rich", "plain", "none"),
+}
+
+# summary.json keys a sweep may optimise (`objective`), with the direction that is better.
+OBJECTIVES: dict[str, str] = {
+    "best_val_acc": "maximize",
+    "final_val_acc": "maximize",
+    "final_val_loss": "minimize",
+    "train_samples_per_s": "maximize",
+    "wall_s": "minimize",
 }
 
 # key: (minimum, what the key means) for integers that must be at least that.
@@ -264,6 +274,11 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"optimizer.lr={cfg.optimizer.lr} must be > 0, e.g. `optimizer.lr=1e-3`.")
     if cfg.loader.name == "torch" and cfg.loader.prefetch_factor < 1:
         raise UserError("loader.prefetch_factor must be >= 1 (batches loaded ahead per worker).")
+    if cfg.objective not in OBJECTIVES:
+        raise UserError(
+            f"objective={cfg.objective!r} is not a summary.json metric: pick one of "
+            f"{', '.join(OBJECTIVES)} (e.g. `objective=best_val_acc`)."
+        )
     # A checkpoint is a .pt file, or (FSDP) a .dcp directory holding meta.pt.
     if cfg.resume not in (None, "auto") and not (
         Path(cfg.resume).is_file() or (Path(cfg.resume) / "meta.pt").is_file()
