@@ -126,6 +126,11 @@ class ShardedOrder:
         per_rank = (self.n // self.world) if self.train else -(-self.n // self.world)
         return max(0, min(self.batch_size, per_rank - b * self.batch_size))
 
+    def window_len(self, b: int, accum: int) -> int:
+        """Samples in the accumulation window (optimizer step) that batch b belongs to."""
+        first = b - b % accum
+        return sum(self.batch_len(i) for i in range(first, min(first + accum, self.num_batches)))
+
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.epoch, self.start_batch = epoch, start_batch
 

@@ -264,15 +264,12 @@ class Trainer:
             # Weight by the samples in this step's accumulation window, so that a short last
             # batch or a last window of fewer micro-batches gives the mean over its samples,
             # the same gradient as one batch holding them all.
-            first = b - b % self.accum
-            window = sum(
-                order.batch_len(i) for i in range(first, min(first + self.accum, order.num_batches))
-            )
+            window = order.window_len(b, self.accum)
             with _gradient_sync(self.model, boundary):
                 with self.precision.autocast():
                     loss = F.cross_entropy(self.model(x), labels)
                 self.scaler.scale(loss * (n / window)).backward()
-            loss_sum += loss.detach() * n
+            loss_sum.add_(loss.detach(), alpha=n)
             loss_samples += n
             samples += n
             self.progress.advance()
