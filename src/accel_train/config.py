@@ -297,6 +297,17 @@ def to_container(cfg: DictConfig) -> dict[str, Any]:
     return container
 
 
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}: dotted keys, to name the first key two configs differ in."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def load_run_config(path: str | Path) -> DictConfig:
     """Load a resolved config written by the launcher, typed against the schema again."""
     schema = OmegaConf.structured(TrainConfig)

@@ -41,7 +41,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train.config import CONFIG_DIR, OBJECTIVES, UserError
+from accel_train.config import CONFIG_DIR, OBJECTIVES, UserError, flatten
 
 log = logging.getLogger("accel_train")
 
@@ -139,8 +139,8 @@ def _finished_run(cfg: DictConfig, job_dir: Path) -> dict[str, Any] | None:
     summary = _read_json(job_dir / SUMMARY_FILE)
     if not stored_cfg.is_file() or (summary is None and not (job_dir / "checkpoints").is_dir()):
         return None  # nothing there to skip or resume from
-    previous = _flatten(OmegaConf.to_container(OmegaConf.load(stored_cfg)))
-    current = _flatten(to_container(resolve(cfg)))
+    previous = flatten(OmegaConf.to_container(OmegaConf.load(stored_cfg)))
+    current = flatten(to_container(resolve(cfg)))
     differs = sorted(
         k
         for k in set(previous) | set(current)
@@ -189,16 +189,6 @@ def _read_sweep_id(sweep_dir: Path) -> str | None:
         return (sweep_dir / SWEEP_ID_FILE).read_text().strip() or None
     except OSError:
         return None
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 # ---- the summary ------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from accel_train import checkpoint as ckpt_io
-from accel_train.config import UserError, to_container
+from accel_train.config import UserError, flatten, to_container
 from accel_train.data import IGNORE_INDEX, BatchTransform, build_loader, dataset_nbytes, load_split
 from accel_train.distributed import DistEnv, process_group, wrap_model
 from accel_train.loggers import MetricsLogger, Progress
@@ -49,7 +49,7 @@ def agree_on_config(cfg: DictConfig, env: DistEnv) -> None:
 
     from accel_train.launch import write_run_config
 
-    mine = _flatten(to_container(cfg))
+    mine = flatten(to_container(cfg))
     mine.pop("launcher.node_rank", None)  # the one key that differs between nodes by design
     gathered: list[dict | None] = [None] * env.world_size
     dist.all_gather_object(gathered, mine)
@@ -67,16 +67,6 @@ def agree_on_config(cfg: DictConfig, env: DistEnv) -> None:
             )
     if env.is_main:
         write_run_config(cfg, Path(cfg.paths.output_dir))
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
