@@ -37,8 +37,14 @@ def run_stamp(rdzv_id: str | None, nnodes: str) -> str:
     return datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
 
 
+def node_suffix(node_rank: int, nnodes: str) -> str:
+    """Nodes share a run dir: node 0 writes train.log and .hydra/, node k train.node<k>.log..."""
+    return "" if str(nnodes) == "1" or int(node_rank) == 0 else f".node{node_rank}"
+
+
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("node_suffix", node_suffix, replace=True)
 
 
 def resolve(cfg: DictConfig) -> DictConfig:
