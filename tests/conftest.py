@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from accel_train.config import CONFIG_DIR, register_configs
+from accel_train.environment import register_resolvers
 
 
 @pytest.fixture(scope="session")
@@ -42,10 +43,6 @@ def run_cli_in() -> Callable[..., subprocess.CompletedProcess]:
 @functools.cache
 def _register() -> None:
     register_configs()
-    try:
-        from accel_train.launch import register_resolvers
-    except ImportError:  # older layout without custom resolvers
-        return
     register_resolvers()
 
 

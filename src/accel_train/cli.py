@@ -11,7 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from accel_train.config import CONFIG_DIR, UserError, register_configs
-from accel_train.launch import register_resolvers
+from accel_train.environment import register_resolvers
 
 log = logging.getLogger("accel_train")
 

@@ -58,8 +58,10 @@ def _load_torchvision(ds: DictConfig, data_dir: str, train: bool) -> ImageSet:
         try:
             tv = cls(root=str(root), train=train, download=True)
         except Exception as err:  # torchvision raises several types for network failures
-            first_line = (str(err).splitlines() or [""])[0]  # some errors have no message
-            reason = f"the download failed ({type(err).__name__}: {first_line})"
+            # torchvision's message: "Error downloading <file>:" ... "<the cause>" on its last line.
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
+            cause = lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
+            reason = f"the download failed ({type(err).__name__}: {cause[:300]})"
             raise UserError(_missing_message(ds, root, reason)) from None
     if ds.name == "cifar10":
         images = torch.from_numpy(tv.data).permute(0, 3, 1, 2).contiguous()

@@ -15,15 +15,9 @@ from omegaconf import DictConfig
 from torch import nn
 
 from accel_train.config import UserError
+from accel_train.environment import inside_torchrun
 
 log = logging.getLogger(__name__)
-
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def inside_torchrun() -> bool:
-    """True in a process started by torchrun (or anything that sets its variables)."""
-    return all(v in os.environ for v in TORCHRUN_VARS)
 
 
 @dataclass(frozen=True)

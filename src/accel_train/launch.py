@@ -10,7 +10,6 @@ import io
 import logging
 import os
 import socket
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,30 +20,9 @@ from rich.tree import Tree
 
 from accel_train import slurm
 from accel_train.config import TrainConfig, UserError, to_container, validate
-from accel_train.distributed import inside_torchrun
+from accel_train.environment import in_srun_step, inside_torchrun
 
 log = logging.getLogger("accel_train")
-
-
-def run_stamp(rdzv_id: str | None, nnodes: str) -> str:
-    """The last part of the run dir: a timestamp, or the rendezvous id that every node shares."""
-    if str(nnodes) != "1" and rdzv_id:
-        return str(rdzv_id)
-    if inside_torchrun() and os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
-        return f"torchrun_{os.environ['TORCHELASTIC_RUN_ID']}"  # same on every rank
-    if slurm.in_srun_step():  # `srun accel-train ...`: every task must find the same dir
-        return f"slurm_{os.environ['SLURM_JOB_ID']}_{os.environ['SLURM_STEP_ID']}"
-    return datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
-
-
-def node_suffix(node_rank: int, nnodes: str) -> str:
-    """Nodes share a run dir: node 0 writes train.log and .hydra/, node k train.node<k>.log..."""
-    return "" if str(nnodes) == "1" or int(node_rank) == 0 else f".node{node_rank}"
-
-
-def register_resolvers() -> None:
-    OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True, replace=True)
-    OmegaConf.register_new_resolver("node_suffix", node_suffix, replace=True)
 
 
 def resolve(cfg: DictConfig) -> DictConfig:
@@ -89,7 +67,7 @@ def launch(cfg: DictConfig) -> float | None:
     run_dir = Path(cfg.paths.output_dir)
     if cfg.launcher.name == "slurm":
         return _launch_slurm(cfg, run_dir)
-    if slurm.in_srun_step() and not inside_torchrun():
+    if in_srun_step() and not inside_torchrun():
         adopt_srun_task(cfg)
     nproc, nnodes = local_world_size(cfg), cfg.launcher.nnodes
     check_strategy(cfg, nproc)
@@ -123,7 +101,7 @@ def launch(cfg: DictConfig) -> float | None:
 
 
 def _launch_slurm(cfg: DictConfig, run_dir: Path) -> None:
-    if slurm.in_srun_step():
+    if in_srun_step():
         raise UserError(
             "launcher=slurm inside an srun step would submit a job from every task. Inside an "
             "allocation call `srun accel-train ...` with launcher=local (the default), or run "

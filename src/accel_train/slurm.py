@@ -19,19 +19,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from accel_train.config import UserError
+from accel_train.environment import in_allocation, in_srun_step
 
 log = logging.getLogger("accel_train")
 
 BASE_PORT = 29500  # rendezvous port = BASE_PORT + job id % 10000: stable across requeues
-
-
-def in_allocation() -> bool:
-    return "SLURM_JOB_ID" in os.environ
-
-
-def in_srun_step() -> bool:
-    """A task started by srun (not the batch script itself, which has no SLURM_STEP_ID...)."""
-    return in_allocation() and "SLURM_PROCID" in os.environ and "SLURM_STEP_ID" in os.environ
 
 
 def rdzv_port(job_id: str | int) -> int:
