@@ -328,3 +328,26 @@ def test_shipped_single_node_script_survives_preemption(tmp_path):
     assert json.loads(summary.read_text())["steps"] == 10 * 4
     assert int(_job_field(job_id, "Restarts") or 0) >= 1
     assert [r.get("event") for r in read_jsonl(run_dir / "metrics.jsonl")].count("resume") >= 1
+
+
+def test_requeue_stops_after_max_requeues(monkeypatch, tmp_path):
+    from accel_train.config import UserError
+    from accel_train.slurm import requeue_or_stop
+
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    with pytest.raises(UserError, match=r"after 3 requeues \(launcher.max_requeues=3\)"):
+        requeue_or_stop(3, tmp_path / "last.pt")
+
+
+@pytest.mark.slow
+@slurm_cluster
+@pytest.mark.parametrize(
+    ("override", "slurm_says"),
+    [("launcher.partition=nosuchpartition", "partition"), ("launcher.time=soon", "time")],
+)
+def test_rejected_submission_shows_slurms_message(tmp_path, override, slurm_says):
+    proc = run_cli([*FAST, "launcher=slurm", override, f"hydra.run.dir={tmp_path}/run"], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    assert "sbatch rejected the job" in proc.stderr and slurm_says in proc.stderr.lower()
+    assert (tmp_path / "run" / "submit.sbatch").is_file()  # kept, to edit and submit by hand
