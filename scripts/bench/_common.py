@@ -1,0 +1,147 @@
+"""Helpers shared by the benchmark scripts: run the real CLI, read its metrics, print tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_DATA_DIR = os.environ.get("ACCEL_TRAIN_DATA_DIR", "/work/shared/data")
+
+
+def console_script(name: str) -> str:
+    """The console script next to this interpreter (the venv's), else the one on PATH."""
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if not found:
+        sys.exit(f"{name} not found next to {sys.executable} or on PATH: pip install -e .")
+    return found
+
+
+# glibc malloc settings that stop it from handing freed memory back to the OS (and page-faulting
+# it in again on the next step): mmap only above 32 MiB, never trim the heap top.
+MALLOC_TUNED = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+
+
+def child_env(threads: int | None, malloc_tuned: bool = False) -> dict[str, str]:
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+        env["MKL_NUM_THREADS"] = str(threads)
+    if malloc_tuned:
+        env.update(MALLOC_TUNED)
+    return env
+
+
+def run_child(cmd: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run cmd to completion; also its wall time, minor page faults and system CPU seconds."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    usage = {
+        "wall": wall,
+        "minflt": after.ru_minflt - before.ru_minflt,
+        "sys": after.ru_stime - before.ru_stime,
+    }
+    return proc, usage
+
+
+def run_cli(
+    overrides: list[str],
+    *,
+    threads: int | None,
+    run_dir: Path | None = None,
+    malloc_tuned: bool = False,
+) -> tuple[Path, dict]:
+    """`accel-train <overrides> hydra.run.dir=<run_dir>` in a subprocess; (run dir, usage)."""
+    if run_dir is None:
+        run_dir = Path(tempfile.mkdtemp(prefix="accel_bench_"))
+    cmd = [console_script("accel-train"), *overrides, f"hydra.run.dir={run_dir}"]
+    proc, usage = run_child(cmd, child_env(threads, malloc_tuned))
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        sys.exit(f"accel-train failed (exit {proc.returncode}): {' '.join(cmd)}")
+    return run_dir, usage
+
+
+def epoch_times(run_dir: Path) -> list[float]:
+    """The `train/epoch_s` values accel-train wrote to metrics.jsonl, one per epoch."""
+    times = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "train/epoch_s" in row:
+            times.append(float(row["train/epoch_s"]))
+    return times
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def machine() -> str:
+    import torch
+
+    return (
+        f"{platform.machine()} {os.cpu_count()} CPU cores ({_cpu_model()}), "
+        f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, "
+        f"python {platform.python_version()}"
+    )
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def load_avg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """A plain-text table (Markdown-compatible, so it pastes into BENCHMARKS.md as is)."""
+    cols = [headers, *rows]
+    widths = [max(len(str(r[i])) for r in cols) for i in range(len(headers))]
+
+    def line(r):
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
+
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(headers), sep, *(line(r) for r in rows)])
+
+
+def cpu_busy(seconds: float = 1.0) -> float:
+    """The whole machine's CPU busy fraction over the next `seconds` (from /proc/stat), or NaN."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields[:8]) - idle, sum(fields[:8])
+
+    try:
+        b0, t0 = sample()
+        time.sleep(seconds)
+        b1, t1 = sample()
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+    return (b1 - b0) / max(t1 - t0, 1)
