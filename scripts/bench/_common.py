@@ -69,7 +69,14 @@ def run_cli(
     """`accel-train <overrides> hydra.run.dir=<run_dir>` in a subprocess; (run dir, usage)."""
     if run_dir is None:
         run_dir = Path(tempfile.mkdtemp(prefix="accel_bench_"))
-    cmd = [console_script("accel-train"), *overrides, f"hydra.run.dir={run_dir}"]
+    # Both sides of a comparison get the same allocator settings (accel-train's own switch, or
+    # the environment variables for the hand-written loop).
+    cmd = [
+        console_script("accel-train"),
+        *overrides,
+        f"trainer.tune_malloc={str(malloc_tuned).lower()}",
+        f"hydra.run.dir={run_dir}",
+    ]
     proc, usage = run_child(cmd, child_env(threads, malloc_tuned))
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])

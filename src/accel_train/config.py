@@ -151,6 +151,7 @@ class TrainerConfig:
     profile: bool = False
     profile_steps: int = 5
     progress: str = "auto"
+    tune_malloc: bool = True
 
 
 @dataclass
