@@ -179,3 +179,29 @@ def test_eval_matches_logged_val_acc(mnist_run, run_cli, tmp_path):
     assert result["test/loss"] == pytest.approx(at_step[0]["val/loss"], rel=1e-4)
     # Nothing else is written: eval makes no Hydra run dir in its working directory.
     assert not (tmp_path / "outputs").exists() and not (tmp_path / ".hydra").exists()
+
+
+@pytest.mark.slow
+def test_compile_channels_last_accumulation_clipping(run_cli, tmp_path):
+    """The speed switches together in one real run: torch.compile (inductor on the CPU),
+    channels_last, gradient accumulation and clipping, with the logged loss finite."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        [
+            *FAST,
+            "model=mnist_cnn",
+            "trainer.compile=true",
+            "trainer.channels_last=true",
+            "trainer.accumulate_grad_batches=2",
+            "trainer.gradient_clip_val=1.0",
+            "trainer.max_steps=3",
+            "trainer.log_every_n_steps=1",
+            "trainer.limit_val_batches=2",
+            f"hydra.run.dir={run_dir}",
+        ],
+        timeout=600,
+    )
+    check_ok(proc)
+    losses = [r["train/loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in r]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
