@@ -7,6 +7,7 @@ compose a config or parse Hydra overrides.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import socket
@@ -76,28 +77,21 @@ def launch(cfg: DictConfig) -> float | None:
         if int(os.environ["RANK"]) == 0:
             write_run_config(cfg, run_dir)
         return run_worker(cfg).get("best_val_acc")
-    use_torchrun = cfg.launcher.name == "torchrun" or nproc > 1 or str(nnodes) != "1"
-    if not use_torchrun:
-        path = write_run_config(cfg, run_dir)
-        _show(cfg)
-        log.info("run dir: %s", run_dir)
-        return run_worker(cfg).get("best_val_acc")
-    # Several nodes may share the run dir: each writes its own copy and global rank 0
-    # writes config.yaml once the workers agree (they compare config hashes at start-up).
-    node_rank = cfg.launcher.node_rank
-    name = "config.yaml" if str(nnodes) == "1" else f"config.node{node_rank}.yaml"
+    # Nodes of a multi-node run share the run dir: each writes config.node<k>.yaml, and global
+    # rank 0 writes config.yaml once all ranks agree on it (train.agree_on_config).
+    multi_node = str(nnodes) != "1"
+    name = f"config.node{cfg.launcher.node_rank}.yaml" if multi_node else "config.yaml"
     path = write_run_config(cfg, run_dir, name)
-    _show(cfg)
+    if cfg.trainer.progress != "none":
+        Console().print(config_tree(cfg))
     log.info("run dir: %s", run_dir)
+    if cfg.launcher.name != "torchrun" and nproc == 1 and not multi_node:
+        return run_worker(cfg).get("best_val_acc")
     from accel_train.torchrun import run_torchrun
 
     run_torchrun(cfg, path, nproc)
-    summary = run_dir / "summary.json"
-    if summary.is_file():
-        import json
-
-        return json.loads(summary.read_text()).get("best_val_acc")
-    return None
+    summary = run_dir / "summary.json"  # written by global rank 0, possibly on another node
+    return json.loads(summary.read_text()).get("best_val_acc") if summary.is_file() else None
 
 
 def _launch_slurm(cfg: DictConfig, run_dir: Path) -> None:
@@ -147,11 +141,6 @@ def run_worker(cfg: DictConfig) -> dict[str, Any]:
     from accel_train.train import run_training
 
     return run_training(cfg)
-
-
-def _show(cfg: DictConfig) -> None:
-    if cfg.trainer.progress != "none":
-        Console().print(config_tree(cfg))
 
 
 def local_world_size(cfg: DictConfig) -> int:
