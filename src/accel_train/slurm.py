@@ -23,11 +23,9 @@ from accel_train.environment import in_allocation, in_srun_step
 
 log = logging.getLogger("accel_train")
 
-BASE_PORT = 29500  # rendezvous port = BASE_PORT + job id % 10000: stable across requeues
-
-
-def rdzv_port(job_id: str | int) -> int:
-    return BASE_PORT + int(job_id) % 10000
+BASE_PORT = (
+    29500  # submit.sbatch's rendezvous port: BASE_PORT + job id % 10000, stable across requeues
+)
 
 
 def step_port(job_id: str | int, step_id: str | int) -> int:
