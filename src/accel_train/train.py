@@ -312,10 +312,8 @@ class Trainer:
         self.step += 1
 
     def _log_train(self, loss_sum, loss_samples, samples, seconds) -> None:
-        stats = torch.stack(
-            [loss_sum.float(), torch.tensor(float(loss_samples), device=loss_sum.device)]
-        )
-        stats = torch.cat([stats, torch.tensor([float(self.stop_requested)], device=stats.device)])
+        counts = torch.tensor([loss_samples, self.stop_requested], dtype=torch.float32)
+        stats = torch.cat([loss_sum.float().view(1), counts.to(loss_sum.device)])
         # The step's one host sync; it also tells every rank whether any rank was told to stop.
         loss_total, count, stop_votes = self.env.all_reduce_sum(stats).tolist()
         self.stopping = stop_votes > 0
