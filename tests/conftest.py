@@ -13,7 +13,8 @@ from helpers import write_mnist
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from accel_train.config import CONFIG_DIR, register_configs
+from accel_train.config import CONFIG_DIR
+from accel_train.config.schema import register_configs
 from accel_train.environment import register_resolvers
 
 

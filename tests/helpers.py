@@ -17,9 +17,8 @@ BIN = Path(sys.executable).parent
 FAST = [
     "model=mlp",
     "dataset.num_train=256",
-    "dataset.num_val=64",
+    "dataset.num_test=64",
     "trainer.progress=none",
-    "loader.num_workers=0",
 ]
 
 # Size of the tiny IDX MNIST written by the `mnist_dir` fixture.

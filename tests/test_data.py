@@ -8,21 +8,19 @@ import torch
 from helpers import MNIST_TEST, MNIST_TRAIN, make_digits
 from omegaconf import OmegaConf
 
-from accel_train.config import DatasetConfig, UserError
-from accel_train.data import IGNORE_INDEX, ImageSet, build_loader, load_split, synthetic_digits
+from accel_train.data.builtin import _load_torchvision, synthetic_digits, synthetic_splits
+from accel_train.data.loaders import IGNORE_INDEX, build_loader
+from accel_train.data.splits import ImageSet
+from accel_train.errors import UserError
 
 CPU = torch.device("cpu")
 
 
-def _dataset_cfg(name: str, **kw):
-    return OmegaConf.merge(OmegaConf.structured(DatasetConfig), {"name": name, **kw})
-
-
 def test_mnist_idx_loads_through_torchvision(mnist_dir):
-    ds = _dataset_cfg("mnist", download=False)
     for train, n, seed in ((True, MNIST_TRAIN, 1), (False, MNIST_TEST, 2)):
-        split = load_split(ds, str(mnist_dir), train=train)
+        split, classes = _load_torchvision("mnist", str(mnist_dir), download=False, train=train)
         images, labels = make_digits(n, seed)
+        assert classes == 10
         assert split.images.shape == (n, 1, 28, 28) and split.images.dtype == torch.uint8
         assert split.labels.dtype == torch.int64
         assert torch.equal(split.images[:, 0], images)
@@ -30,23 +28,24 @@ def test_mnist_idx_loads_through_torchvision(mnist_dir):
 
 
 def test_missing_mnist_names_the_folder_and_the_fixes(tmp_path):
-    ds = _dataset_cfg("mnist", download=False)
     with pytest.raises(UserError) as err:
-        load_split(ds, str(tmp_path), train=True)
+        _load_torchvision("mnist", str(tmp_path), download=False, train=True)
     msg = str(err.value)
     assert str((tmp_path / "MNIST").resolve()) in msg
     assert "paths.data_dir" in msg and "dataset=synthetic" in msg
 
 
 def test_synthetic_is_deterministic_and_disjoint():
-    ds = _dataset_cfg("synthetic", num_train=64, num_val=32, seed=3)
-    a, b = synthetic_digits(ds, train=True), synthetic_digits(ds, train=True)
+    a = synthetic_digits(1, 28, 10, n=64, seed=3, draw=1)
+    b = synthetic_digits(1, 28, 10, n=64, seed=3, draw=1)
     assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
-    val = synthetic_digits(ds, train=False)
-    assert len(a) == 64 and len(val) == 32
-    assert not torch.equal(a.images[:32], val.images)
-    other = synthetic_digits(_dataset_cfg("synthetic", num_train=64, num_val=32, seed=4), True)
+    test = synthetic_digits(1, 28, 10, n=32, seed=3, draw=2)
+    assert len(a) == 64 and len(test) == 32
+    assert not torch.equal(a.images[:32], test.images)
+    other = synthetic_digits(1, 28, 10, n=64, seed=4, draw=1)
     assert not torch.equal(a.images, other.images)
+    splits = synthetic_splits(num_train=64, num_test=32, val_fraction=0.25, seed=3)
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (48, 16, 32)
 
 
 # ---- loaders ---------------------------------------------------------------------------------
@@ -85,7 +84,15 @@ def _batches(loader, epoch: int, start_batch: int = 0):
 def _build(compose_cfg, name, data, *, train, rank=0, world=1, limit=0, **kw):
     lc = _loader_cfg(compose_cfg, name, **kw)
     return build_loader(
-        data, lc, train=train, device=CPU, seed=7, rank=rank, world=world, limit=limit
+        data,
+        lc,
+        train=train,
+        device=CPU,
+        seed=7,
+        rank=rank,
+        world=world,
+        limit=limit,
+        num_classes=10,
     )
 
 
@@ -172,8 +179,13 @@ def test_sharded_validation_pads_and_counts_every_sample_once(compose_cfg):
         b = _batches(_build(compose_cfg, "device", data, **kw), 0)
         _assert_same(a, b)
         assert len(a) == len(b) == -(-102 // 16)  # both ranks run the same number of batches
-        for x, y in a:
+        order = _build(compose_cfg, "torch", data, **kw).order
+        for b, (x, y) in enumerate(a):
             keep = y != IGNORE_INDEX
+            # The padding is a suffix of the batch, and the host knows its length.
+            assert keep.tolist() == [True] * order.valid_len(b) + [False] * (
+                len(y) - order.valid_len(b)
+            )
             padding += int((~keep).sum())
             valid_seen += _indices(x[keep])
             assert y[keep].tolist() == [i % 10 for i in _indices(x[keep])]

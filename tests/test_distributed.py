@@ -36,8 +36,7 @@ SMALL = [
     "model=mlp",
     "dataset=synthetic",
     "dataset.num_train=250",
-    "dataset.num_val=63",
-    "loader.num_workers=0",
+    "dataset.num_test=63",
     "trainer.progress=none",
 ]
 

@@ -11,7 +11,7 @@ import torch
 from helpers import FAST
 
 from accel_train.checkpoint import FORMAT_VERSION, load_checkpoint
-from accel_train.config import UserError
+from accel_train.errors import UserError
 
 
 def _check_error(proc, *expected: str) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import FAST, read_jsonl
 
-from accel_train.launch import launch
+from accel_train.launch.launcher import launch
 
 EXPECTED = {
     # name: (autocast dtype named in the description, parameter dtype, GradScaler)

@@ -16,18 +16,18 @@ import pytest
 from helpers import FAST, check_ok, read_jsonl, run_cli
 from omegaconf import OmegaConf
 
-from accel_train.config import TrainConfig
-from accel_train.slurm import render_sbatch
+from accel_train.config.run_config import typed
+from accel_train.launch.slurm import render_sbatch
 
 
 def _cfg(tmp_path: Path, **launcher) -> OmegaConf:
-    cfg = OmegaConf.structured(TrainConfig)
-    cfg.name = "mnist_amp"
-    cfg.paths.output_dir = str(tmp_path / "run dir")  # a space: quoting must hold
-    cfg.launcher.name = "slurm"
-    for key, value in launcher.items():
-        cfg.launcher[key] = value
-    return cfg
+    return typed(
+        {
+            "name": "mnist_amp",
+            "paths": {"output_dir": str(tmp_path / "run dir")},  # a space: quoting must hold
+            "launcher": {"name": "slurm", **launcher},
+        }
+    )
 
 
 def _directives(script: str) -> dict[str, str]:
@@ -331,8 +331,8 @@ def test_shipped_single_node_script_survives_preemption(tmp_path):
 
 
 def test_requeue_stops_after_max_requeues(monkeypatch, tmp_path):
-    from accel_train.config import UserError
-    from accel_train.slurm import requeue_or_stop
+    from accel_train.errors import UserError
+    from accel_train.launch.slurm import requeue_or_stop
 
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")

@@ -13,8 +13,8 @@ import pytest
 from helpers import FAST, check_ok
 from omegaconf import OmegaConf
 
-from accel_train import sweep
-from accel_train.config import UserError
+from accel_train.errors import UserError
+from accel_train.launch import sweep_summary as sweep
 
 SWEEP = [*FAST, "dataset=synthetic", "trainer.max_epochs=1"]
 GRID = ["loader.batch_size=32,64", "optimizer.lr=1e-3,3e-3"]
@@ -83,8 +83,16 @@ def test_a_failing_job_does_not_stop_the_sweep(run_cli, tmp_path):
 
 def test_an_unexpected_error_is_recorded_with_its_traceback(run_cli, tmp_path):
     sweep_dir = tmp_path / "sweep"
-    # A negative layer width: torch raises a RuntimeError (not a UserError) building the model.
-    proc = run_cli(["-m", *SWEEP, "model.hidden_dims=[-3]", f"hydra.sweep.dir={sweep_dir}"])
+    # A bug in a loop hook (a user callback from the working directory) raises a RuntimeError,
+    # not a UserError, in the middle of the run.
+    (tmp_path / "boom.py").write_text(
+        "from accel_train.techniques import Technique\n\n\n"
+        "class Boom(Technique):\n"
+        "    def on_fit_start(self, loop):\n"
+        "        raise RuntimeError('boom')\n"
+    )
+    hook = "+callbacks.boom._target_=boom.Boom"
+    proc = run_cli(["-m", *SWEEP, hook, f"hydra.sweep.dir={sweep_dir}"])
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (row,) = _summary(sweep_dir)["rows"]
     assert row["status"] == "failed" and row["error"].startswith("RuntimeError: ")
@@ -250,7 +258,8 @@ def test_hparams_search_config_composes():
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     from hydra import compose, initialize_config_dir
 
-    from accel_train.config import CONFIG_DIR, register_configs
+    from accel_train.config import CONFIG_DIR
+    from accel_train.config.schema import register_configs
 
     register_configs()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):

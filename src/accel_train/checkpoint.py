@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from accel_train.config import UserError
+from accel_train.errors import UserError
 
 FORMAT_VERSION = 1
 
@@ -41,14 +41,24 @@ def load_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{key}={str(path)!r}: no such file. Give the path of a .pt checkpoint.")
+    from accel_train.safe_load import torch_load_error
+
     try:
+        # weights_only: torch's allow-list unpickler builds tensors and plain values only; a
+        # file asking for anything else raises UnpicklingError instead of running it.
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as err:
-        raise UserError(
-            f"{key}={str(path)!r} is not a readable checkpoint ({type(err).__name__}: "
-            f"{(str(err).splitlines() or [''])[0][:200]}). It may be truncated or not written by "
-            "accel-train; use another checkpoint (e.g. checkpoints/best.pt or last.pt)."
-        ) from None
+    except (
+        RuntimeError,
+        EOFError,
+        pickle.UnpicklingError,  # refused: named a function/class, or not a pickle at all
+        zipfile.BadZipFile,
+        OSError,
+        KeyError,  # these three: a file of another kind (text, random bytes)
+        IndexError,
+        ValueError,
+    ) as err:
+        # torch's whole reason (it explains the danger), in the one-paragraph message.
+        raise torch_load_error(path, err, key) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION:
         raise UserError(
             f"{key}={str(path)!r} was not written by this version of accel-train "
@@ -115,20 +125,23 @@ def load_sharded(model, optimizer, path: Path) -> None:
     import warnings
 
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    # dcp.load itself unpickles .metadata with plain pickle and non-tensor entries with
+    # weights_only=False; load_dcp reads both with allow-lists (see safe_load).
+    from accel_train.safe_load import load_dcp
 
     with warnings.catch_warnings():
         if not dist.is_initialized():  # one process loading shards of several is the point
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         if optimizer is None:
             model_sd = model.state_dict()
-            dcp.load({"model": model_sd}, checkpoint_id=str(path))
+            load_dcp({"model": model_sd}, path)
             model.load_state_dict(model_sd)
             return
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optimizer": optim_sd}
-        dcp.load(state, checkpoint_id=str(path))
+        load_dcp(state, path)
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
         )

@@ -1,67 +1,95 @@
-"""The model zoo: each builder takes the model config and the data set's shape."""
+"""The built-in models, and any model by ``_target_``: built with the data's shape, checked
+against the classification contract (logits of shape (batch, num_classes)) before training."""
 
 from __future__ import annotations
 
+import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from accel_train.errors import UserError
+from accel_train.targets import build
 
-def mnist_cnn(mc: DictConfig, channels: int, size: int, classes: int) -> nn.Module:
-    flat = 64 * ((size - 4) // 2) ** 2
-    hidden = mc.hidden_dims[0] if mc.hidden_dims else 128
+
+def mnist_cnn(
+    *, in_channels: int, image_size: int, num_classes: int, dropout=0.25, hidden_dim=128
+) -> nn.Module:
+    flat = 64 * ((image_size - 4) // 2) ** 2
     return nn.Sequential(
-        nn.Conv2d(channels, 32, 3),
+        nn.Conv2d(in_channels, 32, 3),
         nn.ReLU(inplace=True),
         nn.Conv2d(32, 64, 3),
         nn.ReLU(inplace=True),
         nn.MaxPool2d(2),
-        nn.Dropout(mc.dropout),
+        nn.Dropout(dropout),
         nn.Flatten(),
-        nn.Linear(flat, hidden),
+        nn.Linear(flat, hidden_dim),
         nn.ReLU(inplace=True),
-        nn.Dropout(min(2 * mc.dropout, 0.9)),
-        nn.Linear(hidden, classes),
+        nn.Dropout(min(2 * dropout, 0.9)),
+        nn.Linear(hidden_dim, num_classes),
     )
 
 
-def mlp(mc: DictConfig, channels: int, size: int, classes: int) -> nn.Module:
+def mlp(
+    *, in_channels: int, image_size: int, num_classes: int, dropout=0.1, hidden_dims=(512, 256)
+) -> nn.Module:
     layers: list[nn.Module] = [nn.Flatten()]
-    width = channels * size * size
-    for hidden in mc.hidden_dims:
-        layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True), nn.Dropout(mc.dropout)]
+    width = in_channels * image_size * image_size
+    for hidden in hidden_dims:
+        layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout)]
         width = hidden
-    layers.append(nn.Linear(width, classes))
+    layers.append(nn.Linear(width, num_classes))
     return nn.Sequential(*layers)
 
 
-def resnet18(mc: DictConfig, channels: int, size: int, classes: int) -> nn.Module:
-    import torchvision
+def resnet18(*, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+    import torchvision  # 3 s to import: only when this model is used
 
-    model = torchvision.models.resnet18(weights=None, num_classes=classes)
-    if size <= 64:
+    model = torchvision.models.resnet18(weights=None, num_classes=num_classes)
+    if image_size <= 64:
         # The ImageNet stem (7x7 stride 2 + max-pool) would shrink a 32x32 image to 8x8 at once.
-        model.conv1 = nn.Conv2d(channels, 64, 3, stride=1, padding=1, bias=False)
+        model.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()
-    elif channels != 3:
-        model.conv1 = nn.Conv2d(channels, 64, 7, stride=2, padding=3, bias=False)
+    elif in_channels != 3:
+        model.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
     return model
 
 
-BUILDERS = {"mnist_cnn": mnist_cnn, "mlp": mlp, "resnet18": resnet18}
+def build_model(mc: DictConfig, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+    shape = {"in_channels": in_channels, "image_size": image_size, "num_classes": num_classes}
+    model = build(mc, "model", runtime=shape)
+    if not isinstance(model, nn.Module):
+        raise UserError(
+            f"model._target_={mc._target_} built a {type(model).__name__}, not a torch.nn.Module."
+        )
+    return model
 
 
-def build_model(mc: DictConfig, ds: DictConfig) -> nn.Module:
-    return BUILDERS[mc.name](mc, ds.in_channels, ds.image_size, ds.num_classes)
+def check_output(model: nn.Module, sample: torch.Tensor, num_classes: int, target: str) -> None:
+    """One forward of two real samples on the CPU: the logits must be (batch, num_classes)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(sample)
+    except Exception as err:  # the user's forward on the data's real shape
+        raise UserError(
+            f"model._target_={target}: its forward failed on a batch of shape "
+            f"{tuple(sample.shape)} from the data set: {type(err).__name__}: "
+            f"{' '.join(str(err).split())[:400]}. Make the model accept the dataset's inputs."
+        ) from None
+    finally:
+        model.train(was_training)
+    expected = (sample.shape[0], num_classes)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UserError(
+            f"model._target_={target}: for a batch of {sample.shape[0]} it returned {got}, but "
+            f"classification needs logits of shape (batch, num_classes) = {expected}. Make the "
+            "last layer output num_classes values per sample (the model gets `num_classes` as a "
+            "keyword argument when its constructor names it)."
+        )
 
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def blocks_to_shard(model: nn.Module) -> list[nn.Module]:
-    """The sub-modules FSDP wraps one by one (each becomes one all-gather)."""
-    if hasattr(model, "layer1"):  # torchvision ResNet
-        return [
-            b for name in ("layer1", "layer2", "layer3", "layer4") for b in getattr(model, name)
-        ]
-    return [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]

@@ -8,7 +8,7 @@ import torch
 from omegaconf import DictConfig
 from torch.optim import lr_scheduler
 
-from accel_train.config import UserError
+from accel_train.errors import UserError
 
 log = logging.getLogger(__name__)
 

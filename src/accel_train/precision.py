@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from accel_train.config import UserError
+from accel_train.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -1,57 +1,9 @@
-"""A torchrun worker: `python -m accel_train.worker <run_dir>/config.yaml`.
+"""`python -m accel_train.worker <run_dir>/config.yaml`: the stable name of the torchrun worker
+entry point (documented for users' own torchrun and batch scripts); see launch/worker.py."""
 
-Reads the resolved config the launcher wrote; never composes a config or parses overrides, so
-it also runs under a user's own torchrun: `torchrun --nproc_per_node 4 -m accel_train.worker ...`.
-"""
-
-from __future__ import annotations
-
-import json
-import logging
-import os
 import sys
-import time
 
-from accel_train.cli import report_user_errors
-from accel_train.config import UserError, load_run_config
-
-
-@report_user_errors
-def main(argv: list[str]) -> None:
-    try:
-        _main(argv)
-    except UserError as err:
-        _write_error_file(err)
-        raise
-
-
-def _write_error_file(err: UserError) -> None:
-    """Hand the message to the torchrun agent (it reads TORCHELASTIC_ERROR_FILE), so the
-    launcher's own error line says what went wrong, whichever rank failed."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if path:
-        with open(path, "w") as f:
-            json.dump({"message": str(err), "timestamp": int(time.time())}, f)
-
-
-def _main(argv: list[str]) -> None:
-    if len(argv) != 1:
-        raise UserError("usage: python -m accel_train.worker <run_dir>/config.yaml")
-    rank = os.environ.get("RANK", "0")
-    logging.basicConfig(
-        level=logging.INFO if rank == "0" else logging.WARNING,
-        format=f"[%(asctime)s][rank {rank}][%(levelname)s] - %(message)s",
-    )
-    if not os.path.isfile(argv[0]):
-        raise UserError(f"config file {argv[0]!r} not found: pass the run dir's config.yaml.")
-    cfg = load_run_config(argv[0])
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.resume is None:
-        # torchrun restarted the group after a failure: continue, don't start over.
-        cfg.resume = "auto"
-    from accel_train.train import run_training
-
-    run_training(cfg)
-
+from accel_train.launch.worker import main
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -6,59 +6,25 @@ compose a config or parse Hydra overrides.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
-import socket
 from pathlib import Path
-from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from rich.console import Console
-from rich.tree import Tree
 
-from accel_train import slurm
-from accel_train.config import TrainConfig, UserError, to_container, validate
+from accel_train.config.checks import validate
+from accel_train.config.run_config import config_tree, resolve, write_run_config
 from accel_train.environment import in_srun_step, inside_torchrun
+from accel_train.errors import UserError
+from accel_train.launch import slurm
+from accel_train.launch.torchrun import run_torchrun
+from accel_train.launch.worker import run_worker
+from accel_train.parallel import resolve_device
 
 log = logging.getLogger("accel_train")
-
-
-def resolve(cfg: DictConfig) -> DictConfig:
-    """The composed config with every interpolation evaluated, typed against the schema.
-
-    After this nothing refers to Hydra's runtime any more, so a worker can load the file."""
-    resolved = OmegaConf.merge(OmegaConf.structured(TrainConfig), to_container(cfg))
-    assert isinstance(resolved, DictConfig)
-    return resolved
-
-
-def write_run_config(cfg: DictConfig, run_dir: Path, name: str = "config.yaml") -> Path:
-    """Write the resolved config (atomically) and its tree rendering into the run dir."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / name
-    tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
-    tmp.write_text(OmegaConf.to_yaml(cfg))
-    os.replace(tmp, path)
-    if name == "config.yaml":
-        buffer = io.StringIO()
-        Console(file=buffer, width=100, no_color=True).print(config_tree(cfg))
-        (run_dir / "config_tree.txt").write_text(buffer.getvalue())
-    return path
-
-
-def config_tree(cfg: DictConfig) -> Tree:
-    tree = Tree("[bold]config[/bold]", guide_style="dim")
-    for key, value in cfg.items():
-        if isinstance(value, DictConfig):
-            branch = tree.add(f"[bold cyan]{key}[/bold cyan]")
-            for k, v in value.items():
-                branch.add(f"{k}: {v}")
-        else:
-            tree.add(f"{key}: {value}")
-    return tree
 
 
 def launch(cfg: DictConfig) -> float | None:
@@ -87,8 +53,6 @@ def launch(cfg: DictConfig) -> float | None:
     log.info("run dir: %s", run_dir)
     if cfg.launcher.name != "torchrun" and nproc == 1 and not multi_node:
         return run_worker(cfg).get("best_val_acc")
-    from accel_train.torchrun import run_torchrun
-
     run_torchrun(cfg, path, nproc)
     summary = run_dir / "summary.json"  # written by global rank 0, possibly on another node
     return json.loads(summary.read_text()).get("best_val_acc") if summary.is_file() else None
@@ -137,12 +101,6 @@ def adopt_srun_task(cfg: DictConfig) -> None:
     )
 
 
-def run_worker(cfg: DictConfig) -> dict[str, Any]:
-    from accel_train.train import run_training
-
-    return run_training(cfg)
-
-
 def local_world_size(cfg: DictConfig) -> int:
     """Processes on this node; checks `nproc_per_node` against the GPUs when training on CUDA."""
     lc, want = cfg.launcher, str(cfg.launcher.nproc_per_node)
@@ -151,8 +109,6 @@ def local_world_size(cfg: DictConfig) -> int:
     )
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if cfg.trainer.device == "cuda" and not gpus:
-        from accel_train.distributed import resolve_device
-
         resolve_device("cuda")  # raises: names trainer.device=cuda and the fix
     if want == "auto":
         return max(gpus, 1) if on_cuda else 1
@@ -186,70 +142,3 @@ def check_strategy(cfg: DictConfig, nproc: int, nodes: int | None = None) -> Non
             "strategy.backend=nccl but this machine has no CUDA device; NCCL only runs on GPUs. "
             "Use `strategy.backend=gloo` (or `auto`, which picks gloo on the CPU)."
         )
-
-
-def check_rendezvous(cfg: DictConfig) -> None:
-    """Fail fast, naming the endpoint, when the rendezvous port is busy or unreachable."""
-    lc = cfg.launcher
-    if str(lc.nnodes) != "1" and not lc.rdzv_id:
-        raise UserError(
-            f"launcher.nnodes={lc.nnodes} needs launcher.rdzv_id (a job id every node is given) "
-            "and a fixed rendezvous port, e.g. `launcher.rdzv_id=job42 "
-            "launcher.rdzv_endpoint=node0:29500`."
-        )
-    host, _, port_text = str(lc.rdzv_endpoint).rpartition(":")
-    if not host or not port_text.isdigit():
-        raise UserError(
-            f"launcher.rdzv_endpoint={lc.rdzv_endpoint!r} is not host:port (e.g. node0:29500)."
-        )
-    port = int(port_text)
-    if port == 0:
-        if str(lc.nnodes) != "1":
-            raise UserError(
-                "launcher.rdzv_endpoint ends in :0 (a random port) but launcher.nnodes="
-                f"{lc.nnodes}: the other nodes could not find it. Give a fixed port, e.g. "
-                "`launcher.rdzv_endpoint=node0:29500`."
-            )
-        return
-    if lc.node_rank == 0 and _is_local(host):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            # Like TCPStore: a port in TIME_WAIT from a finished run is free to use.
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("", port))
-            except OSError:
-                raise UserError(
-                    f"launcher.rdzv_endpoint={lc.rdzv_endpoint}: port {port} is already in use on "
-                    "this host (another run?). Pick a free port, e.g. "
-                    f"`launcher.rdzv_endpoint={host}:{port + 1}`."
-                ) from None
-        return
-    if not _reachable(host, port, timeout_s=lc.rdzv_timeout):
-        raise UserError(
-            f"launcher.rdzv_endpoint={lc.rdzv_endpoint}: nothing answered at {host}:{port} within "
-            f"launcher.rdzv_timeout={lc.rdzv_timeout}s. Start node_rank=0 first, check the host "
-            "name and port, and that the port is open between the nodes."
-        )
-
-
-def _is_local(host: str) -> bool:
-    if host in ("localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()):
-        return True
-    try:
-        return socket.gethostbyname(host).startswith("127.")
-    except OSError:
-        return False
-
-
-def _reachable(host: str, port: int, timeout_s: float) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=2):
-                return True
-        except OSError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.5)

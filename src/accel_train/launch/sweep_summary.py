@@ -1,15 +1,5 @@
-"""Hydra multirun support: the per-job task body, the end-of-sweep summary, plugin checks.
+"""Hydra multirun support that needs no torch: the end-of-sweep summary and the plugin check.
 
-Hydra's own machinery does the sweeping (BasicSweeper grids, the Optuna sweeper, the submitit
-launcher); this module only plugs into it:
-
-- `run_job(cfg)` is the task body in multirun mode. It records the job's outcome in
-  `<job dir>/status.json`, never lets a failure escape (Hydra's BasicSweeper would re-raise the
-  first failed job's exception after the batch, and Optuna would stop), returns the configured
-  `objective` from the job's `summary.json`, and with `resume=auto` skips a job whose dir
-  already holds a finished run of the same config. A failed job returns None, not NaN: the
-  Optuna sweeper (1.3 with optuna 2.10) then records a failed trial and goes on, whereas a NaN
-  makes `study.tell` raise and ends the whole search.
 - `SweepSummary` is a Hydra Callback (registered in `configs/hydra/default.yaml`). At the end of
   the sweep it reads every job's `status.json` and `summary.json` from the sweep dir (so it also
   works when the jobs ran elsewhere, e.g. on SLURM through submitit), prints a table and writes
@@ -17,7 +7,7 @@ launcher); this module only plugs into it:
 - `check_plugins(argv)` turns "Could not load 'hydra/sweeper/optuna'" into an error naming the
   extra to install, before Hydra starts.
 
-Nothing here imports torch at module level: Hydra instantiates the callback in every run.
+The job side (training each job, status.json) is in `launch/sweep.py`.
 """
 
 from __future__ import annotations
@@ -26,11 +16,7 @@ import csv
 import importlib.util
 import json
 import logging
-import math
-import os
 import re
-import time
-import traceback
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,9 +25,13 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
 
-from accel_train.config import CONFIG_DIR, OBJECTIVES, UserError, flatten
+from accel_train.config import CONFIG_DIR
+from accel_train.config.checks import OBJECTIVES
+from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
 
@@ -50,145 +40,24 @@ SUMMARY_FILE = "summary.json"
 SWEEP_ID_FILE = ".sweep_id"  # in the sweep dir: which invocation the job dirs belong to
 SUMMARY_NAME = "sweep_summary"
 
-# Keys that may differ between the run in a job dir and the rerun that skips or resumes it:
-# where and how it runs, not what it trains (paths.*: the sweep dir may have moved since;
-# launcher.*: set from SLURM's variables inside an allocation).
-IGNORED_WHEN_SKIPPING = ("resume", "objective", "trainer.progress", "paths.", "launcher.")
 
-METRICS = ("best_val_acc", "final_val_acc", "train_samples_per_s", "wall_s")
+METRICS = ("best_val_acc", "final_val_acc", "test_acc", "train_samples_per_s", "wall_s")
 
 
 def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-# ---- the job ----------------------------------------------------------------------------
-
-
-def run_job(cfg: DictConfig) -> float | None:
-    """One multirun job: train (or skip), record the outcome, return the objective (None when
-    the job failed or has no value for it)."""
-    from accel_train.launch import launch
-
-    hc = HydraConfig.get()
-    job_dir = Path(hc.runtime.output_dir)
-    if not _main_task():
-        # One of several SLURM tasks running this job (submitit with nodes or tasks_per_node
-        # above 1: launch() turns them into one distributed run); task 0 keeps the record.
-        launch(cfg)
-        return _objective(_read_json(job_dir / SUMMARY_FILE) or {}, cfg.objective)
-    status: dict[str, Any] = {
-        "job": int(hc.job.num),
-        "overrides": list(hc.overrides.task),
-        "sweep_id": _read_sweep_id(Path(hc.sweep.dir)),
-        "objective": str(cfg.objective),
-        "started": time.time(),
-    }
-    _write_status(job_dir, status, "running")
-    try:
-        stored = _finished_run(cfg, job_dir)
-        if stored is not None:
-            log.info("job %s already finished in %s: skipped (resume=auto)", hc.job.num, job_dir)
-            value = _objective(stored, cfg.objective)
-            _write_status(job_dir, status, "skipped", value=value)
-            return value
-        before = _mtime(job_dir / SUMMARY_FILE)
-        launch(cfg)
-        summary = _read_json(job_dir / SUMMARY_FILE)
-        if summary is None or _mtime(job_dir / SUMMARY_FILE) == before:  # none, or an old one
-            if cfg.launcher.name == "slurm":  # submitted: it trains later, elsewhere
-                _write_status(job_dir, status, "submitted")
-                return None
-            raise UserError(f"the run finished without writing {job_dir / SUMMARY_FILE}.")
-        value = _objective(summary, cfg.objective)
-        _write_status(job_dir, status, "done", value=value)
-        return value
-    except Exception as err:  # one failed job must not stop the sweep
-        if isinstance(err, UserError):
-            error = _one_line(str(err))
-            log.error("job %s failed: %s", hc.job.num, error)
-        else:
-            error = _one_line(f"{type(err).__name__}: {err}")
-            log.error("job %s failed: %s\n%s", hc.job.num, error, traceback.format_exc())
-        _write_status(job_dir, status, "failed", error=error)
-        return None
-
-
-def _mtime(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return None
-
-
-def _main_task() -> bool:
-    return os.environ.get("SLURM_PROCID", "0") == "0"
-
-
-def _finished_run(cfg: DictConfig, job_dir: Path) -> dict[str, Any] | None:
-    """With resume=auto: the summary of a finished run of this same config in job_dir (None:
-    run it, continuing from its last checkpoint if there is one). A run of another config
-    there (a different grid into the same sweep dir) is an error, not something to resume."""
-    from accel_train.config import to_container, validate
-    from accel_train.launch import resolve
-
-    validate(cfg)  # an invalid job fails even if its dir holds an old result
-    if cfg.resume != "auto":
-        return None
-    stored_cfg = job_dir / "config.yaml"
-    summary = _read_json(job_dir / SUMMARY_FILE)
-    if not stored_cfg.is_file() or (summary is None and not (job_dir / "checkpoints").is_dir()):
-        return None  # nothing there to skip or resume from
-    previous = flatten(OmegaConf.to_container(OmegaConf.load(stored_cfg)))
-    current = flatten(to_container(resolve(cfg)))
-    differs = sorted(
-        k
-        for k in set(previous) | set(current)
-        if not k.startswith(IGNORED_WHEN_SKIPPING) and previous.get(k) != current.get(k)
-    )
-    if differs:
-        key = differs[0]
-        raise UserError(
-            f"resume=auto: {job_dir} holds a run of a different config ({key}="
-            f"{previous.get(key)!r} there, {current.get(key)!r} now). Rerun the sweep with the "
-            "same overrides to skip finished jobs, or give a new `hydra.sweep.dir`."
-        )
-    return summary
-
-
-def _objective(summary: dict[str, Any], name: str) -> float | None:
-    if name not in OBJECTIVES:
-        raise UserError(f"objective={name!r} is not one of {', '.join(OBJECTIVES)}.")
-    value = summary.get(name)
-    return None if value is None or math.isnan(float(value)) else float(value)
-
-
-def _write_status(job_dir: Path, status: dict[str, Any], state: str, **extra: Any) -> None:
-    status.update(status=state, updated=time.time(), **extra)
-    job_dir.mkdir(parents=True, exist_ok=True)
-    path = job_dir / STATUS_FILE
-    tmp = path.with_name(f".{STATUS_FILE}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(status, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _read_sweep_id(sweep_dir: Path) -> str | None:
-    try:
-        return (sweep_dir / SWEEP_ID_FILE).read_text().strip() or None
-    except OSError:
-        return None
 
 
 # ---- the summary ------------------------------------------------------------------------
@@ -246,7 +115,7 @@ def summarize(config: DictConfig, sweep_id: str | None, print_table: bool = True
     objective = str(config.get("objective", "best_val_acc"))
     result = SweepResult(sweep_dir)
     for path in sorted(sweep_dir.rglob(STATUS_FILE)):
-        status = _read_json(path)
+        status = read_json(path)
         if status is None or (sweep_id is not None and status.get("sweep_id") != sweep_id):
             continue  # not a job of this invocation
         result.rows.append(_row(path.parent, status))
@@ -291,7 +160,7 @@ def summarize(config: DictConfig, sweep_id: str | None, print_table: bool = True
 
 def _row(job_dir: Path, status: dict[str, Any]) -> dict[str, Any]:
     state = status.get("status", "unknown")
-    summary = _read_json(job_dir / SUMMARY_FILE) if state in ("done", "skipped") else None
+    summary = read_json(job_dir / SUMMARY_FILE) if state in ("done", "skipped") else None
     error = status.get("error")
     if state == "running":
         state, error = "failed", "did not finish (killed, or still running elsewhere)"
@@ -307,9 +176,6 @@ def _row(job_dir: Path, status: dict[str, Any]) -> dict[str, Any]:
 
 
 def _print(result: SweepResult, objective: str, direction: str, best: dict | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     def num(value: Any, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
@@ -320,6 +186,7 @@ def _print(result: SweepResult, objective: str, direction: str, best: dict | Non
         ("status", "left"),
         ("best acc", "right"),
         ("final acc", "right"),
+        ("test acc", "right"),
         ("samples/s", "right"),
         ("wall s", "right"),
     ):
@@ -337,6 +204,7 @@ def _print(result: SweepResult, objective: str, direction: str, best: dict | Non
             status,
             num(row["best_val_acc"], ".4f"),
             num(row["final_val_acc"], ".4f"),
+            num(row["test_acc"], ".4f"),
             num(row["train_samples_per_s"], ",.0f"),
             num(row["wall_s"], ".1f"),
         )

@@ -11,8 +11,12 @@ import uuid
 from pathlib import Path
 
 from omegaconf import DictConfig
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import get_args_parser, run
 
-from accel_train.config import UserError
+from accel_train.errors import UserError
+from accel_train.launch.rendezvous import check_rendezvous
 
 log = logging.getLogger("accel_train")
 
@@ -47,12 +51,6 @@ def torchrun_argv(cfg: DictConfig, config_path: Path, nproc: int) -> list[str]:
 
 
 def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-
-    from accel_train.launch import check_rendezvous
-
     check_rendezvous(cfg)
     if cfg.launcher.omp_num_threads:
         os.environ["OMP_NUM_THREADS"] = str(cfg.launcher.omp_num_threads)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from accel_train.config import UserError
 from accel_train.environment import in_allocation, in_srun_step
+from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
 

@@ -1,4 +1,9 @@
-"""Process-group setup/teardown, the training device, and the DDP / FSDP model wrappers."""
+"""Process-group setup/teardown, the training device, and the DDP / FSDP model wrappers.
+
+FSDP shards the model in units: the modules named by ``strategy.wrap_classes`` (class names),
+or by default every outermost module whose class occurs at least twice in the model and holds
+parameters (a ResNet's stages, a transformer's blocks, a Sequential's conv/linear layers), then
+the root. Each unit is one all-gather in forward and one reduce-scatter in backward."""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import contextlib
 import datetime
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -13,9 +19,11 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
 
-from accel_train.config import UserError
 from accel_train.environment import inside_torchrun
+from accel_train.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +114,7 @@ def wrap_model(model: nn.Module, sc: DictConfig, env: DistEnv) -> nn.Module:
     if sc.name == "single" or not env.distributed:
         return model
     if sc.name == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        return DDP(
+        return DistributedDataParallel(
             model,
             device_ids=[env.device.index] if env.device.type == "cuda" else None,
             bucket_cap_mb=sc.bucket_cap_mb,
@@ -117,11 +123,39 @@ def wrap_model(model: nn.Module, sc: DictConfig, env: DistEnv) -> nn.Module:
             find_unused_parameters=sc.find_unused_parameters,
         )
     assert sc.name == "fsdp", sc.name
-    from torch.distributed.fsdp import fully_shard
-
-    from accel_train.models import blocks_to_shard
-
-    for block in blocks_to_shard(model):
-        fully_shard(block, reshard_after_forward=sc.reshard_after_forward)
+    for unit in shard_units(model, list(sc.wrap_classes)):
+        fully_shard(unit, reshard_after_forward=sc.reshard_after_forward)
     fully_shard(model, reshard_after_forward=sc.reshard_after_forward)
     return model
+
+
+def shard_units(model: nn.Module, wrap_classes: list[str]) -> list[nn.Module]:
+    """The sub-modules FSDP shards one by one (see the module docstring for the policy)."""
+    if wrap_classes:
+        names = {c.rsplit(".", 1)[-1] for c in wrap_classes}
+        wanted = lambda m: type(m).__name__ in names  # noqa: E731
+        units = _outermost(model, wanted)
+        if not units:
+            found = sorted({type(m).__name__ for m in model.modules()})
+            raise UserError(
+                f"strategy.wrap_classes={wrap_classes}: the model has no module of those classes "
+                f"(it has: {', '.join(found)}). Name classes from that list, or [] for the default."
+            )
+        return units
+    counts = Counter(type(m) for m in model.modules() if m is not model)
+    repeated = {cls for cls, n in counts.items() if n >= 2}
+    return _outermost(model, lambda m: type(m) in repeated and any(True for _ in m.parameters()))
+
+
+def _outermost(model: nn.Module, wanted) -> list[nn.Module]:
+    units: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            if wanted(child):
+                units.append(child)
+            else:
+                visit(child)
+
+    visit(model)
+    return units

@@ -1,0 +1,88 @@
+"""The run's config as a file: resolve once in the parent, write ``config.yaml``, load it in
+workers (typed again against the schema), compare two configs key by key."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.tree import Tree
+
+from accel_train.config.schema import OPTION_SCHEMAS, TrainConfig
+from accel_train.errors import UserError
+
+
+def to_container(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain Python types (what checkpoints store)."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(container, dict)
+    return container
+
+
+def typed(tree: dict[str, Any]) -> DictConfig:
+    """A plain config tree typed against the schema: each group by its option's dataclass
+    (looked up by `name`; an option of the user's own with another name stays as written)."""
+    cfg = OmegaConf.structured(TrainConfig)
+    for group, options in OPTION_SCHEMAS.items():
+        node = tree.get(group)
+        if isinstance(node, dict) and node.get("name") in options:
+            cfg[group] = OmegaConf.structured(options[node["name"]])
+    merged = OmegaConf.merge(cfg, tree)
+    assert isinstance(merged, DictConfig)
+    return merged
+
+
+def resolve(cfg: DictConfig) -> DictConfig:
+    """The composed config with every interpolation evaluated, typed against the schema.
+
+    After this nothing refers to Hydra's runtime any more, so a worker can load the file."""
+    return typed(to_container(cfg))
+
+
+def load_run_config(path: str | Path) -> DictConfig:
+    """Load a resolved config written by the launcher, typed against the schema again."""
+    loaded = OmegaConf.to_container(OmegaConf.load(path))
+    if not isinstance(loaded, dict):
+        raise UserError(f"{path} is not an accel-train run config (no mapping at the top).")
+    return typed(loaded)
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}: dotted keys, to name the first key two configs differ in."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def write_run_config(cfg: DictConfig, run_dir: Path, name: str = "config.yaml") -> Path:
+    """Write the resolved config (atomically) and its tree rendering into the run dir."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / name
+    tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
+    tmp.write_text(OmegaConf.to_yaml(cfg))
+    os.replace(tmp, path)
+    if name == "config.yaml":
+        buffer = io.StringIO()
+        Console(file=buffer, width=100, no_color=True).print(config_tree(cfg))
+        (run_dir / "config_tree.txt").write_text(buffer.getvalue())
+    return path
+
+
+def config_tree(cfg: DictConfig) -> Tree:
+    tree = Tree("[bold]config[/bold]", guide_style="dim")
+    for key, value in cfg.items():
+        if isinstance(value, DictConfig):
+            branch = tree.add(f"[bold cyan]{key}[/bold cyan]")
+            for k, v in value.items():
+                branch.add(f"{k}: {v}")
+        else:
+            tree.add(f"{key}: {value}")
+    return tree

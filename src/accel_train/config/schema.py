@@ -1,0 +1,359 @@
+"""The typed config schema: one dataclass per option, registered in Hydra's ConfigStore.
+
+Each option's YAML under ``configs/<group>/`` starts with ``defaults: [<option>_schema]``, so it
+holds only its own keys, a misspelled key or a wrong type fails when Hydra composes, and a local
+run's config tree carries no SLURM keys. Options whose code the user brings (``model``,
+``dataset``, ``loss``, ``callbacks``) are built by ``_target_`` with ``hydra.utils.instantiate``;
+their extra constructor arguments are added with ``+group.key=value``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+# ---- model: a class or factory by _target_; the data shape is passed where accepted -------
+
+
+@dataclass
+class ModelConfig:
+    _target_: str = MISSING
+    name: str = "custom"
+
+
+@dataclass
+class MnistCnnConfig(ModelConfig):
+    dropout: float = 0.25
+    hidden_dim: int = 128
+
+
+@dataclass
+class MlpConfig(ModelConfig):
+    dropout: float = 0.1
+    hidden_dims: list[int] = field(default_factory=lambda: [512, 256])
+
+
+@dataclass
+class Resnet18Config(ModelConfig):
+    pass
+
+
+# ---- dataset: a factory by _target_ returning the splits ---------------------------------
+
+# Keys every dataset option has that accel-train itself consumes (not passed to the factory
+# unless its signature names them).
+DATASET_COMMON_KEYS = ("name", "num_classes", "mean", "std", "random_shift", "random_hflip")
+
+
+@dataclass
+class DatasetConfig:
+    _target_: str = MISSING
+    name: str = "custom"
+    num_classes: int | None = None
+    mean: list[float] = field(default_factory=lambda: [0.5])
+    std: list[float] = field(default_factory=lambda: [0.5])
+    random_shift: int = 0
+    random_hflip: bool = False
+    val_fraction: float = 0.1
+    seed: int = 0
+
+
+@dataclass
+class TorchvisionDatasetConfig(DatasetConfig):
+    download: bool = True
+
+
+@dataclass
+class SyntheticDatasetConfig(DatasetConfig):
+    in_channels: int = 1
+    image_size: int = 28
+    num_train: int = 2048
+    num_test: int = 512
+
+
+@dataclass
+class ImageFolderDatasetConfig(DatasetConfig):
+    root: str = MISSING
+    train_split: str = "train"
+    test_split: str | None = "val"
+    image_size: int = 64
+    resize_size: int = 0
+    augment: str = "cpu"
+    crop_scale: list[float] = field(default_factory=lambda: [0.35, 1.0])
+    cache: str = "none"
+    cache_dir: str | None = None
+
+
+# ---- loss -------------------------------------------------------------------------------
+
+
+@dataclass
+class LossConfig:
+    _target_: str = MISSING
+    name: str = "custom"
+
+
+@dataclass
+class CrossEntropyConfig(LossConfig):
+    label_smoothing: float = 0.0
+
+
+# ---- precision, strategy, launcher, loader ----------------------------------------------
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = MISSING
+    tf32: bool = True
+
+
+@dataclass
+class StrategyConfig:
+    name: str = MISSING
+    backend: str = "auto"
+
+
+@dataclass
+class DdpConfig(StrategyConfig):
+    bucket_cap_mb: int = 25
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+
+
+@dataclass
+class FsdpConfig(StrategyConfig):
+    reshard_after_forward: bool = True
+    wrap_classes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LauncherConfig:
+    name: str = MISSING
+    nproc_per_node: str = "1"
+    nnodes: str = "1"
+    node_rank: int = 0
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str = "localhost:0"
+    rdzv_id: str | None = None
+    rdzv_timeout: int = 300
+    max_restarts: int = 0
+    monitor_interval: float = 1.0
+    log_dir: str | None = None
+    omp_num_threads: int | None = None
+
+
+@dataclass
+class SlurmLauncherConfig(LauncherConfig):
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 0
+    mem: str | None = None
+    time: str = "01:00:00"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    job_name: str | None = None
+    sbatch_extra: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
+    signal_grace_s: int = 120
+    max_requeues: int = 3
+    submit: bool = True
+
+
+@dataclass
+class LoaderConfig:
+    name: str = MISSING
+    batch_size: int = 64
+    eval_batch_size: int = 0
+    drop_last: bool = False
+    shuffle: bool = True
+
+
+@dataclass
+class TorchLoaderConfig(LoaderConfig):
+    num_workers: int = 0
+    pin_memory: bool = True
+    persistent_workers: bool = True
+    prefetch_factor: int = 2
+
+
+# ---- optimizer, scheduler ---------------------------------------------------------------
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = MISSING
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    fused: bool | None = None
+    scale_lr_with_batch: bool = False
+    reference_batch_size: int = 256
+
+
+@dataclass
+class SgdConfig(OptimizerConfig):
+    momentum: float = 0.9
+    nesterov: bool = False
+
+
+@dataclass
+class AdamConfig(OptimizerConfig):
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+
+
+@dataclass
+class SchedulerConfig:
+    name: str = MISSING
+    warmup_steps: int = 0
+
+
+@dataclass
+class StepSchedulerConfig(SchedulerConfig):
+    step_size: int = 1000
+    gamma: float = 0.1
+
+
+@dataclass
+class CosineSchedulerConfig(SchedulerConfig):
+    min_lr: float = 0.0
+
+
+@dataclass
+class OneCycleSchedulerConfig(SchedulerConfig):
+    max_lr: float = 0.01
+    pct_start: float = 0.3
+
+
+# ---- trainer, logger, paths: one option each --------------------------------------------
+
+
+@dataclass
+class TrainerConfig:
+    max_epochs: int = 3
+    max_steps: int = -1
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float = 0.0
+    log_every_n_steps: int = 50
+    val_every_n_epochs: int = 1
+    limit_train_batches: int = 0
+    limit_val_batches: int = 0
+    test_after_fit: bool = True
+    seed: int = 42
+    deterministic: bool = False
+    compile: bool = False
+    channels_last: bool = False
+    ckpt_every_n_steps: int = 0
+    device: str = "auto"
+    profile: bool = False
+    profile_steps: int = 5
+    progress: str = "auto"
+    tune_malloc: bool = True
+
+
+@dataclass
+class LoggerConfig:
+    name: str = MISSING
+
+
+@dataclass
+class PathsConfig:
+    data_dir: str = MISSING
+    log_dir: str = MISSING
+    output_dir: str = MISSING
+
+
+@dataclass
+class TrainConfig:
+    name: str = "train"
+    resume: str | None = None
+    objective: str = "best_val_acc"
+    # Options of the groups below are typed by their own schema (OPTION_SCHEMAS).
+    model: Any = MISSING
+    dataset: Any = MISSING
+    loss: Any = MISSING
+    precision: Any = MISSING
+    strategy: Any = MISSING
+    launcher: Any = MISSING
+    loader: Any = MISSING
+    optimizer: Any = MISSING
+    scheduler: Any = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: Any = MISSING
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    # Loop hooks by _target_ (accel_train.techniques.Technique subclasses), by name.
+    callbacks: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EvalConfig:
+    ckpt_path: str = MISSING
+    out_path: str | None = None
+    data_dir: str | None = None
+    batch_size: int = 0
+    device: str = "auto"
+
+
+# group -> option name -> schema. The option names are the YAML files' `name:` values; an
+# option a user adds in their own config dir (hydra.searchpath) may use any name and is typed
+# by the group's base schema when it names one of these, untyped otherwise.
+OPTION_SCHEMAS: dict[str, dict[str, type]] = {
+    "model": {
+        "mnist_cnn": MnistCnnConfig,
+        "mlp": MlpConfig,
+        "resnet18": Resnet18Config,
+        "custom": ModelConfig,
+    },
+    "dataset": {
+        "mnist": TorchvisionDatasetConfig,
+        "fashion_mnist": TorchvisionDatasetConfig,
+        "cifar10": TorchvisionDatasetConfig,
+        "synthetic": SyntheticDatasetConfig,
+        "image_folder": ImageFolderDatasetConfig,
+        "custom": DatasetConfig,
+    },
+    "loss": {"cross_entropy": CrossEntropyConfig, "custom": LossConfig},
+    "precision": {n: PrecisionConfig for n in ("fp32", "amp", "fp16", "bf16", "bf16_true")},
+    "strategy": {
+        "single": StrategyConfig,
+        "ddp": DdpConfig,
+        "fsdp": FsdpConfig,
+        "dp": StrategyConfig,
+    },
+    "launcher": {
+        "local": LauncherConfig,
+        "torchrun": LauncherConfig,
+        "slurm": SlurmLauncherConfig,
+    },
+    "loader": {"torch": TorchLoaderConfig, "device": LoaderConfig},
+    "optimizer": {"sgd": SgdConfig, "adam": AdamConfig, "adamw": AdamConfig},
+    "scheduler": {
+        "none": SchedulerConfig,
+        "step": StepSchedulerConfig,
+        "cosine": CosineSchedulerConfig,
+        "onecycle": OneCycleSchedulerConfig,
+    },
+    "logger": {n: LoggerConfig for n in ("csv", "tensorboard", "none")},
+}
+
+
+def schema_name(schema: type) -> str:
+    """The ConfigStore name an option's YAML lists in its defaults, e.g. `ddp_config`."""
+    name = schema.__name__.removesuffix("Config")
+    snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+    return f"{snake}_schema"
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="eval_schema", node=EvalConfig)
+    for group, options in OPTION_SCHEMAS.items():
+        for schema in set(options.values()):
+            cs.store(group=group, name=schema_name(schema), node=schema)

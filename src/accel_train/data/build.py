@@ -1,0 +1,165 @@
+"""`dataset` config -> Splits: instantiate the option's ``_target_`` and check its contract
+(items are ``(input, target)`` pairs, labels in ``[0, num_classes)``) before training starts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import Dataset, Subset, TensorDataset
+
+from accel_train.config.schema import DATASET_COMMON_KEYS
+from accel_train.data.splits import ImageSet, Splits, held_out_indices
+from accel_train.errors import UserError
+from accel_train.targets import build
+
+# How many items of a split without a label tensor are read to check the labels up front (the
+# torch loader checks every batch's labels on the host as well).
+LABEL_SAMPLE = 256
+
+
+def build_splits(ds: DictConfig, data_dir: str) -> Splits:
+    own = (*DATASET_COMMON_KEYS, "val_fraction", "seed")  # passed when the target names them
+    made = build(
+        ds,
+        "dataset",
+        optional={"data_dir": data_dir, **{k: ds[k] for k in own if k in ds}},
+        exclude=own,
+    )
+    splits = made if isinstance(made, Splits) else _from_user(made, ds)
+    if ds.get("num_classes") is not None:
+        splits.num_classes = int(ds.num_classes)
+    for name in ("train", "val", "test"):
+        split = getattr(splits, name)
+        if split is not None:
+            check_split(split, name, splits.num_classes, ds)
+    return splits
+
+
+def _from_user(made: Any, ds: DictConfig) -> Splits:
+    """A user factory's return value: a Dataset, (train, val[, test]) or a dict of them."""
+    target = ds._target_
+    if isinstance(made, Mapping):
+        if "train" not in made or "val" not in made:
+            raise UserError(
+                f"dataset._target_={target} returned a dict with keys {sorted(made)}; it needs "
+                "'train' and 'val' (and optionally 'test')."
+            )
+        train, val, test = made["train"], made["val"], made.get("test")
+    elif isinstance(made, tuple | list) and len(made) in (2, 3):
+        train, val, test = (*made, None)[:3]
+    elif isinstance(made, Dataset):
+        indices = held_out_indices(len(made), ds.val_fraction, ds.seed, _label_tensor(made))
+        train, val, test = (
+            Subset(made, indices[0].tolist()),
+            Subset(made, indices[1].tolist()),
+            None,
+        )
+    else:
+        raise UserError(
+            f"dataset._target_={target} returned {type(made).__name__}; it must return a torch "
+            "Dataset, a tuple (train, val) or (train, val, test) of Datasets, or a dict with "
+            "those keys."
+        )
+    for name, split in (("train", train), ("val", val), ("test", test)):
+        if split is not None and not (hasattr(split, "__getitem__") and hasattr(split, "__len__")):
+            raise UserError(
+                f"dataset._target_={target}: its {name} split is a {type(split).__name__}, not "
+                "a map-style Dataset (with __len__ and __getitem__)."
+            )
+    num_classes = ds.num_classes
+    if num_classes is None:
+        classes = getattr(train, "classes", None) or getattr(
+            getattr(train, "dataset", None), "classes", None
+        )
+        if not classes:
+            raise UserError(
+                f"dataset._target_={target}: how many classes? The train set has no `.classes`; "
+                "set `dataset.num_classes=N`."
+            )
+        num_classes = len(classes)
+    sample, _ = _item(train, 0, "train", target)
+    if sample.dim() != 3:
+        raise UserError(
+            f"dataset._target_={target}: inputs must be image tensors [C, H, W]; the first "
+            f"training input has shape {tuple(sample.shape)}."
+        )
+    c, _, size = sample.shape
+    return Splits(
+        train,
+        val,
+        test,
+        in_channels=c,
+        image_size=size,
+        num_classes=int(num_classes),
+        random_shift=ds.random_shift,
+        random_hflip=ds.random_hflip,
+    )
+
+
+def _item(split: Dataset, i: int, name: str, target: str) -> tuple[torch.Tensor, int]:
+    item = split[i]
+    if not (isinstance(item, Sequence | tuple) and len(item) == 2):
+        kind = f"a {len(item)}-tuple" if isinstance(item, tuple | list) else type(item).__name__
+        raise UserError(
+            f"dataset._target_={target}: item {i} of the {name} split is {kind}; every item must "
+            "be a pair (input tensor, integer class index)."
+        )
+    x, y = item
+    if not isinstance(x, torch.Tensor):
+        raise UserError(
+            f"dataset._target_={target}: the input of item {i} of the {name} split is a "
+            f"{type(x).__name__}, not a tensor (convert it, e.g. with "
+            "torchvision.transforms.v2.functional.to_image)."
+        )
+    if isinstance(y, torch.Tensor) and y.numel() == 1 and not y.is_floating_point():
+        y = int(y)
+    if not isinstance(y, int):
+        raise UserError(
+            f"dataset._target_={target}: the target of item {i} of the {name} split is "
+            f"{y!r}; it must be an integer class index."
+        )
+    return x, y
+
+
+def check_split(split: Dataset, name: str, num_classes: int, ds: DictConfig) -> None:
+    if len(split) == 0:
+        raise UserError(
+            f"dataset={ds.name}: the {name} split is empty. Check the data (or "
+            "dataset.val_fraction, which must leave samples on both sides)."
+        )
+    labels = _label_tensor(split)
+    if labels is None:
+        n = min(len(split), LABEL_SAMPLE)
+        labels = torch.tensor([_item(split, i, name, ds._target_)[1] for i in range(n)])
+    check_labels(labels, num_classes)
+
+
+def check_labels(labels: torch.Tensor, num_classes: int) -> None:
+    """Labels on the host (no device sync): every one in [0, num_classes)."""
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= num_classes:
+        bad = low if low < 0 else high
+        raise UserError(
+            f"dataset.num_classes={num_classes} but the data has label {bad}: labels must be in "
+            f"[0, {num_classes}). Set `dataset.num_classes` to the number of classes, or fix "
+            "the labels."
+        )
+
+
+def _label_tensor(split: Dataset) -> torch.Tensor | None:
+    """All labels of a split without loading its inputs, when the split keeps them apart."""
+    if isinstance(split, ImageSet):
+        return split.labels
+    if isinstance(split, TensorDataset) and len(split.tensors) == 2:
+        return split.tensors[1].flatten()
+    if isinstance(split, Subset):
+        inner = _label_tensor(split.dataset)
+        return None if inner is None else inner[torch.as_tensor(split.indices, dtype=torch.long)]
+    for attr in ("targets", "labels"):
+        value = getattr(split, attr, None)
+        if isinstance(value, torch.Tensor | list) and len(value) == len(split):
+            return torch.as_tensor(value).flatten()
+    return None

@@ -1,0 +1,194 @@
+"""The two loaders. Both draw their order from :class:`ShardedOrder`, so for the same seed they
+give the same batches, and both hand over the split's raw inputs (uint8 images for the built-in
+sets); :class:`~accel_train.data.transform.BatchTransform` augments and normalises them on the
+device, where it is cheap.
+
+- ``loader=torch``: torch's DataLoader over any map-style split (workers, pinned memory, ...).
+- ``loader=device``: the whole split as one tensor on the device; a batch is one index_select.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+from accel_train.data.build import check_labels
+from accel_train.data.splits import ImageSet
+
+# The label of padding samples in sharded evaluation: every rank runs the same number of
+# batches (FSDP's forward is a collective), and the padding is sliced off before scoring.
+IGNORE_INDEX = -100
+
+
+class ShardedOrder:
+    """Which sample indices this rank sees, batch by batch, in a given epoch.
+
+    Training: a permutation seeded by ``seed + epoch`` (like DistributedSampler), truncated to a
+    multiple of the world size and strided by rank, so the union of the ranks' k-th batches is the
+    k-th batch of the single-process run. Evaluation: all indices in order, padded with -1 to a
+    multiple of the world size; the padding is at the end of each rank's list.
+    """
+
+    def __init__(self, n, batch_size, *, train, shuffle, seed, rank, world, drop_last, limit):
+        self.n, self.batch_size, self.train, self.shuffle = n, batch_size, train, shuffle
+        self.seed, self.rank, self.world, self.drop_last = seed, rank, world, drop_last
+        self.per_rank = (n // world) if train else -(-n // world)
+        self.real_per_rank = len(range(rank, n, world)) if not train else self.per_rank
+        full, rest = divmod(self.per_rank, batch_size)
+        self.num_batches = full + (1 if rest and not (train and drop_last) else 0)
+        if limit:
+            self.num_batches = min(self.num_batches, limit)
+        self.epoch, self.start_batch = 0, 0
+
+    def batch_len(self, b: int) -> int:
+        """Samples in this rank's batch b (the last batch of an epoch may be short)."""
+        return max(0, min(self.batch_size, self.per_rank - b * self.batch_size))
+
+    def valid_len(self, b: int) -> int:
+        """Samples of evaluation batch b that are real (not padding): a prefix of the batch."""
+        return max(0, min(self.batch_size, self.real_per_rank - b * self.batch_size))
+
+    def window_len(self, b: int, accum: int) -> int:
+        """Samples in the accumulation window (optimizer step) that batch b belongs to."""
+        first = b - b % accum
+        return sum(self.batch_len(i) for i in range(first, min(first + accum, self.num_batches)))
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.epoch, self.start_batch = epoch, start_batch
+
+    def indices(self) -> torch.Tensor:
+        if self.train:
+            if self.shuffle:
+                gen = torch.Generator().manual_seed(self.seed + self.epoch)
+                order = torch.randperm(self.n, generator=gen)
+            else:
+                order = torch.arange(self.n)
+            order = order[: self.n - self.n % self.world]
+        else:
+            padded = -(-self.n // self.world) * self.world
+            order = torch.cat([torch.arange(self.n), torch.full((padded - self.n,), -1)])
+        return order[self.rank :: self.world]
+
+    def __len__(self) -> int:
+        return self.num_batches - self.start_batch
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        """Batches of (epoch, index) keys: the epoch lets a split seed per-sample augmentation."""
+        mine = self.indices().tolist()  # host indices, once per epoch
+        bs, epoch = self.batch_size, self.epoch
+        for b in range(self.start_batch, self.num_batches):
+            yield [(epoch, i) for i in mine[b * bs : (b + 1) * bs]]
+
+
+class _Items(Dataset):
+    """The split seen through (epoch, index) keys; index -1 is a padding sample."""
+
+    def __init__(self, split: Dataset):
+        self.split = split
+        self.epoch_aware = callable(getattr(split, "getitem", None))
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, i = key
+        if i < 0:
+            return self.split[0][0], IGNORE_INDEX
+        x, y = self.split.getitem(i, epoch) if self.epoch_aware else self.split[i]
+        return x, int(y)
+
+
+class _CheckedCollate:
+    """default_collate, then the training labels checked on the host (in the worker, before
+    any transfer): a label outside [0, num_classes) stops the run with a clear error instead of
+    an index error (or a device-side assert on CUDA) inside the loss."""
+
+    def __init__(self, num_classes: int):
+        self.num_classes = num_classes
+
+    def __call__(self, items):
+        images, labels = default_collate(items)
+        check_labels(labels, self.num_classes)
+        return images, labels
+
+
+class TorchLoader:
+    """torch.utils.data.DataLoader driven by a ShardedOrder; batches are copied non-blocking."""
+
+    def __init__(self, split, order: ShardedOrder, lc: DictConfig, device, seed, num_classes):
+        workers = lc.num_workers
+        self.order, self.device = order, device
+        self.loader = DataLoader(
+            _Items(split),
+            batch_sampler=order,
+            num_workers=workers,
+            collate_fn=_CheckedCollate(num_classes) if order.train else None,
+            pin_memory=lc.pin_memory and device.type == "cuda",
+            persistent_workers=lc.persistent_workers and workers > 0,
+            prefetch_factor=lc.prefetch_factor if workers > 0 else None,
+            # Its own generator, so creating an iterator never draws from the global RNG
+            # (that would make a mid-epoch resume diverge).
+            generator=torch.Generator().manual_seed(seed),
+        )
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def epoch(
+        self, epoch: int, start_batch: int = 0
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.order.set_epoch(epoch, start_batch)
+        for images, labels in self.loader:
+            yield (
+                images.to(self.device, non_blocking=True),
+                labels.to(self.device, non_blocking=True),
+            )
+
+
+class DeviceLoader:
+    """The whole split as one uint8 tensor on the device; a batch is one index_select."""
+
+    def __init__(self, data: ImageSet, order: ShardedOrder, device):
+        self.order, self.device = order, device
+        self.images = data.images.to(device)
+        self.labels = data.labels.to(device)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def epoch(
+        self, epoch: int, start_batch: int = 0
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.order.set_epoch(epoch, start_batch)
+        idx = self.order.indices().to(self.device, non_blocking=True)
+        bs = self.order.batch_size
+        padded = not self.order.train and bool(self.order.n % self.order.world)
+        for b in range(start_batch, self.order.num_batches):
+            i = idx[b * bs : (b + 1) * bs]
+            if padded:
+                valid = i >= 0
+                i = i.clamp(min=0)
+                yield self.images[i], torch.where(valid, self.labels[i], IGNORE_INDEX)
+            else:
+                yield self.images[i], self.labels[i]
+
+
+def build_loader(split, lc, *, train, device, seed, rank, world, limit, num_classes):
+    batch_size = lc.batch_size if train else (lc.eval_batch_size or lc.batch_size)
+    order = ShardedOrder(
+        len(split),
+        batch_size,
+        train=train,
+        shuffle=lc.shuffle,
+        seed=seed,
+        rank=rank,
+        world=world,
+        drop_last=lc.drop_last,
+        limit=limit,
+    )
+    if lc.name == "device":
+        return DeviceLoader(split, order, device)
+    return TorchLoader(split, order, lc, device, seed, num_classes)

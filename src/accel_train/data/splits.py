@@ -1,0 +1,84 @@
+"""What every data set option builds: train / val / test splits plus the data's shape.
+
+A split is any map-style torch Dataset whose items are ``(input, target)``: ``input`` a uint8
+image tensor ``[C, H, W]`` (normalised on the device by ``BatchTransform`` with
+``dataset.mean``/``dataset.std``) or a float tensor (used as it is), ``target`` an int class
+index. In-memory image sets are :class:`ImageSet` (uint8 tensors), which ``loader=device`` can
+hold on the device whole.
+
+A split may also implement ``getitem(index, epoch)``: the torch loader then calls it instead of
+``__getitem__``, so per-sample random augmentation can be seeded by (index, epoch) and give the
+same batches for any ``num_workers`` and after a mid-epoch resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import Dataset
+
+# A batch of uint8 images on the device -> augmented uint8 images of the training size
+# (e.g. a random resized crop done for the whole batch at once). Seeded by the generator.
+DeviceAugment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+
+
+@dataclass
+class ImageSet(Dataset):
+    """A whole split as two tensors (what ``loader=device`` puts on the device)."""
+
+    images: torch.Tensor  # uint8 [N, C, H, W]
+    labels: torch.Tensor  # int64 [N]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.images[i], int(self.labels[i])
+
+    def subset(self, indices: torch.Tensor) -> ImageSet:
+        return ImageSet(self.images[indices], self.labels[indices])
+
+    def nbytes(self) -> int:
+        return self.images.numel() * self.images.element_size() + self.labels.numel() * 8
+
+
+@dataclass
+class Splits:
+    train: Dataset
+    val: Dataset
+    test: Dataset | None  # None: the data set has no test split (test_after_fit is skipped)
+    in_channels: int
+    image_size: int
+    num_classes: int
+    # uint8 training batches on the device -> augmented batches (None: none of its own).
+    device_augment: DeviceAugment | None = None
+    # Simple augmentations the device transform applies to uint8 training batches (the built-in
+    # sets pass dataset.random_shift / random_hflip here; a set that augments by itself, 0/False).
+    random_shift: int = 0
+    random_hflip: bool = False
+
+
+def held_out_indices(
+    n: int, fraction: float, seed: int, labels: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train indices, validation indices): a seeded ``fraction`` of ``range(n)`` held out.
+
+    With ``labels`` the split is stratified: each class gives the same share (rounded), so a
+    class-balanced set stays balanced in both parts. The same (n, fraction, seed, labels) always
+    gives the same split, whatever ``trainer.seed`` is."""
+    gen = torch.Generator().manual_seed(seed)
+    if labels is None:
+        order = torch.randperm(n, generator=gen)
+        k = round(n * fraction)
+        return order[k:].sort().values, order[:k].sort().values
+    val_parts = []
+    for c in labels.unique().tolist():
+        members = (labels == c).nonzero().flatten()
+        members = members[torch.randperm(len(members), generator=gen)]
+        val_parts.append(members[: round(len(members) * fraction)])
+    val = torch.cat(val_parts).sort().values if val_parts else torch.empty(0, dtype=torch.long)
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[val] = False
+    return keep.nonzero().flatten(), val

@@ -1,0 +1,74 @@
+"""The batch transform on the device: uint8 images -> augmented, normalised float batch.
+
+Float inputs (a user's dataset that normalises itself) are only cast to the compute dtype and
+memory format. Random augmentation is seeded by (seed, epoch, batch, rank), not by a running
+RNG, so a mid-epoch resume gives the same crops.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+
+from accel_train.data.splits import Splits
+from accel_train.errors import UserError
+
+
+class BatchTransform:
+    def __init__(
+        self,
+        ds: DictConfig,
+        splits: Splits,
+        device: torch.device,
+        dtype: torch.dtype,
+        *,
+        seed: int,
+        rank: int,
+    ):
+        in_channels = splits.in_channels
+        mean, std = list(ds.mean), list(ds.std)
+        if len(mean) not in (1, in_channels) or len(std) not in (1, in_channels):
+            raise UserError(
+                f"dataset.mean has {len(mean)} and dataset.std {len(std)} values but the images "
+                f"have {in_channels} channels: give one value per channel (or one for all)."
+            )
+        std_t = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+        mean_t = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+        self.scale = (1.0 / (255.0 * std_t)).to(device)
+        self.bias = (-mean_t / std_t).to(device)
+        self.shift, self.hflip = splits.random_shift, splits.random_hflip
+        self.device_augment = splits.device_augment
+        self.dtype, self.device = dtype, device
+        self.memory_format = torch.preserve_format
+        self.seed, self.rank = seed, rank
+
+    def __call__(self, images: torch.Tensor, train: bool, epoch: int = 0, batch: int = 0):
+        if images.dtype == torch.uint8:
+            if train and (self.shift or self.hflip or self.device_augment):
+                gen = torch.Generator(self.device)
+                gen.manual_seed(hash((self.seed, epoch, batch, self.rank)) & 0x7FFF_FFFF_FFFF)
+                images = self._augment(images, gen)
+            x = torch.addcmul(self.bias, images.float(), self.scale)
+        else:
+            x = images
+        return x.to(self.dtype, memory_format=self.memory_format)
+
+    def _augment(self, images: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        if self.device_augment is not None:
+            images = self.device_augment(images, gen)
+        n, _, h, w = images.shape
+        dev = images.device
+        if self.shift:
+            s = self.shift
+            padded = F.pad(images, (s, s, s, s))
+            dy = torch.randint(0, 2 * s + 1, (n, 1), generator=gen, device=dev)
+            dx = torch.randint(0, 2 * s + 1, (n, 1), generator=gen, device=dev)
+            rows = (dy + torch.arange(h, device=dev))[:, :, None]
+            cols = (dx + torch.arange(w, device=dev))[:, None, :]
+            batch = torch.arange(n, device=dev)[:, None, None]
+            images = padded[batch, :, rows, cols].permute(0, 3, 1, 2)  # [N,H,W,C] -> [N,C,H,W]
+        if self.hflip:
+            flip = torch.rand(n, generator=gen, device=dev) < 0.5
+            images = torch.where(flip[:, None, None, None], images.flip(3), images)
+        return images

@@ -1,0 +1,154 @@
+"""Hydra multirun jobs: the per-job task body.
+
+`run_job(cfg)` records the job's outcome in `<job dir>/status.json`, never lets a failure
+escape (Hydra's BasicSweeper would re-raise the first failed job's exception after the batch,
+and Optuna would stop), returns the configured `objective` from the job's `summary.json`, and
+with `resume=auto` skips a job whose dir already holds a finished run of the same config. A
+failed job returns None, not NaN: the Optuna sweeper (1.3 with optuna 2.10) then records a
+failed trial and goes on, whereas a NaN makes `study.tell` raise and ends the whole search.
+The summary of the whole sweep is `launch/sweep_summary.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from accel_train.config.checks import OBJECTIVES, validate
+from accel_train.config.run_config import flatten, resolve, to_container
+from accel_train.errors import UserError
+from accel_train.launch.launcher import launch
+from accel_train.launch.sweep_summary import (
+    STATUS_FILE,
+    SUMMARY_FILE,
+    SWEEP_ID_FILE,
+    one_line,
+    read_json,
+)
+
+log = logging.getLogger("accel_train")
+
+# Keys that may differ between the run in a job dir and the rerun that skips or resumes it:
+# where and how it runs, not what it trains (paths.*: the sweep dir may have moved since;
+# launcher.*: set from SLURM's variables inside an allocation).
+IGNORED_WHEN_SKIPPING = ("resume", "objective", "trainer.progress", "paths.", "launcher.")
+
+# ---- the job ----------------------------------------------------------------------------
+
+
+def run_job(cfg: DictConfig) -> float | None:
+    """One multirun job: train (or skip), record the outcome, return the objective (None when
+    the job failed or has no value for it)."""
+    hc = HydraConfig.get()
+    job_dir = Path(hc.runtime.output_dir)
+    if not _main_task():
+        # One of several SLURM tasks running this job (submitit with nodes or tasks_per_node
+        # above 1: launch() turns them into one distributed run); task 0 keeps the record.
+        launch(cfg)
+        return _objective(read_json(job_dir / SUMMARY_FILE) or {}, cfg.objective)
+    status: dict[str, Any] = {
+        "job": int(hc.job.num),
+        "overrides": list(hc.overrides.task),
+        "sweep_id": _read_sweep_id(Path(hc.sweep.dir)),
+        "objective": str(cfg.objective),
+        "started": time.time(),
+    }
+    _write_status(job_dir, status, "running")
+    try:
+        stored = _finished_run(cfg, job_dir)
+        if stored is not None:
+            log.info("job %s already finished in %s: skipped (resume=auto)", hc.job.num, job_dir)
+            value = _objective(stored, cfg.objective)
+            _write_status(job_dir, status, "skipped", value=value)
+            return value
+        before = _mtime(job_dir / SUMMARY_FILE)
+        launch(cfg)
+        summary = read_json(job_dir / SUMMARY_FILE)
+        if summary is None or _mtime(job_dir / SUMMARY_FILE) == before:  # none, or an old one
+            if cfg.launcher.name == "slurm":  # submitted: it trains later, elsewhere
+                _write_status(job_dir, status, "submitted")
+                return None
+            raise UserError(f"the run finished without writing {job_dir / SUMMARY_FILE}.")
+        value = _objective(summary, cfg.objective)
+        _write_status(job_dir, status, "done", value=value)
+        return value
+    except Exception as err:  # one failed job must not stop the sweep
+        if isinstance(err, UserError):
+            error = one_line(str(err))
+            log.error("job %s failed: %s", hc.job.num, error)
+        else:
+            error = one_line(f"{type(err).__name__}: {err}")
+            log.error("job %s failed: %s\n%s", hc.job.num, error, traceback.format_exc())
+        _write_status(job_dir, status, "failed", error=error)
+        return None
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _main_task() -> bool:
+    return os.environ.get("SLURM_PROCID", "0") == "0"
+
+
+def _finished_run(cfg: DictConfig, job_dir: Path) -> dict[str, Any] | None:
+    """With resume=auto: the summary of a finished run of this same config in job_dir (None:
+    run it, continuing from its last checkpoint if there is one). A run of another config
+    there (a different grid into the same sweep dir) is an error, not something to resume."""
+    validate(cfg)  # an invalid job fails even if its dir holds an old result
+    if cfg.resume != "auto":
+        return None
+    stored_cfg = job_dir / "config.yaml"
+    summary = read_json(job_dir / SUMMARY_FILE)
+    if not stored_cfg.is_file() or (summary is None and not (job_dir / "checkpoints").is_dir()):
+        return None  # nothing there to skip or resume from
+    previous = flatten(OmegaConf.to_container(OmegaConf.load(stored_cfg)))
+    current = flatten(to_container(resolve(cfg)))
+    differs = sorted(
+        k
+        for k in set(previous) | set(current)
+        if not k.startswith(IGNORED_WHEN_SKIPPING) and previous.get(k) != current.get(k)
+    )
+    if differs:
+        key = differs[0]
+        raise UserError(
+            f"resume=auto: {job_dir} holds a run of a different config ({key}="
+            f"{previous.get(key)!r} there, {current.get(key)!r} now). Rerun the sweep with the "
+            "same overrides to skip finished jobs, or give a new `hydra.sweep.dir`."
+        )
+    return summary
+
+
+def _objective(summary: dict[str, Any], name: str) -> float | None:
+    if name not in OBJECTIVES:
+        raise UserError(f"objective={name!r} is not one of {', '.join(OBJECTIVES)}.")
+    value = summary.get(name)
+    return None if value is None or math.isnan(float(value)) else float(value)
+
+
+def _write_status(job_dir: Path, status: dict[str, Any], state: str, **extra: Any) -> None:
+    status.update(status=state, updated=time.time(), **extra)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    path = job_dir / STATUS_FILE
+    tmp = path.with_name(f".{STATUS_FILE}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(status, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_sweep_id(sweep_dir: Path) -> str | None:
+    try:
+        return (sweep_dir / SWEEP_ID_FILE).read_text().strip() or None
+    except OSError:
+        return None

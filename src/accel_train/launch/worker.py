@@ -1,0 +1,65 @@
+"""One training process: `python -m accel_train.worker <run_dir>/config.yaml` under torchrun,
+or called in-process by the launcher. After the loop it decides what an early stop means
+(the SLURM requeue lives here, on the launch side, not in the loop).
+
+Reads the resolved config the launcher wrote; never composes a config or parses overrides, so
+it also runs under a user's own torchrun: `torchrun --nproc_per_node 4 -m accel_train.worker ...`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from accel_train.config.run_config import load_run_config
+from accel_train.errors import UserError, report_user_errors
+from accel_train.launch.slurm import requeue_or_stop
+from accel_train.train.loop import run_training
+
+
+def run_worker(cfg: DictConfig) -> dict[str, Any]:
+    summary = run_training(cfg)
+    if summary.get("status") == "preempted" and os.environ.get("RANK", "0") == "0":
+        requeue_or_stop(cfg.launcher.get("max_requeues", 0), Path(summary["checkpoint"]))
+    return summary
+
+
+@report_user_errors
+def main(argv: list[str]) -> None:
+    try:
+        _main(argv)
+    except UserError as err:
+        _write_error_file(err)
+        raise
+
+
+def _write_error_file(err: UserError) -> None:
+    """Hand the message to the torchrun agent (it reads TORCHELASTIC_ERROR_FILE), so the
+    launcher's own error line says what went wrong, whichever rank failed."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"message": str(err), "timestamp": int(time.time())}, f)
+
+
+def _main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        raise UserError("usage: python -m accel_train.worker <run_dir>/config.yaml")
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO if rank == "0" else logging.WARNING,
+        format=f"[%(asctime)s][rank {rank}][%(levelname)s] - %(message)s",
+    )
+    if not os.path.isfile(argv[0]):
+        raise UserError(f"config file {argv[0]!r} not found: pass the run dir's config.yaml.")
+    cfg = load_run_config(argv[0])
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.resume is None:
+        # torchrun restarted the group after a failure: continue, don't start over.
+        cfg.resume = "auto"
+    run_worker(cfg)

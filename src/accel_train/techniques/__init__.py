@@ -1,0 +1,89 @@
+"""The technique layer: every speed-up or training technique is one small class here.
+
+A technique may transform the model once at build time, hook into the loop, or both. The loop
+(``accel_train.train.loop``) fires the hooks in this order::
+
+    before_build()                              process-wide setup, before data and model exist
+    transform(model, ctx) -> model              at build time, in ascending `order` (below)
+    on_fit_start(loop)                          after resume, before the first step
+    for each epoch:
+        for each optimizer step:
+            forward, loss, backward, optimizer step
+            on_train_step_end(loop)             device tensors only: NO host sync here
+            [every log_every_n_steps]  on_log(loop, metrics)        host sync allowed
+            [validation]  on_validation_start(loop) ... on_validation_end(loop, metrics)
+            [checkpoint]  state_dict() saved under checkpoint["techniques"][name]
+    on_fit_end(loop)                            always, also when the run stops early
+
+Model transforms run in one ordered list, so techniques compose without knowing each other:
+
+    PREPARE (10)   change the modules themselves (pruning, quantization-aware training)
+    MEMORY  (20)   activation checkpointing
+    LAYOUT  (30)   memory format (channels_last)
+    -- PARALLEL (50): DDP / FSDP wrapping, done by the builder --
+    COMPILE (60)   torch.compile, outermost; applied to the training and the evaluation model
+
+Users add their own loop hooks by ``_target_`` (``+callbacks.NAME._target_=pkg.mod.Class``);
+those are Technique subclasses too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from accel_train.data.transform import BatchTransform
+from accel_train.parallel import DistEnv
+
+PREPARE, MEMORY, LAYOUT, PARALLEL, COMPILE = 10, 20, 30, 50, 60
+
+
+@dataclass
+class BuildContext:
+    """What a model transform may look at (or adjust) besides the model."""
+
+    cfg: DictConfig
+    env: DistEnv
+    batch_transform: BatchTransform
+    sample: torch.Tensor  # two real training inputs, as the model will see them
+
+
+class Technique:
+    """Base class: every hook is a no-op. Override what the technique needs."""
+
+    name = "technique"
+    order = PREPARE  # where `transform` runs in the build order
+
+    def before_build(self) -> None:
+        pass
+
+    def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
+        return model
+
+    def on_fit_start(self, loop: Any) -> None:
+        pass
+
+    def on_train_step_end(self, loop: Any) -> None:
+        pass
+
+    def on_log(self, loop: Any, metrics: dict[str, float]) -> None:
+        pass
+
+    def on_validation_start(self, loop: Any) -> None:
+        pass
+
+    def on_validation_end(self, loop: Any, metrics: dict[str, float]) -> None:
+        pass
+
+    def on_fit_end(self, loop: Any) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

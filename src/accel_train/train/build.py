@@ -1,0 +1,212 @@
+"""Config -> the objects the loop runs: data, model (transformed and wrapped in one ordered
+list), loss, optimizer, schedule, precision and techniques. Everything a user can get wrong here
+fails before the first step, with the key named."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from torch.utils.data import default_collate
+
+from accel_train.data.build import build_splits
+from accel_train.data.loaders import build_loader
+from accel_train.data.splits import ImageSet, Splits
+from accel_train.data.transform import BatchTransform
+from accel_train.errors import UserError
+from accel_train.losses import build_loss
+from accel_train.models import build_model, check_output
+from accel_train.optim import build_optimizer, build_scheduler, scaled_lr
+from accel_train.parallel import DistEnv, wrap_model
+from accel_train.precision import Precision, resolve_precision
+from accel_train.targets import build
+from accel_train.techniques import PARALLEL, BuildContext, Technique
+from accel_train.techniques.channels_last import ChannelsLast
+from accel_train.techniques.compile import Compile
+from accel_train.techniques.malloc import TuneMalloc
+from accel_train.techniques.profiler import Profiler
+
+
+def build_techniques(cfg: DictConfig) -> list[Technique]:
+    """The techniques the config switches on, then the user's callbacks (by _target_)."""
+    t = cfg.trainer
+    chosen: list[Technique] = []
+    if t.tune_malloc:
+        chosen.append(TuneMalloc())
+    if t.channels_last:
+        chosen.append(ChannelsLast())
+    if t.compile:
+        chosen.append(Compile())
+    if t.profile:
+        chosen.append(Profiler(t.profile_steps))
+    for name, node in cfg.callbacks.items():
+        callback = build(node, f"callbacks.{name}", exclude=())
+        if not isinstance(callback, Technique):
+            raise UserError(
+                f"callbacks.{name}._target_={node._target_} built a {type(callback).__name__}; "
+                "a callback must subclass accel_train.techniques.Technique."
+            )
+        callback.name = name
+        chosen.append(callback)
+    return chosen
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest
+
+
+def make_loader(split, cfg: DictConfig, env: DistEnv, splits: Splits, *, train: bool, limit=0):
+    return build_loader(
+        split,
+        cfg.loader,
+        train=train,
+        device=env.device,
+        seed=cfg.trainer.seed,
+        rank=env.rank,
+        world=env.world_size,
+        limit=limit,
+        num_classes=splits.num_classes,
+    )
+
+
+def check_device_loader(cfg: DictConfig, splits: Splits, device: torch.device) -> None:
+    """loader=device holds every split as one tensor on the device: they must be ImageSets
+    and fit."""
+    sets = [s for s in (splits.train, splits.val, splits.test) if s is not None]
+    if not all(isinstance(s, ImageSet) for s in sets):
+        raise UserError(
+            f"loader=device needs the whole data set in memory as tensors, which dataset="
+            f"{cfg.dataset.name} does not give (the built-in sets do; image_folder does with "
+            "dataset.cache=ram or disk and dataset.augment=device). Use `loader=torch`."
+        )
+    if device.type == "cuda":
+        nbytes = sum(s.nbytes() for s in sets)
+        free, _ = torch.cuda.mem_get_info(device)
+        if nbytes > free // 2:
+            raise UserError(
+                f"loader=device: the data set needs {nbytes / 2**20:.0f} MiB on {device} but "
+                f"only {free / 2**20:.0f} MiB are free (half is kept for the model). Use "
+                "`loader=torch`."
+            )
+
+
+@dataclass
+class Components:
+    splits: Splits
+    train_loader: Any
+    val_loader: Any
+    batch_transform: BatchTransform
+    module: nn.Module  # the bare model (its state_dict is the checkpoint's)
+    model: nn.Module  # what the training step calls (wrapped, compiled)
+    eval_model: nn.Module  # what validation calls
+    loss_fn: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    precision: Precision
+    techniques: list[Technique]
+    steps_per_epoch: int
+    total_steps: int
+    max_epochs: int
+    global_batch: int
+
+
+def build_components(cfg: DictConfig, env: DistEnv) -> Components:
+    t = cfg.trainer
+    techniques = build_techniques(cfg)
+    for technique in techniques:
+        technique.before_build()
+    seed_everything(t.seed, t.deterministic)
+    precision = resolve_precision(cfg.precision.name, env.device, cfg.precision.tf32)
+
+    splits = build_splits(cfg.dataset, cfg.paths.data_dir)
+    if cfg.loader.name == "device":
+        check_device_loader(cfg, splits, env.device)
+    train_loader = make_loader(
+        splits.train, cfg, env, splits, train=True, limit=t.limit_train_batches
+    )
+    val_loader = make_loader(splits.val, cfg, env, splits, train=False, limit=t.limit_val_batches)
+    if len(train_loader) == 0:
+        raise UserError(
+            f"loader.batch_size={cfg.loader.batch_size} x {env.world_size} process(es) is larger "
+            f"than the {len(splits.train)} training samples with loader.drop_last=true: no batch "
+            "to train on. Lower loader.batch_size or set `loader.drop_last=false`."
+        )
+    transform = BatchTransform(
+        cfg.dataset, splits, env.device, precision.param_dtype, seed=t.seed, rank=env.rank
+    )
+
+    module = build_model(cfg.model, splits.in_channels, splits.image_size, splits.num_classes)
+    module = module.to(env.device, dtype=precision.param_dtype)
+    raw = default_collate([splits.train[i] for i in range(min(2, len(splits.train)))])[0]
+    sample = transform(raw.to(env.device), train=False)
+    check_output(module, sample, splits.num_classes, cfg.model._target_)
+    model, eval_model = apply_transforms(module, techniques, cfg, env, transform, sample)
+
+    accum = t.accumulate_grad_batches
+    global_batch = cfg.loader.batch_size * accum * env.world_size
+    steps_per_epoch = math.ceil(train_loader.order.num_batches / accum)
+    total_steps = t.max_epochs * steps_per_epoch
+    if t.max_steps > 0:
+        total_steps = min(total_steps, t.max_steps) if t.max_epochs > 0 else t.max_steps
+    lr = scaled_lr(cfg.optimizer, global_batch)
+    optimizer = build_optimizer(model.parameters(), cfg.optimizer, lr, env.device)
+    scheduler = build_scheduler(optimizer, cfg.scheduler, total_steps, lr / cfg.optimizer.lr)
+    return Components(
+        splits=splits,
+        train_loader=train_loader,
+        val_loader=val_loader,
+        batch_transform=transform,
+        module=module,
+        model=model,
+        eval_model=eval_model,
+        loss_fn=build_loss(cfg.loss, splits.num_classes).to(env.device),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=precision.grad_scaler(),
+        precision=precision,
+        techniques=techniques,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        max_epochs=math.ceil(total_steps / steps_per_epoch),
+        global_batch=global_batch,
+    )
+
+
+def apply_transforms(
+    module: nn.Module,
+    techniques: list[Technique],
+    cfg: DictConfig,
+    env: DistEnv,
+    transform: BatchTransform,
+    sample: torch.Tensor,
+) -> tuple[nn.Module, nn.Module]:
+    """The model transforms in their one order, the DDP/FSDP wrap at PARALLEL. Returns (the
+    training model, the evaluation model): under DDP validation calls the bare module, since
+    DDP's forward may broadcast buffers (a collective) and ranks validate unevenly."""
+    ctx = BuildContext(cfg, env, transform, sample)
+    ordered = sorted(techniques, key=lambda t: t.order)
+    for technique in ordered:
+        if technique.order < PARALLEL:
+            module = technique.transform(module, ctx)
+    model = wrap_model(module, cfg.strategy, env)
+    eval_model = module if model is not module and cfg.strategy.name == "ddp" else model
+    for technique in ordered:
+        if technique.order > PARALLEL:
+            shared = eval_model is model
+            model = technique.transform(model, ctx)
+            eval_model = model if shared else technique.transform(eval_model, ctx)
+    return model, eval_model

@@ -1,0 +1,459 @@
+"""The training loop: as lean as a hand-written one, with exact resume. In pseudocode:
+
+    resume from a checkpoint (resume=auto|path)
+    for epoch:
+        for micro-batch (x, y):
+            loss = loss_fn(model(transform(x)), y)      # under autocast
+            scale(loss * share of the step's samples).backward()
+            on an accumulation boundary: clip, optimizer step, schedule step, techniques' hooks
+            every log_every_n_steps: ONE host sync (loss, stop votes), metrics, progress
+            every ckpt_every_n_steps: save last
+        validate (every val_every_n_epochs and at the end), save best by val/acc, save last
+    test the best checkpoint on the test split (trainer.test_after_fit), write summary.json
+
+Hot-path rule: the loss stays on the device (summed into a device tensor), and the host waits
+for the device only on logging, validation and checkpoint steps. Each such place says so.
+SIGUSR1 asks for a stop: the ranks agree at the next logging step, save last, and return
+status "preempted"; the launch side decides what happens next (e.g. a SLURM requeue).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from accel_train import checkpoint as ckpt_io
+from accel_train.config.run_config import flatten, to_container, write_run_config
+from accel_train.errors import UserError
+from accel_train.loggers import MetricsLogger, Progress
+from accel_train.models import count_parameters
+from accel_train.parallel import DistEnv, process_group
+from accel_train.train.build import Components, build_components, make_loader
+from accel_train.train.evaluate import score
+
+log = logging.getLogger("accel_train")
+
+
+def run_training(cfg: DictConfig) -> dict[str, Any]:
+    """Train with a resolved config, in this process (as one rank when inside torchrun)."""
+    with process_group(cfg.trainer.device, cfg.strategy.backend) as env:
+        if env.distributed:
+            agree_on_config(cfg, env)
+        return Loop(cfg, env, build_components(cfg, env)).fit()
+
+
+def agree_on_config(cfg: DictConfig, env: DistEnv) -> None:
+    """Every rank must train the same config (nodes compose their own); name the first
+    difference. Then global rank 0 writes the run's config.yaml."""
+    mine = flatten(to_container(cfg))
+    mine.pop("launcher.node_rank", None)  # the one key that differs between nodes by design
+    gathered: list[dict | None] = [None] * env.world_size
+    dist.all_gather_object(gathered, mine)
+    for rank, theirs in enumerate(gathered):
+        if theirs != gathered[0]:
+            key = next(
+                k
+                for k in sorted(set(theirs) | set(gathered[0]))
+                if theirs.get(k) != gathered[0].get(k)
+            )
+            raise UserError(
+                f"the nodes disagree on the config: {key}={gathered[0].get(key)!r} on rank 0 but "
+                f"{theirs.get(key)!r} on rank {rank}. Start every node with the same overrides "
+                "(only launcher.node_rank may differ)."
+            )
+    if env.is_main:
+        write_run_config(cfg, Path(cfg.paths.output_dir))
+
+
+class Loop:
+    def __init__(self, cfg: DictConfig, env: DistEnv, parts: Components):
+        self.cfg, self.env, self.parts = cfg, env, parts
+        # Shortcuts for what the step touches (and what techniques read).
+        self.model, self.module, self.eval_model = parts.model, parts.module, parts.eval_model
+        self.optimizer, self.scheduler, self.scaler = parts.optimizer, parts.scheduler, parts.scaler
+        self.loss_fn, self.precision, self.transform = (
+            parts.loss_fn,
+            parts.precision,
+            parts.batch_transform,
+        )
+        self.train_loader, self.val_loader = parts.train_loader, parts.val_loader
+        self.techniques = parts.techniques
+        self.run_dir = Path(cfg.paths.output_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        # FSDP checkpoints are sharded (torch.distributed.checkpoint); others are one file.
+        self.sharded = cfg.strategy.name == "fsdp" and env.distributed
+        self.ckpt_suffix = ".dcp" if self.sharded else ".pt"
+        self.accum = cfg.trainer.accumulate_grad_batches
+
+        self.epoch = self.step = self.batch_in_epoch = 0
+        self.best_val_acc = -1.0
+        self.last_val: tuple[float, float] | None = None
+        self.stop_requested = False  # set by SIGUSR1 on this rank
+        self.stopping = False  # agreed by all ranks: checkpoint and leave at this step
+        self.metrics = MetricsLogger(self.run_dir, cfg.logger.name, enabled=env.is_main)
+        self.progress = Progress(cfg.trainer.progress, enabled=env.is_main)
+
+    def _fire(self, hook: str, *args) -> None:
+        for technique in self.techniques:
+            getattr(technique, hook)(self, *args)
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, Any]:
+        with _on_signal(signal.SIGUSR1, self._request_stop):
+            start = time.perf_counter()
+            resumed_from = self._maybe_resume()
+            self._announce(resumed_from)
+            self._fire("on_fit_start")
+            try:
+                train_time, samples = self._train()
+            finally:
+                self._fire("on_fit_end")
+            if self.stopping:
+                return self._stopped()
+            test = self._test() if self.cfg.trainer.test_after_fit else None
+            summary = self._summary(samples / max(train_time, 1e-9), start, test)
+        self.progress.close()
+        self.metrics.close()
+        return summary
+
+    def _train(self) -> tuple[float, int]:
+        train_time, samples = 0.0, 0
+        p = self.parts
+        while self.epoch < p.max_epochs and self.step < p.total_steps:
+            t0 = time.perf_counter()
+            epoch_samples = self._train_epoch()
+            _sync(self.env.device)  # epoch timing: wait for the epoch's last kernels
+            epoch_s = time.perf_counter() - t0
+            train_time, samples = train_time + epoch_s, samples + epoch_samples
+            self.metrics.log(
+                {"train/epoch_s": epoch_s, "train/epoch_samples_per_s": epoch_samples / epoch_s},
+                self.step,
+                self.epoch,
+            )
+            if self.stopping:
+                return train_time, samples
+            epoch_done = self.batch_in_epoch >= self.train_loader.order.num_batches
+            if epoch_done:
+                self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+            finished = self.epoch >= p.max_epochs or self.step >= p.total_steps
+            if finished or (epoch_done and self.epoch % self.cfg.trainer.val_every_n_epochs == 0):
+                self._validate()
+            self._save("last")
+        return train_time, samples
+
+    def _train_epoch(self) -> int:
+        """Train from self.batch_in_epoch to the end of the epoch (or max_steps)."""
+        self.model.train()
+        order = self.train_loader.order
+        start_batch = self.batch_in_epoch
+        self.progress.start_epoch(self.epoch, order.num_batches, start_batch)
+        loss_sum = torch.zeros((), device=self.env.device)  # sample-weighted, for logging
+        loss_samples, samples, logged_samples, tick = 0, 0, 0, time.perf_counter()
+        log_every = self.cfg.trainer.log_every_n_steps
+        ckpt_every = self.cfg.trainer.ckpt_every_n_steps
+        batches = self.train_loader.epoch(self.epoch, start_batch)
+        for b, (images, labels) in enumerate(batches, start_batch):
+            x = self.transform(images, train=True, epoch=self.epoch, batch=b)
+            boundary = (b + 1) % self.accum == 0 or b + 1 == order.num_batches
+            n = labels.shape[0]
+            # Weight by the samples in this step's accumulation window, so that a short last
+            # batch or a last window of fewer micro-batches gives the mean over its samples,
+            # the same gradient as one batch holding them all.
+            window = order.window_len(b, self.accum)
+            with _gradient_sync(self.model, boundary):
+                with self.precision.autocast():
+                    loss = self.loss_fn(self.model(x), labels)
+                self.scaler.scale(loss * (n / window)).backward()
+            loss_sum.add_(loss.detach(), alpha=n)
+            loss_samples += n
+            samples += n
+            self.progress.advance()
+            if not boundary:
+                continue
+            self._optimizer_step()
+            self.batch_in_epoch = b + 1
+            self._fire("on_train_step_end")
+            if self.step % log_every == 0:
+                now = time.perf_counter()
+                self._log_train(loss_sum, loss_samples, samples - logged_samples, now - tick)
+                loss_sum.zero_()
+                loss_samples, logged_samples, tick = 0, samples, now
+            if ckpt_every and self.step % ckpt_every == 0:
+                self._save("last")
+            if self.step >= self.parts.total_steps or self._should_stop(self.step % log_every == 0):
+                break
+        return samples * self.env.world_size
+
+    def _optimizer_step(self) -> None:
+        clip = self.cfg.trainer.gradient_clip_val
+        if clip > 0:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.step += 1
+
+    def _log_train(self, loss_sum, loss_samples, samples, seconds) -> None:
+        counts = torch.tensor([loss_samples, self.stop_requested], dtype=torch.float32)
+        stats = torch.cat([loss_sum.float().view(1), counts.to(loss_sum.device)])
+        # HOST SYNC (logging step): the step's one wait for the device; the all-reduce also
+        # tells every rank whether any rank was asked to stop.
+        loss_total, count, stop_votes = self.env.all_reduce_sum(stats).tolist()
+        self.stopping = stop_votes > 0
+        metrics = {
+            "train/loss": loss_total / max(count, 1),
+            "train/lr": self.optimizer.param_groups[0]["lr"],
+            "train/samples_per_s": samples * self.env.world_size / max(seconds, 1e-9),
+        }
+        self._fire("on_log", metrics)
+        self.metrics.log(metrics, self.step, self.epoch)
+        shown = {"loss": metrics["train/loss"], "lr": metrics["train/lr"]}
+        shown["samples/s"] = round(metrics["train/samples_per_s"])
+        self.progress.show(shown, self.step, self.epoch)
+
+    def _validate(self) -> None:
+        self._fire("on_validation_start")
+        # HOST SYNC (validation): score() reads the summed loss and accuracy once at its end.
+        loss, acc = score(
+            self.eval_model, self.val_loader, self.transform, self.precision, self.loss_fn, self.env
+        )
+        self.last_val = (loss, acc)
+        metrics = {"val/loss": loss, "val/acc": acc}
+        self._fire("on_validation_end", metrics)
+        self.metrics.log(metrics, self.step, self.epoch)
+        self.progress.message(
+            f"epoch {self.epoch} step {self.step}  val/loss={loss:.4f}  val/acc={acc:.4f}"
+        )
+        if acc > self.best_val_acc:
+            self.best_val_acc = acc
+            self._save("best")
+
+    def _test(self) -> dict[str, Any] | None:
+        """Score the checkpoint selected on validation (best, else the final weights) once on
+        the test split: the honest number, reported apart from validation."""
+        p = self.parts
+        if p.splits.test is None:
+            log.info("the data set has no test split: trainer.test_after_fit skipped")
+            return None
+        best = self.ckpt_dir / f"best{self.ckpt_suffix}"
+        which = "best" if best.exists() else "last"
+        if which == "best":
+            self._load_weights(best)
+        loader = make_loader(p.splits.test, self.cfg, self.env, p.splits, train=False)
+        # HOST SYNC (test): one read at the end of the pass.
+        loss, acc = score(
+            self.eval_model, loader, self.transform, self.precision, self.loss_fn, self.env
+        )
+        self.metrics.log({"test/loss": loss, "test/acc": acc}, self.step, self.epoch)
+        self.progress.message(
+            f"test ({which} checkpoint)  test/loss={loss:.4f}  test/acc={acc:.4f}"
+        )
+        return {"test_loss": loss, "test_acc": acc, "test_ckpt": which}
+
+    def _stopped(self) -> dict[str, Any]:
+        """Asked to stop (SIGUSR1: preemption or the time limit): save and report it."""
+        self._save("last")
+        ckpt = self.ckpt_dir / f"last{self.ckpt_suffix}"
+        log.warning("stopped at epoch %d step %d; checkpoint %s", self.epoch, self.step, ckpt)
+        self.progress.close()
+        self.metrics.log({"event": "preempted"}, self.step, self.epoch)
+        self.metrics.close()
+        return {
+            "status": "preempted",
+            "steps": self.step,
+            "epochs": self.epoch,
+            "checkpoint": str(ckpt),
+        }
+
+    def _request_stop(self, signum, frame) -> None:
+        self.stop_requested = True
+        log.warning("rank %d: SIGUSR1 received, checkpointing at the next step", self.env.rank)
+
+    def _should_stop(self, synced: bool) -> bool:
+        """One process checks its flag every step; several agree at logging steps (where they
+        already synchronise), so no step pays for a collective of its own."""
+        if not self.env.distributed:
+            self.stopping = self.stop_requested
+        return self.stopping and (synced or not self.env.distributed)
+
+    # ---- checkpoints ---------------------------------------------------------------------
+
+    def _state(self) -> dict[str, Any]:
+        """Everything but the sharded model/optimizer (those go through DCP under FSDP)."""
+        full = (
+            {}
+            if self.sharded
+            else {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+        )
+        return {
+            "format": ckpt_io.FORMAT_VERSION,
+            **full,
+            "scaler": self.scaler.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            "progress": {
+                "epoch": self.epoch,
+                "step": self.step,
+                "batch_in_epoch": self.batch_in_epoch,
+                "best_val_acc": self.best_val_acc,
+                "last_val": list(self.last_val) if self.last_val else None,
+            },
+            "techniques": {t.name: t.state_dict() for t in self.techniques},
+            "rng": ckpt_io.rng_state(),
+            "config": to_container(self.cfg),
+        }
+
+    def _save(self, name: str) -> None:
+        # HOST SYNC (checkpoint): state_dict() copies device tensors to the file.
+        path = self.ckpt_dir / f"{name}{self.ckpt_suffix}"
+        if self.sharded:
+            ckpt_io.save_sharded(self.module, self.optimizer, self._state(), path, self.env.is_main)
+            return
+        if self.env.is_main:
+            ckpt_io.atomic_save(self._state(), path)
+        self.env.barrier()
+
+    def _load_weights(self, path: Path) -> None:
+        if path.is_dir():
+            ckpt_io.load_sharded(self.module, None, path)
+        else:
+            self.module.load_state_dict(ckpt_io.load_checkpoint(path)["model"])
+
+    def _maybe_resume(self) -> str | None:
+        resume = self.cfg.resume
+        if resume is None:
+            return None
+        path = self.ckpt_dir / f"last{self.ckpt_suffix}" if resume == "auto" else Path(resume)
+        if resume == "auto" and not path.exists():
+            return None  # nothing to resume from: a fresh start, not an error
+        if path.is_dir():  # a sharded checkpoint, loadable at any world size
+            state = ckpt_io.load_sharded_meta(path, key="resume")
+            ckpt_io.load_sharded(self.module, self.optimizer, path)
+        else:
+            state = ckpt_io.load_checkpoint(path, key="resume")
+            if self.sharded:
+                raise UserError(
+                    f"resume={path}: a single-file checkpoint cannot be loaded into strategy=fsdp; "
+                    "resume it with strategy=ddp or single."
+                )
+            self.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        if self.scheduler is not None and state["scheduler"] is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        p = state["progress"]
+        self.epoch, self.step, self.batch_in_epoch = p["epoch"], p["step"], p["batch_in_epoch"]
+        self.best_val_acc = p["best_val_acc"]
+        self.last_val = tuple(p["last_val"]) if p["last_val"] else None
+        saved = state.get("techniques", {})
+        for technique in self.techniques:
+            if technique.name in saved:
+                technique.load_state_dict(saved[technique.name])
+        ckpt_io.set_rng_state(state["rng"])
+        self.metrics.log({"event": "resume", "from": str(path)}, self.step, self.epoch)
+        return str(path)
+
+    # ---- reporting -------------------------------------------------------------------------
+
+    def _announce(self, resumed_from: str | None) -> None:
+        if not self.env.is_main:
+            return
+        p, lc = self.parts, self.cfg.loader
+        log.info(
+            "model %s (%s parameters) on %s; precision %s; data %s: %d train / %d val / %s test",
+            self.cfg.model.get("name", self.cfg.model._target_),
+            f"{count_parameters(self.module):,}",
+            self.env.device,
+            self.precision.describe(),
+            self.cfg.dataset.get("name", "custom"),
+            len(p.splits.train),
+            len(p.splits.val),
+            len(p.splits.test) if p.splits.test is not None else "no",
+        )
+        log.info(
+            "batch: %d per device x %d accumulation x %d process(es) = %d global; "
+            "%d optimizer steps (%d per epoch, %d epochs); loader=%s",
+            lc.batch_size,
+            self.accum,
+            self.env.world_size,
+            p.global_batch,
+            p.total_steps,
+            p.steps_per_epoch,
+            p.max_epochs,
+            lc.name,
+        )
+        if self.techniques:
+            log.info("techniques: %s", ", ".join(t.name for t in self.techniques))
+        if resumed_from:
+            log.info("resumed from %s at epoch %d, step %d", resumed_from, self.epoch, self.step)
+
+    def _summary(self, samples_per_s: float, start: float, test: dict | None) -> dict[str, Any]:
+        wall_s = time.perf_counter() - start
+        summary = {
+            "best_val_acc": self.best_val_acc,
+            "final_val_acc": self.last_val[1] if self.last_val else None,
+            "final_val_loss": self.last_val[0] if self.last_val else None,
+            **(test or {}),
+            "epochs": self.epoch,
+            "steps": self.step,
+            "train_samples_per_s": samples_per_s,
+            "wall_s": wall_s,
+            "precision": self.precision.describe(),
+            "device": str(self.env.device),
+            "world_size": self.env.world_size,
+            "global_batch": self.parts.global_batch,
+            "run_dir": str(self.run_dir),
+        }
+        if self.env.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            test_text = f", test/acc {test['test_acc']:.4f}" if test else ""
+            log.info(
+                "done: %d steps, %d epochs, best val/acc %.4f%s, %.0f samples/s, %.1f s",
+                self.step,
+                self.epoch,
+                self.best_val_acc,
+                test_text,
+                samples_per_s,
+                wall_s,
+            )
+        return summary
+
+
+def _gradient_sync(model, enabled: bool):
+    """Skip the gradient all-reduce (DDP) / reduce-scatter (FSDP) on accumulation micro-steps."""
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext()
+    no_sync = getattr(model, "no_sync", None)
+    return no_sync() if no_sync is not None and not enabled else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _on_signal(signum: int, handler):
+    """Install a signal handler for the duration (only the main thread may)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

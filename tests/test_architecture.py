@@ -1,0 +1,210 @@
+"""The design rules the code must keep: imports go one way (each package is imported in a fresh
+interpreter and must not load a package above it), no function-local imports hiding cycles,
+one schema per option (a local run's config has no SLURM keys), and a training step that never
+waits for the device outside the logging step."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import FAST
+
+import accel_train
+from accel_train.config.run_config import resolve
+from accel_train.parallel import process_group
+from accel_train.techniques import Technique
+from accel_train.train.build import build_components
+from accel_train.train.loop import Loop
+
+SRC = Path(accel_train.__file__).parent
+
+# Lower layers never import higher ones: cli -> launch -> train -> techniques -> components ->
+# config -> errors. Components (data, models, ...) sit side by side on one layer.
+LAYERS = [
+    ["accel_train.errors"],
+    ["accel_train.config", "accel_train.environment"],
+    [
+        "accel_train.targets",
+        "accel_train.data",
+        "accel_train.models",
+        "accel_train.losses",
+        "accel_train.optim",
+        "accel_train.precision",
+        "accel_train.parallel",
+        "accel_train.loggers",
+        "accel_train.checkpoint",
+        "accel_train.safe_load",
+    ],
+    ["accel_train.techniques"],
+    ["accel_train.train"],
+    ["accel_train.launch", "accel_train.worker", "accel_train.node"],
+    ["accel_train.cli"],
+]
+
+
+def _layer(module: str) -> int:
+    for level, names in enumerate(LAYERS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return level
+    raise AssertionError(f"{module} is in no layer of LAYERS: add it")
+
+
+def _modules() -> list[str]:
+    names = []
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_every_module_has_a_layer():
+    for name in _modules():
+        if name != "accel_train":
+            _layer(name)
+
+
+def _imports(path: Path) -> list[str]:
+    """The accel_train modules a file imports (any depth in the file)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("accel_train"):
+            found += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("accel_train")]
+    return [m for m in found if m in set(_modules()) and m != "accel_train"]
+
+
+def test_imports_go_one_way_in_the_source():
+    """No module imports a module of a higher layer (cli's deferred imports go downward too)."""
+    violations = []
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if module == "accel_train":
+            continue
+        for imported in _imports(path):
+            if _layer(imported) > _layer(module):
+                violations.append(f"{module} imports {imported}")
+    assert not violations, "\n".join(violations)
+
+
+@pytest.mark.parametrize("level", range(len(LAYERS) - 1))
+def test_a_layer_loads_nothing_above_it(level):
+    """Every module of a layer, imported in a fresh interpreter, loads nothing from above."""
+    mine = [m for m in _modules() if m != "accel_train" and _layer(m) == level]
+    script = (
+        "import importlib, json, sys\n"
+        "for mod in sys.argv[1:]: importlib.import_module(mod)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('accel_train.'))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, *mine], capture_output=True, text=True, check=True
+    )
+    above = [m for m in json.loads(out.stdout) if _layer(m) > level]
+    assert not above, f"layer {level} ({', '.join(mine)}) loads {above}"
+
+
+def test_no_function_local_imports_of_accel_train():
+    """Only cli.py defers imports (of lower layers, for start-up speed; see its docstring)."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name == "cli.py" and path.parent == SRC:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith(
+                    "accel_train"
+                ):
+                    found.append(f"{path.relative_to(SRC)}:{inner.lineno}")
+                if isinstance(inner, ast.Import) and any(
+                    a.name.startswith("accel_train") for a in inner.names
+                ):
+                    found.append(f"{path.relative_to(SRC)}:{inner.lineno}")
+    assert not found, found
+
+
+def test_an_option_holds_only_its_own_keys(compose_cfg, tmp_path):
+    local = compose_cfg(["launcher=local", f"paths.output_dir={tmp_path}"])
+    assert "partition" not in local.launcher and "sbatch_extra" not in local.launcher
+    assert "reshard_after_forward" not in compose_cfg([f"paths.output_dir={tmp_path}"]).strategy
+    slurm = compose_cfg(["launcher=slurm", f"paths.output_dir={tmp_path}"])
+    assert {"partition", "sbatch_extra", "nproc_per_node"} <= set(slurm.launcher)
+    sgd = compose_cfg(["optimizer=sgd", f"paths.output_dir={tmp_path}"])
+    assert "betas" not in sgd.optimizer and "momentum" in sgd.optimizer
+
+
+# ---- the hot path: no device -> host sync between logging steps ---------------------------
+
+# What reads a tensor's value on the host (and so waits for the device on CUDA).
+SYNCING = ("item", "tolist", "__bool__", "__int__", "__float__", "cpu", "numpy")
+# Frames in these packages count: the loop and the techniques. The data loaders work on host
+# tensors before the transfer, and torch's own internals are torch's business.
+OURS = (str(SRC / "train"), str(SRC / "techniques"), str(SRC / "parallel.py"))
+
+
+class _StepMarks(Technique):
+    """Records the sync count at each optimizer step (a callback, as users add them)."""
+
+    name = "step_marks"
+
+    def __init__(self, counter):
+        self.counter, self.marks = counter, []
+
+    def on_train_step_end(self, loop):
+        self.marks.append((loop.step, len(self.counter)))
+
+
+@pytest.mark.parametrize("loader", ["device", "torch"])
+def test_no_host_sync_between_logging_steps(loader, compose_cfg, tmp_path, monkeypatch):
+    calls: list[str] = []
+
+    def counting(name):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, **kwargs):
+            frame = sys._getframe(1)
+            if frame.f_code.co_filename.startswith(OURS):
+                calls.append(f"{name} at {frame.f_code.co_filename}:{frame.f_lineno}")
+            return original(self, *args, **kwargs)
+
+        return wrapper
+
+    for name in SYNCING:
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    marks = _StepMarks(calls)
+    cfg = compose_cfg(
+        [
+            *FAST,
+            f"loader={loader}",
+            "loader.batch_size=16",
+            "trainer.max_steps=12",
+            "trainer.log_every_n_steps=5",
+            "trainer.limit_val_batches=2",
+            "trainer.gradient_clip_val=1.0",
+            "trainer.test_after_fit=false",
+            "logger=none",
+            f"paths.output_dir={tmp_path}",
+        ]
+    )
+    cfg = resolve(cfg)
+    with process_group("cpu") as env:
+        parts = build_components(cfg, env)
+        parts.techniques.append(marks)
+        Loop(cfg, env, parts).fit()
+    counts = dict(marks.marks)
+    assert sorted(counts) == list(range(1, 13))
+    per_step = {s: counts[s] - counts[s - 1] for s in range(2, 13)}
+    # Steps 5 and 10 log (one .tolist() of the reduced stats); every other step reads nothing.
+    # (Each mark is taken before that step's logging, so a logging step's sync shows up in the
+    # count of the step after it.)
+    quiet = {s: n for s, n in per_step.items() if s not in (6, 11)}
+    assert all(n == 0 for n in quiet.values()), (quiet, calls)
+    assert per_step[6] >= 1 and per_step[11] >= 1, "the counter must see the logging sync"
