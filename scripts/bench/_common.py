@@ -152,3 +152,20 @@ def cpu_busy(seconds: float = 1.0) -> float:
     except (OSError, ValueError, IndexError):
         return float("nan")
     return (b1 - b0) / max(t1 - t0, 1)
+
+
+def composed(overrides: list[str]):
+    """The resolved config `accel-train <overrides>` would run (Hydra's compose API), for the
+    benchmarks that build accel-train's own data, loaders and models in-process."""
+    from hydra import compose, initialize_config_dir
+
+    from accel_train.config import CONFIG_DIR
+    from accel_train.config.run_config import resolve
+    from accel_train.config.schema import register_configs
+    from accel_train.environment import register_resolvers
+
+    register_configs()
+    register_resolvers()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+        cfg = compose("train", overrides=[*overrides, "paths.output_dir=unused"])
+    return resolve(cfg)

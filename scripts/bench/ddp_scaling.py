@@ -25,6 +25,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import composed  # noqa: E402
+
 BIN = Path(sys.executable).parent
 
 
@@ -117,13 +120,9 @@ def main() -> None:
                 results[nproc].append(res)
                 print(f"round {r} nproc {nproc}: {res}", flush=True)
 
-    from omegaconf import OmegaConf
-
     from accel_train.models import build_model, count_parameters
 
-    mc = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/mnist_cnn.yaml")
-    ds = OmegaConf.create({"in_channels": 1, "image_size": 28, "num_classes": 10})
-    numel = count_parameters(build_model(mc, ds))
+    numel = count_parameters(build_model(composed(["model=mnist_cnn"]).model, 1, 28, 10))
     ar_ms = allreduce_ms(numel)
 
     def med(n, key):

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     DEFAULT_DATA_DIR,
+    composed,
     cpu_busy,
     epoch_times,
     load_avg,
@@ -44,22 +45,28 @@ def variants(workers: list[int]) -> list[tuple[str, list[str]]]:
 def loader_only(a: argparse.Namespace, workers: list[int], epochs: int = 3) -> list[list[str]]:
     """Median seconds to iterate one training epoch of batches (and normalise them), no model."""
     import torch
-    from omegaconf import OmegaConf
 
-    from accel_train.config import CONFIG_DIR
-    from accel_train.data import build_loader, load_split
+    from accel_train.data.build import build_splits
+    from accel_train.data.loaders import build_loader
 
-    ds = OmegaConf.load(CONFIG_DIR / "dataset" / "mnist.yaml")
-    data = load_split(ds, a.data_dir, train=True)
+    data = build_splits(composed(["dataset=mnist"]).dataset, a.data_dir).train
     rows = []
     for name, _ in variants(workers):
         kind = "device" if name == "device" else "torch"
-        lc = OmegaConf.load(CONFIG_DIR / "loader" / f"{kind}.yaml")
+        lc = composed([f"loader={kind}"]).loader
         lc.batch_size = a.batch_size
         if kind == "torch":
             lc.num_workers = int(name.rsplit("=", 1)[1])
         loader = build_loader(
-            data, lc, train=True, device=torch.device("cpu"), seed=SEED, rank=0, world=1, limit=0
+            data,
+            lc,
+            train=True,
+            device=torch.device("cpu"),
+            seed=SEED,
+            rank=0,
+            world=1,
+            limit=0,
+            num_classes=10,
         )
         times = []
         for e in range(epochs + 1):

@@ -2,7 +2,7 @@
 """Loop overhead: accel-train's per-epoch train time vs a minimal hand-written PyTorch loop.
 
 Both sides train the same model (mnist_cnn, same seed so the same initial weights), on the same
-MNIST data, with the same loader (accel_train.data.build_loader, so the batches are identical),
+MNIST training split, with the same loader (accel_train.data.loaders.build_loader: same batches),
 batch size, optimizer (Adam, same lr, no scheduler) and precision. Each runs in its own fresh
 subprocess: the hand-written loop in this script (--hand-worker), accel-train through its real
 CLI, whose per-epoch train time is read from `train/epoch_s` in the run's metrics.jsonl.
@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     DEFAULT_DATA_DIR,
     child_env,
+    composed,
     cpu_busy,
     epoch_times,
     load_avg,
@@ -42,22 +43,33 @@ def hand_worker(a: argparse.Namespace) -> None:
     """The obvious hand-written loop; prints {"epoch_s": [...]} as one JSON line."""
     import torch
     import torch.nn.functional as F
-    from omegaconf import OmegaConf
 
-    from accel_train.config import CONFIG_DIR
-    from accel_train.data import build_loader, load_split
+    from accel_train.data.build import build_splits
+    from accel_train.data.loaders import build_loader
     from accel_train.models import build_model
 
     device = torch.device("cpu")
-    torch.manual_seed(SEED)
-    ds = OmegaConf.load(CONFIG_DIR / "dataset" / "mnist.yaml")
-    lc = OmegaConf.load(CONFIG_DIR / "loader" / f"{a.loader}.yaml")
-    lc.batch_size, lc.num_workers = a.batch_size, a.num_workers
-    train_set = load_split(ds, a.data_dir, train=True)
-    loader = build_loader(
-        train_set, lc, train=True, device=device, seed=SEED, rank=0, world=1, limit=0
+    workers = [f"loader.num_workers={a.num_workers}"] if a.loader == "torch" else []
+    cfg = composed(
+        ["dataset=mnist", f"paths.data_dir={a.data_dir}", f"loader={a.loader}", *workers]
     )
-    model = build_model(OmegaConf.load(CONFIG_DIR / "model" / "mnist_cnn.yaml"), ds).to(device)
+    ds = cfg.dataset
+    # The same training split accel-train trains on (the held-out validation part removed).
+    splits = build_splits(ds, a.data_dir)
+    cfg.loader.batch_size = a.batch_size
+    loader = build_loader(
+        splits.train,
+        cfg.loader,
+        train=True,
+        device=device,
+        seed=SEED,
+        rank=0,
+        world=1,
+        limit=0,
+        num_classes=10,
+    )
+    torch.manual_seed(SEED)
+    model = build_model(cfg.model, 1, 28, 10).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     mean, std = ds.mean[0], ds.std[0]
     autocast = a.precision == "amp"  # what precision=amp resolves to on the CPU: bf16 autocast
