@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from accel_train.errors import UserError
+from accel_train.safe_load import load_dcp, torch_load_error
 
 FORMAT_VERSION = 1
 
@@ -41,8 +42,6 @@ def load_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{key}={str(path)!r}: no such file. Give the path of a .pt checkpoint.")
-    from accel_train.safe_load import torch_load_error
-
     try:
         # weights_only: torch's allow-list unpickler builds tensors and plain values only; a
         # file asking for anything else raises UnpicklingError instead of running it.
@@ -129,8 +128,6 @@ def load_sharded(model, optimizer, path: Path) -> None:
 
     # dcp.load itself unpickles .metadata with plain pickle and non-tensor entries with
     # weights_only=False; load_dcp reads both with allow-lists (see safe_load).
-    from accel_train.safe_load import load_dcp
-
     with warnings.catch_warnings():
         if not dist.is_initialized():  # one process loading shards of several is the point
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
