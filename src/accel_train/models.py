@@ -55,12 +55,15 @@ def resnet18(*, in_channels: int, image_size: int, num_classes: int) -> nn.Modul
     return model
 
 
-def build_model(mc: DictConfig, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+def build_model(
+    model_cfg: DictConfig, in_channels: int, image_size: int, num_classes: int
+) -> nn.Module:
     shape = {"in_channels": in_channels, "image_size": image_size, "num_classes": num_classes}
-    model = build(mc, "model", runtime=shape)
+    model = build(model_cfg, "model", runtime=shape)
     if not isinstance(model, nn.Module):
         raise UserError(
-            f"model._target_={mc._target_} built a {type(model).__name__}, not a torch.nn.Module."
+            f"model._target_={model_cfg._target_} built a {type(model).__name__}, not a "
+            "torch.nn.Module."
         )
     return model
 

@@ -13,42 +13,47 @@ from accel_train.errors import UserError
 log = logging.getLogger(__name__)
 
 
-def scaled_lr(oc: DictConfig, global_batch: int) -> float:
+def scaled_lr(opt_cfg: DictConfig, global_batch: int) -> float:
     """optimizer.lr, times global_batch / reference_batch_size under the linear scaling rule."""
-    if not oc.scale_lr_with_batch:
-        return oc.lr
-    factor = global_batch / oc.reference_batch_size
+    if not opt_cfg.scale_lr_with_batch:
+        return opt_cfg.lr
+    factor = global_batch / opt_cfg.reference_batch_size
     log.info(
         "linear lr scaling: lr %.4g x (global batch %d / reference %d) = %.4g",
-        oc.lr,
+        opt_cfg.lr,
         global_batch,
-        oc.reference_batch_size,
-        oc.lr * factor,
+        opt_cfg.reference_batch_size,
+        opt_cfg.lr * factor,
     )
-    return oc.lr * factor
+    return opt_cfg.lr * factor
 
 
-def build_optimizer(params, oc: DictConfig, lr: float, device: torch.device):
+def build_optimizer(params, opt_cfg: DictConfig, lr: float, device: torch.device):
     # Fused kernels are the fastest on CUDA; on the CPU the default (foreach) is.
-    fused = oc.fused if oc.fused is not None else device.type == "cuda"
-    kwargs = {"lr": lr, "weight_decay": oc.weight_decay, "fused": fused or None}
-    if oc.name == "sgd":
-        return torch.optim.SGD(params, momentum=oc.momentum, nesterov=oc.nesterov, **kwargs)
-    cls = torch.optim.Adam if oc.name == "adam" else torch.optim.AdamW
-    return cls(params, betas=tuple(oc.betas), eps=oc.eps, **kwargs)
+    fused = opt_cfg.fused if opt_cfg.fused is not None else device.type == "cuda"
+    kwargs = {"lr": lr, "weight_decay": opt_cfg.weight_decay, "fused": fused or None}
+    if opt_cfg.name == "sgd":
+        return torch.optim.SGD(
+            params, momentum=opt_cfg.momentum, nesterov=opt_cfg.nesterov, **kwargs
+        )
+    cls = torch.optim.Adam if opt_cfg.name == "adam" else torch.optim.AdamW
+    return cls(params, betas=tuple(opt_cfg.betas), eps=opt_cfg.eps, **kwargs)
 
 
-def build_scheduler(optimizer, sc: DictConfig, total_steps: int, lr_scale: float = 1.0):
+def build_scheduler(optimizer, sched_cfg: DictConfig, total_steps: int, lr_scale: float = 1.0):
     """A torch scheduler (or None for a constant lr), with an optional linear warmup in front."""
-    warmup = sc.warmup_steps
-    if sc.name == "onecycle":
+    warmup = sched_cfg.warmup_steps
+    if sched_cfg.name == "onecycle":
         if warmup:
             raise UserError(
                 "scheduler=onecycle with scheduler.warmup_steps>0: OneCycle has its own warmup "
                 "(scheduler.pct_start). Set `scheduler.warmup_steps=0`."
             )
         return lr_scheduler.OneCycleLR(
-            optimizer, max_lr=sc.max_lr * lr_scale, total_steps=total_steps, pct_start=sc.pct_start
+            optimizer,
+            max_lr=sched_cfg.max_lr * lr_scale,
+            total_steps=total_steps,
+            pct_start=sched_cfg.pct_start,
         )
     if warmup >= total_steps and warmup > 0:
         raise UserError(
@@ -56,10 +61,12 @@ def build_scheduler(optimizer, sc: DictConfig, total_steps: int, lr_scale: float
             "steps. Lower it or train longer."
         )
     after = total_steps - warmup
-    if sc.name == "step":
-        main = lr_scheduler.StepLR(optimizer, step_size=sc.step_size, gamma=sc.gamma)
-    elif sc.name == "cosine":
-        main = lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(after, 1), eta_min=sc.min_lr)
+    if sched_cfg.name == "step":
+        main = lr_scheduler.StepLR(optimizer, step_size=sched_cfg.step_size, gamma=sched_cfg.gamma)
+    elif sched_cfg.name == "cosine":
+        main = lr_scheduler.CosineAnnealingLR(
+            optimizer, T_max=max(after, 1), eta_min=sched_cfg.min_lr
+        )
     elif warmup:
         main = lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
     else:

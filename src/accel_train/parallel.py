@@ -109,23 +109,23 @@ def process_group(
         dist.destroy_process_group()
 
 
-def wrap_model(model: nn.Module, sc: DictConfig, env: DistEnv) -> nn.Module:
+def wrap_model(model: nn.Module, strategy_cfg: DictConfig, env: DistEnv) -> nn.Module:
     """Apply the parallelism strategy; returns the module the training step calls."""
-    if sc.name == "single" or not env.distributed:
+    if strategy_cfg.name == "single" or not env.distributed:
         return model
-    if sc.name == "ddp":
+    if strategy_cfg.name == "ddp":
         return DistributedDataParallel(
             model,
             device_ids=[env.device.index] if env.device.type == "cuda" else None,
-            bucket_cap_mb=sc.bucket_cap_mb,
-            gradient_as_bucket_view=sc.gradient_as_bucket_view,
-            static_graph=sc.static_graph,
-            find_unused_parameters=sc.find_unused_parameters,
+            bucket_cap_mb=strategy_cfg.bucket_cap_mb,
+            gradient_as_bucket_view=strategy_cfg.gradient_as_bucket_view,
+            static_graph=strategy_cfg.static_graph,
+            find_unused_parameters=strategy_cfg.find_unused_parameters,
         )
-    assert sc.name == "fsdp", sc.name
-    for unit in shard_units(model, list(sc.wrap_classes)):
-        fully_shard(unit, reshard_after_forward=sc.reshard_after_forward)
-    fully_shard(model, reshard_after_forward=sc.reshard_after_forward)
+    assert strategy_cfg.name == "fsdp", strategy_cfg.name
+    for unit in shard_units(model, list(strategy_cfg.wrap_classes)):
+        fully_shard(unit, reshard_after_forward=strategy_cfg.reshard_after_forward)
+    fully_shard(model, reshard_after_forward=strategy_cfg.reshard_after_forward)
     return model
 
 

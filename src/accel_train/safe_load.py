@@ -76,11 +76,25 @@ def torch_load_error(file: str | Path, err: BaseException, key: str | None = Non
 
     The weights-only unpickler raises UnpicklingError when the file asks for anything outside
     its allow-list (a function to call, a class to build): that is a refusal, reported with
-    torch's whole reason, which explains the danger. Anything else means a damaged file."""
+    torch's whole reason, which explains the danger. Bytes that are no pickle at all (its
+    "Unsupported operand" error on a file that does not start like a pickle) and anything else
+    mean a damaged file."""
     reason = _reason(err)
-    if isinstance(err, pickle.UnpicklingError):
+    detail = reason.partition("WeightsUnpickler error:")[2].strip()
+    if isinstance(err, pickle.UnpicklingError) and (
+        not detail.startswith("Unsupported operand") or _starts_like_a_pickle(file)
+    ):
         return refused(file, reason, key)
     return unreadable(file, reason, key)
+
+
+def _starts_like_a_pickle(file: str | Path) -> bool:
+    """Pickle protocols 2+ open with the PROTO opcode (0x80); a torch zip file with 'PK'."""
+    try:
+        with open(file, "rb") as f:
+            return f.read(1) == b"\x80"
+    except OSError:
+        return False
 
 
 # ---- DCP metadata: a pickle of a few dataclasses ---------------------------------------------

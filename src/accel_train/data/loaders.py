@@ -118,17 +118,19 @@ class _CheckedCollate:
 class TorchLoader:
     """torch.utils.data.DataLoader driven by a ShardedOrder; batches are copied non-blocking."""
 
-    def __init__(self, split, order: ShardedOrder, lc: DictConfig, device, seed, num_classes):
-        workers = lc.num_workers
+    def __init__(
+        self, split, order: ShardedOrder, loader_cfg: DictConfig, device, seed, num_classes
+    ):
+        workers = loader_cfg.num_workers
         self.order, self.device = order, device
         self.loader = DataLoader(
             _Items(split),
             batch_sampler=order,
             num_workers=workers,
             collate_fn=_CheckedCollate(num_classes) if order.train else None,
-            pin_memory=lc.pin_memory and device.type == "cuda",
-            persistent_workers=lc.persistent_workers and workers > 0,
-            prefetch_factor=lc.prefetch_factor if workers > 0 else None,
+            pin_memory=loader_cfg.pin_memory and device.type == "cuda",
+            persistent_workers=loader_cfg.persistent_workers and workers > 0,
+            prefetch_factor=loader_cfg.prefetch_factor if workers > 0 else None,
             # Its own generator, so creating an iterator never draws from the global RNG
             # (that would make a mid-epoch resume diverge).
             generator=torch.Generator().manual_seed(seed),
@@ -176,19 +178,21 @@ class DeviceLoader:
                 yield self.images[i], self.labels[i]
 
 
-def build_loader(split, lc, *, train, device, seed, rank, world, limit, num_classes):
-    batch_size = lc.batch_size if train else (lc.eval_batch_size or lc.batch_size)
+def build_loader(split, loader_cfg, *, train, device, seed, rank, world, limit, num_classes):
+    batch_size = (
+        loader_cfg.batch_size if train else (loader_cfg.eval_batch_size or loader_cfg.batch_size)
+    )
     order = ShardedOrder(
         len(split),
         batch_size,
         train=train,
-        shuffle=lc.shuffle,
+        shuffle=loader_cfg.shuffle,
         seed=seed,
         rank=rank,
         world=world,
-        drop_last=lc.drop_last,
+        drop_last=loader_cfg.drop_last,
         limit=limit,
     )
-    if lc.name == "device":
+    if loader_cfg.name == "device":
         return DeviceLoader(split, order, device)
-    return TorchLoader(split, order, lc, device, seed, num_classes)
+    return TorchLoader(split, order, loader_cfg, device, seed, num_classes)

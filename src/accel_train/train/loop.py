@@ -371,7 +371,7 @@ class Loop:
     def _announce(self, resumed_from: str | None) -> None:
         if not self.env.is_main:
             return
-        p, lc = self.parts, self.cfg.loader
+        p, loader_cfg = self.parts, self.cfg.loader
         log.info(
             "model %s (%s parameters) on %s; precision %s; data %s: %d train / %d val / %s test",
             self.cfg.model.get("name", self.cfg.model._target_),
@@ -386,14 +386,14 @@ class Loop:
         log.info(
             "batch: %d per device x %d accumulation x %d process(es) = %d global; "
             "%d optimizer steps (%d per epoch, %d epochs); loader=%s",
-            lc.batch_size,
+            loader_cfg.batch_size,
             self.accum,
             self.env.world_size,
             p.global_batch,
             p.total_steps,
             p.steps_per_epoch,
             p.max_epochs,
-            lc.name,
+            loader_cfg.name,
         )
         if self.techniques:
             log.info("techniques: %s", ", ".join(t.name for t in self.techniques))
