@@ -146,6 +146,11 @@ def submit(cfg: DictConfig, config_path: Path) -> str | None:
     return job_id
 
 
+# Requeues allowed when the run was not submitted with launcher=slurm (whose max_requeues sets
+# it), e.g. `srun accel-train ...` in the user's own batch script.
+DEFAULT_MAX_REQUEUES = 3
+
+
 def requeue_or_stop(max_requeues: int, checkpoint: Path) -> None:
     """After a preemption checkpoint (rank 0): requeue this job, or explain why not."""
     job_id = os.environ.get("SLURM_JOB_ID")

@@ -19,14 +19,15 @@ from omegaconf import DictConfig
 
 from accel_train.config.run_config import load_run_config
 from accel_train.errors import UserError, report_user_errors
-from accel_train.launch.slurm import requeue_or_stop
+from accel_train.launch.slurm import DEFAULT_MAX_REQUEUES, requeue_or_stop
 from accel_train.train.loop import run_training
 
 
 def run_worker(cfg: DictConfig) -> dict[str, Any]:
     summary = run_training(cfg)
     if summary.get("status") == "preempted" and os.environ.get("RANK", "0") == "0":
-        requeue_or_stop(cfg.launcher.get("max_requeues", 0), Path(summary["checkpoint"]))
+        allowed = cfg.launcher.get("max_requeues", DEFAULT_MAX_REQUEUES)
+        requeue_or_stop(allowed, Path(summary["checkpoint"]))
     return summary
 
 

@@ -13,8 +13,9 @@
 
 Hot-path rule: the loss stays on the device (summed into a device tensor), and the host waits
 for the device only on logging, validation and checkpoint steps. Each such place says so.
-SIGUSR1 asks for a stop: the ranks agree at the next logging step, save last, and return
-status "preempted"; the launch side decides what happens next (e.g. a SLURM requeue).
+A stop signal (train/signals.py) asks for a stop: the ranks agree at the next logging step, save
+last, and return status "preempted"; the launch side decides what happens next (e.g. a SLURM
+requeue).
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,8 @@ from accel_train.models import count_parameters
 from accel_train.parallel import DistEnv, process_group
 from accel_train.train.build import Components, build_components, make_loader
 from accel_train.train.evaluate import score
+from accel_train.train.resume import resume
+from accel_train.train.signals import StopRequest
 
 log = logging.getLogger("accel_train")
 
@@ -98,7 +99,7 @@ class Loop:
         self.epoch = self.step = self.batch_in_epoch = 0
         self.best_val_acc = -1.0
         self.last_val: tuple[float, float] | None = None
-        self.stop_requested = False  # set by SIGUSR1 on this rank
+        self.stop = StopRequest(env.rank)  # set by a signal on this rank
         self.stopping = False  # agreed by all ranks: checkpoint and leave at this step
         self.metrics = MetricsLogger(self.run_dir, cfg.logger.name, enabled=env.is_main)
         self.progress = Progress(cfg.trainer.progress, enabled=env.is_main)
@@ -110,9 +111,9 @@ class Loop:
     # ---- the loop ------------------------------------------------------------------------
 
     def fit(self) -> dict[str, Any]:
-        with _on_signal(signal.SIGUSR1, self._request_stop):
+        with self.stop.installed():
             start = time.perf_counter()
-            resumed_from = self._maybe_resume()
+            resumed_from = resume(self)
             self._announce(resumed_from)
             self._fire("on_fit_start")
             try:
@@ -208,7 +209,7 @@ class Loop:
         self.step += 1
 
     def _log_train(self, loss_sum, loss_samples, samples, seconds) -> None:
-        counts = torch.tensor([loss_samples, self.stop_requested], dtype=torch.float32)
+        counts = torch.tensor([loss_samples, self.stop.requested], dtype=torch.float32)
         stats = torch.cat([loss_sum.float().view(1), counts.to(loss_sum.device)])
         # HOST SYNC (logging step): the step's one wait for the device; the all-reduce also
         # tells every rank whether any rank was asked to stop.
@@ -279,15 +280,11 @@ class Loop:
             "checkpoint": str(ckpt),
         }
 
-    def _request_stop(self, signum, frame) -> None:
-        self.stop_requested = True
-        log.warning("rank %d: SIGUSR1 received, checkpointing at the next step", self.env.rank)
-
     def _should_stop(self, synced: bool) -> bool:
         """One process checks its flag every step; several agree at logging steps (where they
         already synchronise), so no step pays for a collective of its own."""
         if not self.env.distributed:
-            self.stopping = self.stop_requested
+            self.stopping = self.stop.requested
         return self.stopping and (synced or not self.env.distributed)
 
     # ---- checkpoints ---------------------------------------------------------------------
@@ -331,40 +328,6 @@ class Loop:
             ckpt_io.load_sharded(self.module, None, path)
         else:
             self.module.load_state_dict(ckpt_io.load_checkpoint(path)["model"])
-
-    def _maybe_resume(self) -> str | None:
-        resume = self.cfg.resume
-        if resume is None:
-            return None
-        path = self.ckpt_dir / f"last{self.ckpt_suffix}" if resume == "auto" else Path(resume)
-        if resume == "auto" and not path.exists():
-            return None  # nothing to resume from: a fresh start, not an error
-        if path.is_dir():  # a sharded checkpoint, loadable at any world size
-            state = ckpt_io.load_sharded_meta(path, key="resume")
-            ckpt_io.load_sharded(self.module, self.optimizer, path)
-        else:
-            state = ckpt_io.load_checkpoint(path, key="resume")
-            if self.sharded:
-                raise UserError(
-                    f"resume={path}: a single-file checkpoint cannot be loaded into strategy=fsdp; "
-                    "resume it with strategy=ddp or single."
-                )
-            self.module.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
-        if self.scheduler is not None and state["scheduler"] is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        p = state["progress"]
-        self.epoch, self.step, self.batch_in_epoch = p["epoch"], p["step"], p["batch_in_epoch"]
-        self.best_val_acc = p["best_val_acc"]
-        self.last_val = tuple(p["last_val"]) if p["last_val"] else None
-        saved = state.get("techniques", {})
-        for technique in self.techniques:
-            if technique.name in saved:
-                technique.load_state_dict(saved[technique.name])
-        ckpt_io.set_rng_state(state["rng"])
-        self.metrics.log({"event": "resume", "from": str(path)}, self.step, self.epoch)
-        return str(path)
 
     # ---- reporting -------------------------------------------------------------------------
 
@@ -439,19 +402,6 @@ def _gradient_sync(model, enabled: bool):
         return contextlib.nullcontext()
     no_sync = getattr(model, "no_sync", None)
     return no_sync() if no_sync is not None and not enabled else contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _on_signal(signum: int, handler):
-    """Install a signal handler for the duration (only the main thread may)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signum, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signum, previous)
 
 
 def _sync(device: torch.device) -> None:
