@@ -1,8 +1,9 @@
 """Process-group setup/teardown, the training device, and the DDP / FSDP model wrappers.
 
 FSDP shards the model in units: the modules named by ``strategy.wrap_classes`` (class names),
-or by default every outermost module whose class occurs at least twice in the model and holds
-parameters (a ResNet's stages, a transformer's blocks, a Sequential's conv/linear layers), then
+or by default the outermost repeated blocks: every outermost module that has sub-modules, holds
+parameters and whose class occurs at least twice (a ResNet's stages, a transformer's blocks);
+a model with no such blocks (a flat Sequential) is sharded by its repeated layers instead. Then
 the root. Each unit is one all-gather in forward and one reduce-scatter in backward."""
 
 from __future__ import annotations
@@ -144,7 +145,15 @@ def shard_units(model: nn.Module, wrap_classes: list[str]) -> list[nn.Module]:
         return units
     counts = Counter(type(m) for m in model.modules() if m is not model)
     repeated = {cls for cls, n in counts.items() if n >= 2}
-    return _outermost(model, lambda m: type(m) in repeated and any(True for _ in m.parameters()))
+
+    def has_params(m: nn.Module) -> bool:
+        return any(True for _ in m.parameters())
+
+    def is_block(m: nn.Module) -> bool:
+        return type(m) in repeated and has_params(m) and any(True for _ in m.children())
+
+    blocks = _outermost(model, is_block)
+    return blocks or _outermost(model, lambda m: type(m) in repeated and has_params(m))
 
 
 def _outermost(model: nn.Module, wanted) -> list[nn.Module]:

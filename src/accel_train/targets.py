@@ -34,7 +34,7 @@ def locate(target: str, key: str) -> Callable[..., Any]:
     """The object a dotted path names, or a UserError saying which part is missing."""
     make_cwd_importable()
     parts = target.split(".")
-    module = None
+    module, missing = None, None
     for i in range(len(parts) - 1, 0, -1):
         name = ".".join(parts[:i])
         try:
@@ -46,6 +46,7 @@ def locate(target: str, key: str) -> Callable[..., Any]:
                     f"{key}={target}: importing {name} failed: {err}. Install the missing "
                     "package in this environment."
                 ) from None
+            missing = missing or name  # the longest module path that does not exist
             continue
         except Exception as err:  # a bug in the user's module, e.g. a SyntaxError
             raise UserError(
@@ -53,15 +54,12 @@ def locate(target: str, key: str) -> Callable[..., Any]:
                 "module, then run again."
             ) from None
     if module is None:
-        search = [p or os.getcwd() for p in sys.path[:4]]
-        raise UserError(
-            f"{key}={target}: no module {'.'.join(parts[:-1]) or target!r} is importable. Python "
-            f"searched the working directory and PYTHONPATH ({', '.join(search)}, ...). Run from "
-            "the directory that holds your package, add it to PYTHONPATH, or `pip install` it."
-        )
+        raise _no_module(key, target, ".".join(parts[:-1]) or target)
     obj: Any = module
     for attr in parts[i:]:
         if not hasattr(obj, attr):
+            if missing and inspect.ismodule(obj):  # my_pkg imports, my_pkg.nope does not
+                raise _no_module(key, target, missing)
             raise UserError(
                 f"{key}={target}: {obj.__name__ if inspect.ismodule(obj) else obj!r} has no "
                 f"attribute {attr!r}. Check the spelling of the class or function name."
@@ -70,6 +68,15 @@ def locate(target: str, key: str) -> Callable[..., Any]:
     if not callable(obj):
         raise UserError(f"{key}={target} is not a class or function.")
     return obj
+
+
+def _no_module(key: str, target: str, module: str) -> UserError:
+    search = [p or os.getcwd() for p in sys.path[:4]]
+    return UserError(
+        f"{key}={target}: there is no module {module}. Python searched the working directory "
+        f"and PYTHONPATH ({', '.join(search)}, ...). Check the spelling, run from the directory "
+        "that holds your package, add it to PYTHONPATH, or `pip install` it."
+    )
 
 
 def build(

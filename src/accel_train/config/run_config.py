@@ -23,6 +23,11 @@ def to_container(cfg: DictConfig) -> dict[str, Any]:
     return container
 
 
+# Groups whose options take the user's own constructor arguments (`+model.width=96`): their
+# schema types the known keys and lets the others through.
+OPEN_GROUPS = ("model", "dataset", "loss")
+
+
 def typed(tree: dict[str, Any]) -> DictConfig:
     """A plain config tree typed against the schema: each group by its option's dataclass
     (looked up by `name`; an option of the user's own with another name stays as written)."""
@@ -31,6 +36,8 @@ def typed(tree: dict[str, Any]) -> DictConfig:
         node = tree.get(group)
         if isinstance(node, dict) and node.get("name") in options:
             cfg[group] = OmegaConf.structured(options[node["name"]])
+            if group in OPEN_GROUPS:
+                OmegaConf.set_struct(cfg[group], False)
     merged = OmegaConf.merge(cfg, tree)
     assert isinstance(merged, DictConfig)
     return merged
