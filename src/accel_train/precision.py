@@ -33,10 +33,17 @@ class Precision:
         if self.param_dtype == torch.bfloat16:
             return f"{self.name}: weights and compute in bf16 on {self.device_type}"
         if self.autocast_dtype is None:
-            return f"{self.name}: fp32 on {self.device_type}"
+            why = " (no native bf16 on this CPU)" if self.name == "amp" else ""
+            return f"{self.name}: fp32 on {self.device_type}{why}"
         kind = str(self.autocast_dtype).removeprefix("torch.")
         scaler = " + GradScaler" if self.use_scaler else ""
         return f"{self.name}: {kind} autocast{scaler} on {self.device_type}"
+
+
+def cpu_has_fast_bf16() -> bool:
+    """Native bf16 matmul/conv instructions on this CPU (what oneDNN's bf16 kernels need)."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
 def resolve_precision(name: str, device: torch.device, tf32: bool = True) -> Precision:
@@ -50,9 +57,12 @@ def resolve_precision(name: str, device: torch.device, tf32: bool = True) -> Pre
                 "support. Use `precision=amp` (fp16 autocast + GradScaler) or `precision=fp32`."
             )
     if name == "amp":
-        # fp16 on CUDA (tensor cores, needs loss scaling); bf16 on CPU, where fp16 autocast has
-        # no fast kernels (~6x slower than fp32 here) but bf16 runs ~1.5x faster.
-        name_used = "fp16" if dev == "cuda" else "bf16"
+        # fp16 on CUDA (tensor cores, needs loss scaling). On a CPU, bf16 where it has bf16
+        # instructions (AVX512-BF16 or AMX: ~1.5x faster than fp32); elsewhere (AVX2 only) bf16
+        # autocast is emulated and ~5x SLOWER than fp32 (BENCHMARKS.md), so amp means fp32 there.
+        # fp16 autocast has no fast CPU kernels at all.
+        cpu_choice = "bf16" if cpu_has_fast_bf16() else "fp32"
+        name_used = "fp16" if dev == "cuda" else cpu_choice
         resolved = resolve_precision(name_used, device, tf32)
         return Precision("amp", dev, resolved.autocast_dtype, torch.float32, resolved.use_scaler)
     if name == "fp16" and dev == "cpu":
