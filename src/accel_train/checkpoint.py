@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import pickle
 import random
+import re
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -19,23 +23,143 @@ FORMAT_VERSION = 1
 
 def atomic_save(obj: Any, path: str | Path) -> None:
     """Write to a temp file beside `path`, fsync, rename: a kill at any moment leaves either the
-    old file or the new one, never a torn one."""
+    old file or the new one, never a torn one (a SIGKILL can leave the temp file itself:
+    `remove_stale_temps` clears it on the next start). A full disk or an unwritable directory
+    is a UserError that names the path and the free space; the old file stays as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path(path)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # make the rename itself durable
+        finally:
+            os.close(dir_fd)
+    except (OSError, RuntimeError) as err:
+        # torch.save reports a failed write as RuntimeError("... unexpected pos ...") with the
+        # OSError (ENOSPC, EDQUOT, EIO...) as its context; other RuntimeErrors are not ours.
+        cause = _os_error(err)
+        if cause is None:
+            raise
+        raise write_error(path, cause) from None
     finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def temp_path(path: Path) -> Path:
+    """Where atomic_save writes `path` first: hidden, beside it, named by the writing process."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _os_error(err: BaseException | None) -> OSError | None:
+    """The OSError behind an exception (itself, its cause or context, or a failure that
+    torch.distributed.checkpoint collected from a rank), if there is one."""
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, OSError):
+            return err
+        for failure in (getattr(err, "failures", None) or {}).values():  # CheckpointException
+            inner = _os_error(failure[0] if isinstance(failure, tuple) else failure)
+            if inner is not None:
+                return inner
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
+
+
+def write_error(path: Path, err: OSError) -> UserError:
+    """One paragraph for a checkpoint that could not be written: the path, the reason, the free
+    space, and that the previous checkpoints are intact."""
+    reason = err.strerror or str(err)
+    code = errno.errorcode.get(err.errno, "") if err.errno else ""
+    where = path.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
     try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
+        usage = shutil.disk_usage(where)
+        space = f"{_size(usage.free)} free of {_size(usage.total)} on that filesystem"
+    except OSError:
+        space = "free space unknown"
+    return UserError(
+        f"could not write the checkpoint {path}: {reason}{f' ({code})' if code else ''}; "
+        f"{space}. The previous checkpoints in {path.parent} are intact (a save writes a temp "
+        "file, removed again, and renames it only once complete). Free some space or make the "
+        "directory writable, then continue the run with `resume=auto` and the same "
+        "hydra.run.dir: it resumes from the last checkpoint that was written."
+    )
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+# What a save killed half-way leaves in checkpoints/: `.<name>.tmp-<pid>` (atomic_save),
+# `.<name>.dcp.tmp/` and `.<name>.dcp.old/` (save_sharded).
+_TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
+_DCP_TEMP = re.compile(r"^\.(?P<name>.+\.dcp)\.(?P<kind>tmp|old)$")
+
+
+def remove_stale_temps(ckpt_dir: Path, *, locked: bool) -> list[Path]:
+    """Clear what killed saves left in `ckpt_dir`; returns what was removed (or restored).
+
+    `locked`: this process holds the run dir's lock (launch/lock.py), so no other process saves
+    here and every temp is stale. Without it only a `.tmp-<pid>` file whose process is gone
+    goes (a pid is only meaningful on this host; a sharded temp names no process and stays).
+    A sharded save killed between its two renames leaves no `<name>.dcp` but a complete
+    `.<name>.dcp.tmp` (or the previous `.<name>.dcp.old`): that one is renamed back into place
+    instead of removed. Errors (e.g. a read-only directory) leave things as they are: the next
+    save reports them."""
+    if not ckpt_dir.is_dir():
+        return []
+    touched: list[Path] = []
+    entries = sorted(ckpt_dir.iterdir())
+    for entry in entries:
+        m = _TEMP_FILE.match(entry.name)
+        if m and (locked or not _alive(int(m["pid"]))):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+                touched.append(entry)
+    if not locked:
+        return touched
+    for entry in entries:
+        m = _DCP_TEMP.match(entry.name)
+        if not m or not entry.exists():
+            continue
+        final = ckpt_dir / m["name"]
+        tmp, old = ckpt_dir / f".{m['name']}.tmp", ckpt_dir / f".{m['name']}.old"
+        with contextlib.suppress(OSError):
+            if not final.exists():
+                # Killed between `last.dcp -> .old` and `.tmp -> last.dcp`: the new one is
+                # whole once its meta.pt (written last) is there; else take the old one back.
+                complete = (tmp / "meta.pt").is_file() and (tmp / ".metadata").is_file()
+                source = tmp if complete else old
+                if source.is_dir():
+                    os.replace(source, final)
+                    touched.append(final)
+            for leftover in (tmp, old):
+                if leftover.exists():
+                    shutil.rmtree(leftover)
+                    touched.append(leftover)
+    return touched
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def load_checkpoint(path: str | Path, key: str = "ckpt_path") -> dict[str, Any]:
@@ -88,30 +212,46 @@ def _as_tuples(x):
 # ---- sharded (FSDP) checkpoints: a directory written by torch.distributed.checkpoint --------
 # <name>.dcp/ holds the model and optimizer shards (reloadable at any world size) and meta.pt
 # (progress, RNG, scaler, scheduler, config) from rank 0. It is written to a temp dir and
-# renamed, so a kill during a save leaves the previous checkpoint intact.
+# renamed, so a kill during a save leaves the previous checkpoint intact (a kill between moving
+# the previous one aside and renaming the new one leaves both as .<name>.old/.tmp, and
+# remove_stale_temps puts one back on the next start).
 
 
 def save_sharded(model, optimizer, meta: dict[str, Any], path: Path, is_main: bool) -> None:
-    import shutil
-
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     tmp = path.with_name(f".{path.name}.tmp")
+    old = path.with_name(f".{path.name}.old")
     if is_main:
         shutil.rmtree(tmp, ignore_errors=True)
     dist.barrier()
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp))
-    if is_main:
-        atomic_save(meta, tmp / "meta.pt")
-        old = path.with_name(f".{path.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if path.exists():
-            os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
+    try:
+        # dcp.save gathers every rank's write errors and raises them on all ranks (as a
+        # CheckpointException, a BaseException), so all ranks report the same UserError.
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp))
+        if is_main:
+            atomic_save(meta, tmp / "meta.pt")
+            shutil.rmtree(old, ignore_errors=True)
+            if path.exists():
+                os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+    except (OSError, RuntimeError, UserError, dcp.CheckpointException) as err:
+        if is_main:
+            if not path.exists() and old.is_dir():
+                # Failed between the two renames: put the previous checkpoint back.
+                with contextlib.suppress(OSError):
+                    os.replace(old, path)
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, UserError):
+            raise
+        cause = _os_error(err)
+        if cause is None:
+            raise
+        raise write_error(path, cause) from None
     dist.barrier()
 
 

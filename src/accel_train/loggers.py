@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,41 +15,118 @@ from typing import Any
 log = logging.getLogger("accel_train")
 
 
+def json_safe(value: Any) -> Any:
+    """A copy of `value` for strict JSON: non-finite floats (NaN, inf) become None, so
+    ``json.dumps(..., allow_nan=False)`` never writes a bare NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 class MetricsLogger:
     """Appends one JSON object per call to metrics.jsonl, mirrored to the chosen logger.
 
-    Appending (never truncating) means a resumed run keeps the history of the run it continues.
+    Appending means a resumed run keeps the history of the run it continues. Two rules keep that
+    history true:
+    - the files are opened at the first write, so a run that stops before logging anything (a
+      refused resume) leaves them as they were;
+    - `rewind()`, called by a resume before anything is logged, drops the rows written after
+      the checkpoint it resumes from (the resumed run logs those steps again), so no (step,
+      metric) appears twice. `position()` is what a checkpoint records to make that exact.
     """
 
     def __init__(self, run_dir: Path, kind: str, enabled: bool = True):
-        self.enabled = enabled
+        self.run_dir, self.kind, self.enabled = Path(run_dir), kind, enabled
         self.jsonl = self.csv_file = self.csv_writer = self.tb = None
-        if not enabled:
-            return
-        self.jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
-        if kind == "csv":
-            path = run_dir / "metrics.csv"
-            new = not path.exists()
+        self.rows = {"jsonl": 0, "csv": 0}  # lines in each file (csv: with its header)
+        self.purge_step: int | None = None  # TensorBoard hides its events from this step on
+        self._opened = False
+
+    def _open(self) -> None:
+        self._opened = True
+        path = self.run_dir / "metrics.jsonl"
+        self.rows["jsonl"] = len(_jsonl_lines(path))
+        self.jsonl = open(path, "a", buffering=1)  # noqa: SIM115
+        if self.kind == "csv":
+            path = self.run_dir / "metrics.csv"
+            self.rows["csv"] = len(_csv_rows(path))
             self.csv_file = open(path, "a", newline="")  # noqa: SIM115
             self.csv_writer = csv.writer(self.csv_file)
-            if new:
+            if not self.rows["csv"]:
                 self.csv_writer.writerow(["step", "epoch", "metric", "value"])
-        elif kind == "tensorboard":
+                self.rows["csv"] = 1
+        elif self.kind == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            self.tb = SummaryWriter(
+                log_dir=str(self.run_dir / "tensorboard"), purge_step=self.purge_step
+            )
 
     def log(self, metrics: dict[str, Any], step: int, epoch: int) -> None:
         if not self.enabled:
             return
-        self.jsonl.write(json.dumps({"step": step, "epoch": epoch, **metrics}) + "\n")
+        if not self._opened:
+            self._open()
+        row = json_safe({"step": step, "epoch": epoch, **metrics})  # strict JSON: no bare NaN
+        self.jsonl.write(json.dumps(row, allow_nan=False) + "\n")
+        self.rows["jsonl"] += 1
         numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
         if self.csv_writer:
             self.csv_writer.writerows([step, epoch, k, v] for k, v in numbers.items())
             self.csv_file.flush()
+            self.rows["csv"] += len(numbers)
         if self.tb:
             for k, v in numbers.items():
                 self.tb.add_scalar(k, v, global_step=step)
+
+    def position(self) -> dict[str, int] | None:
+        """The rows written so far, per file (None on ranks that log nothing)."""
+        if not self.enabled:
+            return None
+        if not self._opened:
+            self._open()
+        return dict(self.rows)
+
+    def rewind(self, step: int, rows: dict[str, int] | None) -> None:
+        """Drop what was logged after a checkpoint at `step` that recorded `rows` (its
+        position(); None for checkpoints that predate it): a row stays if it came before the
+        checkpoint's position and its step is not past `step`. Event rows ({"event": ...}:
+        preempted, resume) always stay: they are history, not metrics. Each file is rewritten
+        atomically (temp file, rename); TensorBoard's events from `step + 1` on are hidden
+        with its purge_step. Call before the first log()."""
+        if not self.enabled:
+            return
+        if self._opened:
+            raise RuntimeError("MetricsLogger.rewind() after the files were opened")
+        rows = rows or {}
+        self.purge_step = step + 1
+        path = self.run_dir / "metrics.jsonl"
+        lines = _jsonl_lines(path)
+        limit = rows.get("jsonl", len(lines))
+        kept = []
+        for i, line in enumerate(lines):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line torn by a kill
+                continue
+            if "event" in row or (i < limit and row.get("step", 0) <= step):
+                kept.append(line)
+        if kept != lines:
+            _replace(path, "".join(f"{line}\n" for line in kept))
+        path = self.run_dir / "metrics.csv"
+        table = _csv_rows(path)
+        limit = rows.get("csv", len(table))
+        kept_rows = [
+            r for i, r in enumerate(table) if i == 0 or (i < limit and _csv_step(r) <= step)
+        ]
+        if kept_rows != table:
+            buffer = io.StringIO(newline="")
+            csv.writer(buffer).writerows(kept_rows)
+            _replace(path, buffer.getvalue())
 
     def close(self) -> None:
         for f in (self.jsonl, self.csv_file):
@@ -54,6 +134,41 @@ class MetricsLogger:
                 f.close()
         if self.tb:
             self.tb.close()
+
+
+def _jsonl_lines(path: Path) -> list[str]:
+    try:
+        return [line for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def _csv_rows(path: Path) -> list[list[str]]:
+    try:
+        with open(path, newline="") as f:
+            return [row for row in csv.reader(f) if row]
+    except FileNotFoundError:
+        return []
+
+
+def _csv_step(row: list[str]) -> float:
+    try:
+        return int(row[0])
+    except (ValueError, IndexError):  # a row torn by a kill: drop it
+        return math.inf
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write beside `path` and rename over it: a kill leaves the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class Progress:

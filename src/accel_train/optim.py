@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 from omegaconf import DictConfig
@@ -40,8 +41,29 @@ def build_optimizer(params, opt_cfg: DictConfig, lr: float, device: torch.device
     return cls(params, betas=tuple(opt_cfg.betas), eps=opt_cfg.eps, **kwargs)
 
 
-def build_scheduler(optimizer, sched_cfg: DictConfig, total_steps: int, lr_scale: float = 1.0):
-    """A torch scheduler (or None for a constant lr), with an optional linear warmup in front."""
+def build_scheduler(
+    optimizer, sched_cfg: DictConfig, total_steps: int, lr_scale: float = 1.0, start_step: int = 0
+):
+    """A torch scheduler (or None for a constant lr), with an optional linear warmup in front.
+
+    `start_step` > 0 builds the schedule for `total_steps` and fast-forwards it to that step
+    (what a resume does when the run's length or schedule changed): the optimizer's param groups
+    must hold the base lr and no `initial_lr` (torch keeps an existing `initial_lr`, which would
+    anchor the new schedule to the old one). It steps the schedule rather than computing the lr
+    in closed form, so the lr at every later step is bit-identical to that of a run planned for
+    `total_steps` from the start (torch's chainable formulas depend on the order of the steps).
+    """
+    scheduler = _build_scheduler(optimizer, sched_cfg, total_steps, lr_scale)
+    if scheduler is not None and start_step > 0:
+        with warnings.catch_warnings():
+            # No optimizer step precedes these: torch would warn that the first lr is skipped.
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step")
+            for _ in range(start_step):
+                scheduler.step()
+    return scheduler
+
+
+def _build_scheduler(optimizer, sched_cfg: DictConfig, total_steps: int, lr_scale: float):
     warmup = sched_cfg.warmup_steps
     if sched_cfg.name == "onecycle":
         if warmup:

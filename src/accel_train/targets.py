@@ -121,6 +121,8 @@ def build(
         return instantiate(clean, _convert_="all", **extra)
     except InstantiationException as err:
         cause = err.__cause__ or err
+        if isinstance(cause, UserError):  # the target's own message names the problem
+            raise cause from None
         raise UserError(
             f"{key}._target_={target}: building it raised {type(cause).__name__}: "
             f"{' '.join(str(cause).split())}. Fix the arguments (`{key}.*`) or the code."

@@ -3,12 +3,25 @@ names the key and the fix."""
 
 from __future__ import annotations
 
+import logging
+import math
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from accel_train.config.schema import OPTION_SCHEMAS
 from accel_train.errors import UserError
+
+log = logging.getLogger("accel_train")
+_warned: set[str] = set()
+
+
+def _warn(text: str) -> None:
+    """Each warning once per process (a sweep job validates its config twice)."""
+    if text not in _warned:
+        _warned.add(text)
+        log.warning(text)
+
 
 # Groups whose option is chosen by `name` (the others build user code by `_target_`).
 NAMED_GROUPS = ("precision", "strategy", "launcher", "loader", "optimizer", "scheduler", "logger")
@@ -18,6 +31,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "strategy.backend": ("auto", "nccl", "gloo"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.progress": ("auto", "rich", "plain", "none"),
+    "trainer.on_nonfinite": ("stop", "skip_step"),
 }
 
 # summary.json keys a sweep may optimise (`objective`), with the direction that is better.
@@ -42,7 +56,17 @@ MINIMUMS: dict[str, tuple[int, str]] = {
     "trainer.limit_train_batches": (0, "0 means no limit"),
     "trainer.limit_val_batches": (0, "0 means no limit"),
     "trainer.profile_steps": (1, "steps recorded by the profiler"),
+    "scheduler.warmup_steps": (0, "0 means no warmup"),
+    "scheduler.step_size": (1, "optimizer steps between decays"),
+    "optimizer.reference_batch_size": (1, "the global batch the lr was tuned for"),
+    "dataset.random_shift": (0, "max shift in pixels; 0 = off"),
+    "dataset.num_train": (1, "images generated for training and validation"),
+    "dataset.num_test": (1, "images generated for the test split"),
+    "dataset.in_channels": (1, "image channels"),
 }
+
+# A gradient norm clipped below this leaves (plain SGD) steps that barely move the weights.
+TINY_CLIP = 1e-3
 
 
 def validate(cfg: DictConfig) -> None:
@@ -75,7 +99,7 @@ def validate(cfg: DictConfig) -> None:
             raise UserError(f"{key}={value!r} is not one of {', '.join(allowed)}.")
     for key, (minimum, meaning) in MINIMUMS.items():
         value = OmegaConf.select(cfg, key, default=minimum)
-        if value < minimum:
+        if isinstance(value, int | float) and value < minimum:
             fix = f"`{key}={max(minimum, 1)}`"
             raise UserError(f"{key}={value} must be >= {minimum} ({meaning}). Set e.g. {fix}.")
     for group in ("model", "dataset", "loss"):
@@ -96,6 +120,9 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.optimizer.lr <= 0:
         raise UserError(f"optimizer.lr={cfg.optimizer.lr} must be > 0, e.g. `optimizer.lr=1e-3`.")
+    check_optimizer(cfg)
+    check_scheduler(cfg)
+    check_pointless(cfg)
     if cfg.loader.name == "torch" and cfg.loader.prefetch_factor < 1:
         raise UserError("loader.prefetch_factor must be >= 1 (batches loaded ahead per worker).")
     if not 0 <= cfg.dataset.get("val_fraction", 0.1) < 1:
@@ -117,3 +144,195 @@ def validate(cfg: DictConfig) -> None:
             ".dcp directory) written by accel-train, or `resume=auto` to continue from the run "
             "directory's last checkpoint."
         )
+
+
+def check_optimizer(cfg: DictConfig) -> None:
+    """Values torch's optimizers refuse with a traceback, refused here naming the key."""
+    opt = cfg.optimizer
+    if opt.weight_decay < 0:
+        raise UserError(
+            f"optimizer.weight_decay={opt.weight_decay} must be >= 0 (a negative decay grows the "
+            "weights every step). Use e.g. `optimizer.weight_decay=0`."
+        )
+    betas = opt.get("betas")
+    if betas is not None and (len(betas) != 2 or not all(0 <= b < 1 for b in betas)):
+        raise UserError(
+            f"optimizer.betas={list(betas)} must be two values in [0, 1), e.g. "
+            "`optimizer.betas=[0.9,0.999]`."
+        )
+    if opt.get("eps") is not None and opt.eps < 0:
+        raise UserError(f"optimizer.eps={opt.eps} must be >= 0, e.g. `optimizer.eps=1e-8`.")
+    if opt.get("momentum") is not None:
+        if opt.momentum < 0:
+            raise UserError(f"optimizer.momentum={opt.momentum} must be >= 0 (0 = plain SGD).")
+        if opt.nesterov and opt.momentum == 0:
+            raise UserError(
+                "optimizer.nesterov=true needs momentum, but optimizer.momentum=0. Set "
+                "`optimizer.momentum=0.9` or `optimizer.nesterov=false`."
+            )
+
+
+def check_scheduler(cfg: DictConfig) -> None:
+    """Schedules that would drive the learning rate to zero (or the wrong way)."""
+    sched, lr = cfg.scheduler, cfg.optimizer.lr
+    if sched.name == "onecycle":
+        if sched.max_lr <= 0:
+            raise UserError(
+                f"scheduler.max_lr={sched.max_lr} must be > 0: OneCycle's peak learning rate "
+                "(it replaces optimizer.lr), e.g. `scheduler.max_lr=0.01`."
+            )
+        if not 0 < sched.pct_start < 1:
+            raise UserError(
+                f"scheduler.pct_start={sched.pct_start} must be in (0, 1): the share of the run "
+                "spent raising the lr, e.g. `scheduler.pct_start=0.3`."
+            )
+    if sched.name == "cosine":
+        if sched.min_lr < 0:
+            raise UserError(f"scheduler.min_lr={sched.min_lr} must be >= 0.")
+        if sched.min_lr > lr and not cfg.optimizer.scale_lr_with_batch:
+            raise UserError(
+                f"scheduler.min_lr={sched.min_lr} is above optimizer.lr={lr}: the cosine "
+                "schedule would raise the learning rate instead of lowering it. Set "
+                "`scheduler.min_lr` below optimizer.lr (e.g. `scheduler.min_lr=0`)."
+            )
+    if sched.name == "step":
+        if sched.gamma <= 0:
+            raise UserError(
+                f"scheduler.gamma={sched.gamma} must be > 0: the lr would be "
+                f"{sched.gamma} after scheduler.step_size steps. Use e.g. `scheduler.gamma=0.1`."
+            )
+        if sched.gamma > 1:
+            _warn(
+                f"scheduler.gamma={sched.gamma} > 1: the step schedule raises the learning rate "
+                f"every {sched.step_size} steps (it usually decays it: gamma < 1)"
+            )
+
+
+def check_pointless(cfg: DictConfig) -> None:
+    """Settings that make a run pointless (refused) or probably not what was meant (warned),
+    from the config alone; the ones that need the data sizes are in check_data_sizes."""
+    t, ds, loss = cfg.trainer, cfg.dataset, cfg.loss
+    if 0 < t.gradient_clip_val < TINY_CLIP:
+        _warn(
+            f"trainer.gradient_clip_val={t.gradient_clip_val:g} clips every gradient to a tiny "
+            "norm: SGD steps barely move the weights (Adam rescales them back). Typical values "
+            "are 0.5-5."
+        )
+    if 0 < t.max_epochs < t.val_every_n_epochs and t.max_steps < 1:
+        _warn(
+            f"trainer.val_every_n_epochs={t.val_every_n_epochs} > trainer.max_epochs="
+            f"{t.max_epochs}: validation runs only once, after the last epoch (best.pt is that "
+            "epoch's weights)"
+        )
+    num_classes = ds.get("num_classes")
+    if num_classes is not None and num_classes < 2:
+        raise UserError(
+            f"dataset.num_classes={num_classes}: a classifier needs at least 2 classes (with one, "
+            "the loss is 0 and the accuracy 1 whatever the weights)."
+        )
+    std = ds.get("std")
+    if std is not None and any(s <= 0 for s in std):
+        raise UserError(
+            f"dataset.std={list(std)}: every value must be > 0 (inputs are divided by it; 0 "
+            "makes them infinite). Use the data's per-channel std, e.g. `dataset.std=[0.5]`."
+        )
+    smoothing = loss.get("label_smoothing")
+    if smoothing is not None and not 0 <= smoothing < 1:
+        raise UserError(
+            f"loss.label_smoothing={smoothing} must be in [0, 1) (1 makes every target uniform: "
+            "the loss no longer depends on the label). Use e.g. `loss.label_smoothing=0.1`."
+        )
+    dropout = cfg.model.get("dropout")
+    if isinstance(dropout, int | float) and not 0 <= dropout < 1:
+        raise UserError(
+            f"model.dropout={dropout} must be in [0, 1) (1 zeroes every activation). Use e.g. "
+            "`model.dropout=0.1`."
+        )
+    eps = cfg.optimizer.get("eps")
+    if eps == 0:
+        _warn(
+            "optimizer.eps=0: Adam divides by sqrt(v) + eps, so a parameter whose gradient is "
+            "exactly 0 gets 0/0 = NaN. Keep a small eps (1e-8)."
+        )
+
+
+def check_data_sizes(
+    cfg: DictConfig,
+    *,
+    num_train: int,
+    num_val: int,
+    num_classes: int,
+    world_size: int,
+    total_steps: int,
+    max_epochs: int,
+    warn: bool = True,
+) -> None:
+    """The checks that need the data sizes (call once the splits are built): refuse what makes
+    the run pointless, warn about what is probably not meant. `warn=False` on all but one
+    process keeps the warnings to one copy."""
+    t, lc = cfg.trainer, cfg.loader
+    if num_classes < 2:
+        raise UserError(
+            f"the data set has {num_classes} class(es): a classifier needs at least 2 (with one, "
+            "the loss is 0 and the accuracy 1 whatever the weights). Check the data or set "
+            "`dataset.num_classes`."
+        )
+    warnings: list[str] = []
+    per_rank = num_train // world_size
+    full, rest = divmod(per_rank, lc.batch_size)
+    batches = full + (1 if rest and not lc.drop_last else 0)
+    if t.limit_train_batches > batches:
+        warnings.append(
+            f"trainer.limit_train_batches={t.limit_train_batches} has no effect: an epoch has "
+            f"only {batches} batches ({num_train} training samples / loader.batch_size="
+            f"{lc.batch_size} x {world_size} process(es))"
+        )
+    eval_bs = lc.eval_batch_size or lc.batch_size
+    val_batches = math.ceil(math.ceil(num_val / world_size) / eval_bs)
+    if t.limit_val_batches > val_batches:
+        warnings.append(
+            f"trainer.limit_val_batches={t.limit_val_batches} has no effect: validation has "
+            f"only {val_batches} batches ({num_val} samples)"
+        )
+    limited = min(batches, t.limit_train_batches) if t.limit_train_batches else batches
+    if t.accumulate_grad_batches > limited:
+        warnings.append(
+            f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} is more than the "
+            f"{limited} batches of an epoch: each optimizer step accumulates the whole epoch, "
+            "a smaller global batch than the one logged at start-up"
+        )
+    limit_val = t.limit_val_batches or val_batches
+    shown = min(num_val, limit_val * eval_bs * world_size)
+    if shown < num_classes:
+        warnings.append(
+            f"validation scores only {shown} samples for {num_classes} classes: val/acc (and "
+            "the choice of best.pt) is mostly noise. Raise dataset.val_fraction or "
+            "trainer.limit_val_batches"
+        )
+    warned = 0 < t.max_epochs < t.val_every_n_epochs and t.max_steps < 1  # by check_pointless
+    if t.val_every_n_epochs > max_epochs > 0 and not warned:
+        warnings.append(
+            f"trainer.val_every_n_epochs={t.val_every_n_epochs} but the run has {max_epochs} "
+            "epoch(s): validation runs only once, after the last step"
+        )
+    if t.log_every_n_steps > total_steps:
+        warnings.append(
+            f"trainer.log_every_n_steps={t.log_every_n_steps} is more than the run's "
+            f"{total_steps} optimizer steps: no train/loss is logged (and a non-finite loss is "
+            "caught only at validation and checkpoint saves). Use e.g. `trainer.log_every_n_steps="
+            f"{max(1, total_steps // 10)}`"
+        )
+    if t.ckpt_every_n_steps > total_steps:
+        warnings.append(
+            f"trainer.ckpt_every_n_steps={t.ckpt_every_n_steps} is more than the run's "
+            f"{total_steps} optimizer steps: last.pt is saved at epoch ends only"
+        )
+    sched = cfg.scheduler
+    if sched.name == "step" and sched.warmup_steps + sched.step_size >= total_steps:
+        warnings.append(
+            f"scheduler.step_size={sched.step_size}: the run's {total_steps} optimizer steps "
+            "end before the first decay (a constant lr)"
+        )
+    if warn:
+        for text in warnings:
+            _warn(text)

@@ -255,6 +255,7 @@ class TrainerConfig:
     profile_steps: int = 5
     progress: str = "auto"
     tune_malloc: bool = True
+    on_nonfinite: str = "stop"
 
 
 @dataclass

@@ -20,9 +20,11 @@ from accel_train.config.run_config import config_tree, resolve, write_run_config
 from accel_train.environment import in_srun_step, inside_torchrun
 from accel_train.errors import UserError
 from accel_train.launch import slurm
+from accel_train.launch.lock import hold_run_dir
 from accel_train.launch.torchrun import run_torchrun
 from accel_train.launch.worker import run_worker
 from accel_train.parallel import resolve_device
+from accel_train.train.resume import check_resume
 
 log = logging.getLogger("accel_train")
 
@@ -32,6 +34,12 @@ def launch(cfg: DictConfig) -> float | None:
     validate(cfg)
     cfg = resolve(cfg)
     run_dir = Path(cfg.paths.output_dir)
+    hold_run_dir(cfg)  # before anything is written there: one live run per run dir
+    # Before anything is written: a refused or unreadable resume leaves the run dir as it was,
+    # and a run that already finished is not trained again.
+    finished = check_resume(cfg)
+    if finished is not None:
+        return finished.get("best_val_acc")
     if cfg.launcher.name == "slurm":
         return _launch_slurm(cfg, run_dir)
     if in_srun_step() and not inside_torchrun():

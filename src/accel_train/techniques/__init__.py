@@ -12,7 +12,8 @@ A technique may transform the model once at build time, hook into the loop, or b
             on_train_step_end(loop)             device tensors only: NO host sync here
             [every log_every_n_steps]  on_log(loop, metrics)        host sync allowed
             [validation]  on_validation_start(loop) ... on_validation_end(loop, metrics)
-            [checkpoint]  state_dict() saved under checkpoint["techniques"][name]
+            [checkpoint]  on_save(loop, name), then state_dict() saved under
+                          checkpoint["techniques"][name]   host sync allowed
     on_fit_end(loop)                            always, also when the run stops early
 
 Model transforms run in one ordered list, so techniques compose without knowing each other:
@@ -77,6 +78,9 @@ class Technique:
         pass
 
     def on_validation_end(self, loop: Any, metrics: dict[str, float]) -> None:
+        pass
+
+    def on_save(self, loop: Any, name: str) -> None:
         pass
 
     def on_fit_end(self, loop: Any) -> None:

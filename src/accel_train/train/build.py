@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import default_collate
 
+from accel_train.config.checks import check_data_sizes
 from accel_train.data.build import build_splits
 from accel_train.data.loaders import build_loader
 from accel_train.data.splits import ImageSet, Splits
@@ -30,6 +31,7 @@ from accel_train.techniques import PARALLEL, BuildContext, Technique
 from accel_train.techniques.channels_last import ChannelsLast
 from accel_train.techniques.compile import Compile
 from accel_train.techniques.malloc import TuneMalloc
+from accel_train.techniques.nonfinite import NonFinite
 from accel_train.techniques.profiler import Profiler
 
 
@@ -45,6 +47,7 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
         chosen.append(Compile())
     if t.profile:
         chosen.append(Profiler(t.profile_steps))
+    chosen.append(NonFinite(t.on_nonfinite))  # always on: `stop` costs one add per micro-batch
     for name, node in cfg.callbacks.items():
         callback = build(node, f"callbacks.{name}", exclude=())
         if not isinstance(callback, Technique):
@@ -162,6 +165,16 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
     total_steps = t.max_epochs * steps_per_epoch
     if t.max_steps > 0:
         total_steps = min(total_steps, t.max_steps) if t.max_epochs > 0 else t.max_steps
+    check_data_sizes(
+        cfg,
+        num_train=len(splits.train),
+        num_val=len(splits.val),
+        num_classes=splits.num_classes,
+        world_size=env.world_size,
+        total_steps=total_steps,
+        max_epochs=math.ceil(total_steps / steps_per_epoch),
+        warn=env.is_main,
+    )
     lr = scaled_lr(cfg.optimizer, global_batch)
     optimizer = build_optimizer(model.parameters(), cfg.optimizer, lr, env.device)
     scheduler = build_scheduler(optimizer, cfg.scheduler, total_steps, lr / cfg.optimizer.lr)

@@ -9,14 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
 from accel_train.config.run_config import typed
 from accel_train.data.build import build_splits
+from accel_train.data.builtin import hints_for
 from accel_train.data.loaders import build_loader
 from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError
+from accel_train.loggers import json_safe
 from accel_train.losses import build_loss
 from accel_train.models import build_model
 from accel_train.parallel import DistEnv, resolve_device
@@ -50,24 +52,36 @@ def score(model, loader, transform, precision: Precision, loss_fn, env: DistEnv)
     return loss_sum / max(total, 1), correct / max(total, 1)
 
 
+# accel-eval's own keys, as its messages name them.
+EVAL_DEVICES = ("auto", "cpu", "cuda")
+
+
 def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
-    """The body of `accel-eval`."""
-    ckpt_path = Path(ecfg.ckpt_path)
+    """The body of `accel-eval`. Every failure the user can fix is a UserError naming
+    accel-eval's own keys (ckpt_path, data_dir, out_path, batch_size, device)."""
+    ckpt_path, device = _check_eval_config(ecfg)
     sharded = ckpt_path.is_dir()  # an FSDP checkpoint (torch.distributed.checkpoint)
     if sharded:
         state = load_sharded_meta(ckpt_path, key="ckpt_path")
     else:
         state = load_checkpoint(ckpt_path, key="ckpt_path")
-    cfg = typed(state["config"])
+    try:
+        cfg = typed(state["config"])
+    except Exception as err:  # a config this version's schema does not know
+        raise UserError(
+            f"ckpt_path={ckpt_path}: its stored config does not fit this version of accel-train "
+            f"({type(err).__name__}: {' '.join(str(err).split())[:200]}). Evaluate it with the "
+            "version that wrote it."
+        ) from None
     if ecfg.data_dir:
         cfg.paths.data_dir = ecfg.data_dir
     if ecfg.batch_size:
         cfg.loader.eval_batch_size = ecfg.batch_size
-    device = resolve_device(ecfg.device)
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=device)
 
-    splits = build_splits(cfg.dataset, cfg.paths.data_dir)
+    with hints_for("accel-eval"):  # data errors name `data_dir=`, not paths.data_dir
+        splits = build_splits(cfg.dataset, cfg.paths.data_dir)
     if splits.test is None:
         raise UserError(
             f"ckpt_path={ckpt_path}: the checkpoint's data set ({cfg.dataset.get('name')}) has "
@@ -78,7 +92,7 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     if sharded:
         load_sharded(model, None, ckpt_path)
     else:
-        model.load_state_dict(state["model"])
+        _load_weights(model, state["model"], ckpt_path, cfg)
     if cfg.trainer.channels_last:
         model = model.to(memory_format=torch.channels_last)
     loader = build_loader(
@@ -107,10 +121,80 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         "precision": precision.describe(),
     }
     out = Path(ecfg.out_path) if ecfg.out_path else _default_out(ckpt_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    # The result first: a failed write below still leaves it on the screen.
     log.info("test/loss=%.4f  test/acc=%.4f  (%d samples)  -> %s", loss, acc, len(splits.test), out)
+    _write_result(result, out, given=bool(ecfg.out_path))
     return result
+
+
+def _load_weights(model, weights: dict, ckpt_path: Path, cfg: DictConfig) -> None:
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:  # missing/unexpected keys, size mismatches
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(
+            f"ckpt_path={ckpt_path}: its weights do not fit the model its config builds "
+            f"(model._target_={cfg.model._target_}; {first[:200]}). Has the model's code "
+            "changed since the checkpoint was written, or does data_dir hold a data set of "
+            "another shape?"
+        ) from None
+
+
+def _check_eval_config(ecfg: DictConfig) -> tuple[Path, torch.device]:
+    """accel-eval's own keys, before anything is loaded."""
+    if OmegaConf.is_missing(ecfg, "ckpt_path") or not ecfg.ckpt_path:
+        raise UserError(
+            "ckpt_path is required: the checkpoint to evaluate, e.g. "
+            "`accel-eval ckpt_path=outputs/<run>/checkpoints/best.pt`."
+        )
+    ckpt_path = Path(ecfg.ckpt_path).expanduser()
+    if ckpt_path.is_dir() and not (ckpt_path / "meta.pt").is_file():
+        found = sorted(
+            str(p.relative_to(ckpt_path))
+            for pattern in ("*.pt", "*.dcp", "checkpoints/*.pt", "checkpoints/*.dcp")
+            for p in ckpt_path.glob(pattern)
+        )
+        hint = f" It holds {', '.join(found[:4])}: give one of those." if found else ""
+        raise UserError(
+            f"ckpt_path={ckpt_path} is a directory, not a checkpoint: give a .pt file written by "
+            "accel-train (e.g. outputs/<run>/checkpoints/best.pt) or an FSDP .dcp directory "
+            f"(which holds meta.pt).{hint}"
+        )
+    if ecfg.batch_size < 0:
+        raise UserError(
+            f"batch_size={ecfg.batch_size} must be >= 0 (0 = the checkpoint's own "
+            "loader.eval_batch_size), e.g. `batch_size=1024`."
+        )
+    if ecfg.device not in EVAL_DEVICES:
+        raise UserError(
+            f"device={ecfg.device!r} is not one of {', '.join(EVAL_DEVICES)}. Use `device=cpu` "
+            "or `device=auto`."
+        )
+    if ecfg.device == "cuda" and not torch.cuda.is_available():
+        raise UserError(
+            "device=cuda but this machine has no usable CUDA device (torch.cuda.is_available() "
+            "is False). Use `device=cpu` or `device=auto`."
+        )
+    return ckpt_path, resolve_device(ecfg.device)
+
+
+def _write_result(result: dict[str, Any], out: Path, given: bool) -> None:
+    key = "out_path" if given else "out_path (by default beside the checkpoint)"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(json_safe(result), indent=2, allow_nan=False) + "\n")
+    except OSError as err:
+        blocked = next((p for p in (out.parent, *out.parent.parents) if p.is_file()), None)
+        if blocked is not None:
+            reason = f"{blocked} is a file, not a folder"
+        elif out.is_dir():
+            reason = "it is a directory; give a file name"
+        else:
+            reason = f"{type(err).__name__}: {err.strerror or err}"
+        raise UserError(
+            f"{key}={out}: the result could not be written ({reason}); it is printed above. "
+            "Give a writable file path with `out_path=...`."
+        ) from None
 
 
 def _default_out(ckpt_path: Path) -> Path:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -34,13 +35,14 @@ from omegaconf import DictConfig
 from accel_train import checkpoint as ckpt_io
 from accel_train.config.run_config import flatten, to_container, write_run_config
 from accel_train.errors import UserError
-from accel_train.loggers import MetricsLogger, Progress
+from accel_train.loggers import MetricsLogger, Progress, json_safe
 from accel_train.models import count_parameters
 from accel_train.parallel import DistEnv, process_group
+from accel_train.techniques.nonfinite import summary_fields
 from accel_train.train.build import Components, build_components, make_loader
 from accel_train.train.evaluate import score
 from accel_train.train.resume import resume
-from accel_train.train.signals import StopRequest
+from accel_train.train.signals import Stopped, StopRequest, signal_name
 
 log = logging.getLogger("accel_train")
 
@@ -99,7 +101,9 @@ class Loop:
         self.epoch = self.step = self.batch_in_epoch = 0
         self.best_val_acc = -1.0
         self.last_val: tuple[float, float] | None = None
-        self.stop = StopRequest(env.rank)  # set by a signal on this rank
+        # Set by a signal on this rank; one process acts on it at the next step, several agree
+        # at the next logging step.
+        self.stop = StopRequest(env.rank, every_step=not env.distributed)
         self.stopping = False  # agreed by all ranks: checkpoint and leave at this step
         self.metrics = MetricsLogger(self.run_dir, cfg.logger.name, enabled=env.is_main)
         self.progress = Progress(cfg.trainer.progress, enabled=env.is_main)
@@ -113,8 +117,11 @@ class Loop:
     def fit(self) -> dict[str, Any]:
         with self.stop.installed():
             start = time.perf_counter()
-            resumed_from = resume(self)
-            self._announce(resumed_from)
+            resumed = resume(self)
+            if resumed is not None and resumed.summary is not None:
+                self.progress.close()
+                return resumed.summary  # the run had already finished: its summary stands
+            self._announce(resumed.path if resumed else None)
             self._fire("on_fit_start")
             try:
                 train_time, samples = self._train()
@@ -266,11 +273,40 @@ class Loop:
         return {"test_loss": loss, "test_acc": acc, "test_ckpt": which}
 
     def _stopped(self) -> dict[str, Any]:
-        """Asked to stop (SIGUSR1: preemption or the time limit): save and report it."""
-        self._save("last")
+        """Asked to stop by a signal (train/signals.py): save last, then return "preempted"
+        (SIGUSR1: preemption or the time limit; the launch side may requeue) or exit with
+        128 + signum (SIGTERM, SIGINT)."""
+        exits = self.stop.exits
+        if self.env.distributed:
+            # The ranks agreed to stop; agree on how, too (one rank may have had SIGTERM and
+            # another only the SIGUSR1 before it, or nothing): one tiny collective, once a run.
+            vote = torch.tensor([float(exits)], device=self.env.device)
+            exits = self.env.all_reduce_sum(vote).item() > 0
+        ckpt_every = self.cfg.trainer.ckpt_every_n_steps
+        if not (ckpt_every and self.step % ckpt_every == 0):
+            # (Otherwise _train_epoch saved last at this very step: don't spend the grace
+            # period before SIGKILL on writing it twice.)
+            self._save("last")
         ckpt = self.ckpt_dir / f"last{self.ckpt_suffix}"
-        log.warning("stopped at epoch %d step %d; checkpoint %s", self.epoch, self.step, ckpt)
         self.progress.close()
+        if exits:
+            signum = self.stop.signum if self.stop.exits else signal.SIGTERM
+            self.metrics.log(
+                {"event": "stopped", "signal": signal_name(signum)}, self.step, self.epoch
+            )
+            self.metrics.close()
+            if self.env.is_main:
+                log.warning(
+                    "%s: stopped at epoch %d step %d, checkpoint %s; continue with "
+                    "`resume=auto hydra.run.dir=%s`",
+                    signal_name(signum),
+                    self.epoch,
+                    self.step,
+                    ckpt,
+                    self.run_dir,
+                )
+            raise Stopped(signum)
+        log.warning("stopped at epoch %d step %d; checkpoint %s", self.epoch, self.step, ckpt)
         self.metrics.log({"event": "preempted"}, self.step, self.epoch)
         self.metrics.close()
         return {
@@ -307,7 +343,11 @@ class Loop:
                 "batch_in_epoch": self.batch_in_epoch,
                 "best_val_acc": self.best_val_acc,
                 "last_val": list(self.last_val) if self.last_val else None,
+                # The run's length: a resume to another length rebuilds the lr schedule.
+                "total_steps": self.parts.total_steps,
             },
+            # The metrics rows written so far: a resume drops those after it (not duplicated).
+            "metrics_rows": self.metrics.position(),
             "techniques": {t.name: t.state_dict() for t in self.techniques},
             "rng": ckpt_io.rng_state(),
             "config": to_container(self.cfg),
@@ -316,6 +356,7 @@ class Loop:
     def _save(self, name: str) -> None:
         # HOST SYNC (checkpoint): state_dict() copies device tensors to the file.
         path = self.ckpt_dir / f"{name}{self.ckpt_suffix}"
+        self._fire("on_save", name)  # before anything is written: e.g. nonfinite
         if self.sharded:
             ckpt_io.save_sharded(self.module, self.optimizer, self._state(), path, self.env.is_main)
             return
@@ -380,8 +421,10 @@ class Loop:
             "global_batch": self.parts.global_batch,
             "run_dir": str(self.run_dir),
         }
+        summary = json_safe({**summary, **summary_fields(self.techniques)})
         if self.env.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            text = json.dumps(summary, indent=2, allow_nan=False)
+            (self.run_dir / "summary.json").write_text(text + "\n")
             test_text = f", test/acc {test['test_acc']:.4f}" if test else ""
             log.info(
                 "done: %d steps, %d epochs, best val/acc %.4f%s, %.0f samples/s, %.1f s",

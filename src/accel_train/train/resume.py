@@ -1,46 +1,378 @@
-"""Resume: continue a run from a checkpoint (`resume=auto` or a path), exactly.
+"""Resume: continue a run from a checkpoint (`resume=auto` or a path), exactly, and never with a
+silently different experiment.
 
 The checkpoint holds the model, optimizer, GradScaler, schedule, progress (epoch, step, batch in
-epoch, best validation accuracy), every technique's state and every RNG state, so the resumed run
-draws the same batches and augmentations as an uninterrupted one.
+epoch, best validation accuracy, the run's length in optimizer steps), the metrics rows written
+so far, every technique's state, every RNG state and the resolved config of the run that wrote
+it. With
+the same config the resumed run draws the same batches and augmentations as an uninterrupted one
+and ends with the same weights.
+
+What may differ from the checkpoint's config (RULES, checked by `config_changes`):
+
+- Refused, naming the first such key, both values and the fix (set it back, or start a fresh
+  run in a new run dir): what the weights, the optimizer state or the checkpoint's place in the
+  data belong to. model.*, dataset.* (but dataset.download/cache/cache_dir: how the data is
+  fetched, not what it is), loss.*, optimizer.name, optimizer.momentum between zero and non-zero
+  (SGD's momentum buffers), what a step and the data order are made of (loader.batch_size,
+  loader.drop_last, loader.shuffle, trainer.accumulate_grad_batches,
+  trainer.limit_train_batches, trainer.seed: the checkpoint's step and batch_in_epoch count
+  batches of that size in that order), the validation set best_val_acc was measured on
+  (trainer.limit_val_batches), strategy.name into or out of fsdp (sharded checkpoints) and
+  precision.name into or out of bf16_true (bf16 parameters). A key no rule names is refused.
+- Applied, and logged as one line per key, "changed on resume: KEY OLD -> NEW" (rank 0), and in
+  the {"event": "resume"} row of metrics.jsonl: everything else. The run's length
+  (trainer.max_epochs/max_steps), intervals, device, progress display, techniques, paths.*,
+  launcher.*, logger.*, callbacks.*, name, objective, the other loader/strategy/precision keys,
+  optimizer hyperparameters (lr, weight_decay, betas, eps, momentum, nesterov, fused: the
+  restored optimizer state would keep the old ones, so the new values are written into its param
+  groups) and scheduler.*.
+
+The learning-rate schedule:
+
+- Same length (total optimizer steps), same scheduler.*, same lr: the schedule's state is
+  restored exactly (bit-identical to an uninterrupted run).
+- Otherwise it is rebuilt from the new config for the new length and fast-forwarded to the
+  checkpoint's step: from there on the lr is that of a run planned with the new config from the
+  start. A cosine or OneCycle run extended from 1 to 2 epochs anneals over the 2 epochs from
+  where it is (its lr moves to the 2-epoch curve at the resumed step; OneCycle's fixed
+  total_steps no longer crashes the resume). With scheduler=none a new optimizer.lr is the lr
+  from the resumed step on. Under OneCycle, beta1/momentum follow the schedule (cycle_momentum).
+
+The run dir:
+
+- `check_resume(cfg)` runs in the launcher (once it holds the run dir's lock) before anything is
+  written: a checkpoint that does not load or a refused change leaves the run dir as it was
+  (config.yaml, checkpoints, metrics.jsonl/csv, summary.json: same bytes, same mtimes). The
+  loop checks again (a user's own torchrun has no launcher).
+- A run that already finished (its checkpoint at the run's length, summary.json written) is not
+  trained again: "already finished", summary.json stands, exit 0. One killed after its last
+  checkpoint but before summary.json (in the test pass) trains nothing and runs the test pass.
+- Metrics rows logged after the checkpoint (a kill between checkpoints) are dropped before the
+  resumed run logs those steps again (MetricsLogger.rewind), then a {"event": "resume"} row.
+- Resuming from another run's checkpoint (`resume=<path>` into a new run dir) hard-links (or
+  copies) that run's best checkpoint into this run's checkpoints/ and keeps best_val_acc, so
+  best.pt, the test pass and `accel-eval .../best.pt` mean what they mean in an uninterrupted run.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig
 
 from accel_train import checkpoint as ckpt_io
+from accel_train.config.run_config import flatten, to_container
 from accel_train.errors import UserError
+from accel_train.optim import build_scheduler
 
 if TYPE_CHECKING:  # the loop calls this module; only the type is needed here
     from accel_train.train.loop import Loop
 
+log = logging.getLogger("accel_train")
 
-def resume(loop: Loop) -> str | None:
-    """Load the checkpoint `resume` names into the loop; returns its path (None: fresh start)."""
-    wanted = loop.cfg.resume
+# ---- what may change between the checkpoint's config and this run's -------------------------
+
+_STEP = (
+    "a step and the checkpoint's place in the epoch (step, batch_in_epoch) are counted in "
+    "batches of that size, so the run's progress would no longer match the data it has seen"
+)
+_ORDER = "the data order is drawn from it: mid-epoch the resumed run would repeat or skip samples"
+
+# (key or group, why it may not change; None: it may). The first rule that names the key, or
+# a group it is in, decides.
+RULES: list[tuple[str, str | None]] = [
+    ("resume", None),
+    ("name", None),
+    ("objective", None),
+    ("model", "the checkpoint's weights belong to that model"),
+    ("dataset.download", None),
+    ("dataset.cache", None),
+    ("dataset.cache_dir", None),
+    ("dataset", "the checkpoint's weights, progress and best_val_acc belong to that data"),
+    ("loss", "the weights and best_val_acc were trained and selected on that loss"),
+    ("optimizer.name", "the optimizer state (moments, momentum buffers) belongs to that optimizer"),
+    ("optimizer", None),  # hyperparameters: written into the restored param groups
+    ("scheduler", None),  # the schedule is rebuilt for the new config
+    ("loader.batch_size", _STEP),
+    ("loader.drop_last", _STEP),
+    ("loader.shuffle", _ORDER),
+    ("loader", None),
+    ("trainer.accumulate_grad_batches", _STEP),
+    ("trainer.limit_train_batches", _STEP),
+    ("trainer.seed", _ORDER),
+    ("trainer.limit_val_batches", "best_val_acc was measured on that validation set"),
+    ("trainer", None),
+    ("strategy", None),
+    ("precision", None),
+    ("launcher", None),
+    ("logger", None),
+    ("paths", None),
+    ("callbacks", None),
+]
+_NO_RULE = "accel-train has no rule saying it may change on resume"
+
+# Optimizer config keys -> the param-group key the restored optimizer state would keep.
+HYPERPARAMETERS = {
+    f"optimizer.{k}": k for k in ("weight_decay", "betas", "eps", "momentum", "nesterov", "fused")
+}
+# What the base lr (the schedule's anchor) is made of.
+LR_KEYS = ("optimizer.lr", "optimizer.scale_lr_with_batch", "optimizer.reference_batch_size")
+# Groups whose `name` picks an option: the fix is `group=option`, not `group.name=option`.
+_OPTION_GROUPS = (
+    "model",
+    "dataset",
+    "loss",
+    "precision",
+    "strategy",
+    "launcher",
+    "loader",
+    "optimizer",
+    "scheduler",
+    "logger",
+)
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+UNSET: Any = _Unset()  # a key one of the two configs does not have
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    old: Any
+    new: Any
+
+
+def _transition(key: str, old: Any, new: Any) -> str | None:
+    """Changes refused only between certain values of a key that may otherwise change."""
+    if key == "strategy.name" and (old == "fsdp") != (new == "fsdp"):
+        return "FSDP runs write sharded checkpoints (last.dcp) and the others one file (last.pt)"
+    if key == "precision.name" and (old == "bf16_true") != (new == "bf16_true"):
+        return (
+            "bf16_true keeps the parameters themselves in bf16, so the weights would be rounded "
+            "or the optimizer state retyped"
+        )
+    if key == "optimizer.momentum" and (old in (0, UNSET)) != (new in (0, UNSET)):
+        return "SGD keeps momentum buffers only with momentum > 0: they would appear or vanish"
+    return None
+
+
+def refusal_reason(key: str, old: Any, new: Any) -> str | None:
+    """Why `key` may not change from `old` to `new` on resume (None: it may)."""
+    for rule, reason in RULES:
+        if key == rule or key.startswith(rule + "."):
+            return reason or _transition(key, old, new)
+    return _NO_RULE
+
+
+def config_changes(
+    old_cfg: dict[str, Any], new_cfg: dict[str, Any], wanted: str, path: Path
+) -> list[Change]:
+    """The keys in which this run's config differs from the checkpoint's (first by group, a
+    group's `name` first), all of which may change; raises the UserError of the first that may
+    not."""
+    old, new = _leaves(old_cfg), _leaves(new_cfg)
+    keys = list(new) + [k for k in old if k not in new]
+    group_at: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        group_at.setdefault(key.split(".")[0], i)
+
+    def report_order(item: tuple[int, str]) -> tuple[int, int, int]:
+        i, key = item
+        group = key.split(".")[0]
+        return group_at[group], 0 if key == f"{group}.name" else 1, i
+
+    differing = [
+        key
+        for _, key in sorted(enumerate(keys), key=report_order)
+        if old.get(key, UNSET) != new.get(key, UNSET)
+    ]
+    changes = [Change(k, old.get(k, UNSET), new.get(k, UNSET)) for k in differing]
+    for change in changes:
+        reason = refusal_reason(change.key, change.old, change.new)
+        if reason:
+            raise UserError(_refusal(change, reason, wanted, path))
+    return changes
+
+
+def _leaves(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Dotted keys -> values; an empty group (`callbacks: {}`) has no keys, so removing the last
+    callback reads as its keys going, not as a new key `callbacks`."""
+    return {k: v for k, v in flatten(cfg).items() if v != {}}
+
+
+def _refusal(change: Change, reason: str, wanted: str, path: Path) -> str:
+    key, old, new = change.key, _fmt(change.old), _fmt(change.new)
+    group, _, leaf = key.partition(".")
+    if change.old is UNSET:
+        fix = f"drop the `{key}` override"
+    elif leaf == "name" and group in _OPTION_GROUPS:
+        fix = f"set `{group}={old}` back"
+    else:
+        fix = f"set `{key}={old}` back"
+    return (
+        f"resume={wanted}: the checkpoint {path} was trained with {key}={old} but this run has "
+        f"{key}={new}, and {key} cannot change on resume: {reason}. To continue that run, "
+        f"{fix}; to train with {key}={new}, start a fresh run in a new run dir (no `resume`)."
+    )
+
+
+def _fmt(value: Any) -> str:
+    """A value as it is written in an override."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_fmt(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    return "<unset>" if value is UNSET else value
+
+
+# ---- finding and reading the checkpoint --------------------------------------------------
+
+
+def find_checkpoint(wanted: str | None, ckpt_dir: Path, suffix: str) -> Path | None:
+    """The checkpoint `resume` names (None: start fresh). `auto` is this run's last checkpoint
+    if there is one, in either format (`suffix`, .pt or .dcp, is what this run writes; FSDP
+    writes the other one at another world size): the newer of the two, rather than a silent
+    fresh start next to a checkpoint of the other kind."""
     if wanted is None:
         return None
-    path = loop.ckpt_dir / f"last{loop.ckpt_suffix}" if wanted == "auto" else Path(wanted)
-    if wanted == "auto" and not path.exists():
+    if wanted != "auto":
+        return Path(wanted)
+
+    def written(p: Path) -> Path:  # a .dcp directory is complete once its meta.pt is there
+        return p / "meta.pt" if p.suffix == ".dcp" else p
+
+    other = ".dcp" if suffix == ".pt" else ".pt"
+    found = [
+        ckpt_dir / f"last{s}" for s in (suffix, other) if written(ckpt_dir / f"last{s}").is_file()
+    ]
+    if not found:
+        return None
+    return max(found, key=lambda p: written(p).stat().st_mtime_ns)  # a tie: this run's format
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """Everything but the sharded weights (those load into the module later)."""
+    if path.is_dir():
+        return ckpt_io.load_sharded_meta(path, key="resume")
+    return ckpt_io.load_checkpoint(path, key="resume")
+
+
+def _is_own(path: Path, ckpt_dir: Path) -> bool:
+    return path.resolve().parent == ckpt_dir.resolve()
+
+
+def _finished_summary(run_dir: Path) -> dict[str, Any] | None:
+    """summary.json of a run that ran to its end (None: none, unreadable, or preempted)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("status") == "preempted":
+        return None
+    return summary
+
+
+def _say_finished(run_dir: Path, summary: dict[str, Any]) -> None:
+    log.info(
+        "%s already finished (%s steps, %s epochs, best val/acc %s): summary.json is kept and "
+        "nothing is trained. To train longer, raise trainer.max_epochs or trainer.max_steps.",
+        run_dir,
+        summary.get("steps"),
+        summary.get("epochs"),
+        summary.get("best_val_acc"),
+    )
+
+
+# ---- before anything is written (the launcher) -------------------------------------------
+
+
+def check_resume(cfg: DictConfig) -> dict[str, Any] | None:
+    """What can be decided about `resume` before the run dir is written to. The launcher calls
+    this first, so that a checkpoint that does not load, or a refused config change, stops the
+    run with the run dir exactly as it was. Returns the summary of a run that already finished
+    (the launcher then trains nothing and exits 0), else None. Reads the checkpoint once more
+    than the loop does; the page cache makes that cheap next to training."""
+    if cfg.resume is None:
+        return None
+    run_dir = Path(cfg.paths.output_dir)
+    ckpt_dir = run_dir / "checkpoints"
+    path = find_checkpoint(cfg.resume, ckpt_dir, ".dcp" if cfg.strategy.name == "fsdp" else ".pt")
+    if path is None:
+        return None
+    state = _read(path)
+    changes = config_changes(state["config"], to_container(cfg), cfg.resume, path)
+    progress = state["progress"]
+    total = progress.get("total_steps")  # None in checkpoints before it: the loop decides
+    length_changed = any(c.key in ("trainer.max_epochs", "trainer.max_steps") for c in changes)
+    if _is_own(path, ckpt_dir) and total is not None and not length_changed:
+        summary = _finished_summary(run_dir) if progress["step"] >= total else None
+        if summary is not None:
+            _say_finished(run_dir, summary)
+            return summary
+    return None
+
+
+# ---- into the loop -----------------------------------------------------------------------
+
+
+@dataclass
+class Resumed:
+    path: str
+    summary: dict[str, Any] | None = None  # the run had already finished: its summary.json
+
+
+def resume(loop: Loop) -> Resumed | None:
+    """Load the checkpoint `resume` names into the loop (None: a fresh start). With a summary:
+    the run had already finished, nothing was loaded, and there is nothing to train."""
+    wanted = loop.cfg.resume
+    path = find_checkpoint(wanted, loop.ckpt_dir, loop.ckpt_suffix)
+    if path is None:
         return None  # nothing to resume from: a fresh start, not an error
-    if path.is_dir():  # a sharded checkpoint, loadable at any world size
-        state = ckpt_io.load_sharded_meta(path, key="resume")
-        ckpt_io.load_sharded(loop.module, loop.optimizer, path)
-    else:
-        state = ckpt_io.load_checkpoint(path, key="resume")
-        if loop.sharded:
-            raise UserError(
-                f"resume={path}: a single-file checkpoint cannot be loaded into strategy=fsdp; "
-                "resume it with strategy=ddp or single."
-            )
-        loop.module.load_state_dict(state["model"])
-        loop.optimizer.load_state_dict(state["optimizer"])
-    loop.scaler.load_state_dict(state["scaler"])
-    if loop.scheduler is not None and state["scheduler"] is not None:
-        loop.scheduler.load_state_dict(state["scheduler"])
-    p = state["progress"]
+    state = _read(path)
+    if not path.is_dir() and loop.sharded:
+        raise UserError(
+            f"resume={path}: a single-file checkpoint cannot be loaded into strategy=fsdp; "
+            "resume it with strategy=ddp or single."
+        )
+    changes = config_changes(state["config"], to_container(loop.cfg), wanted, path)
+    changed = {c.key for c in changes}
+    p, parts = state["progress"], loop.parts
+    own = _is_own(path, loop.ckpt_dir)
+    finished = p["step"] >= parts.total_steps or p["epoch"] >= parts.max_epochs
+    if finished and own:
+        summary = _finished_summary(loop.run_dir)
+        if summary is not None:
+            if loop.env.is_main:
+                _say_finished(loop.run_dir, summary)
+            return Resumed(str(path), summary)
+
+    _load_weights_and_optimizer(loop, path, state, changed)
+    if state["scaler"] or not loop.scaler.is_enabled():
+        loop.scaler.load_state_dict(state["scaler"])
+    elif loop.env.is_main:  # e.g. amp trained on the CPU (no scaler), resumed on CUDA
+        log.info("the checkpoint has no GradScaler state: loss scaling starts from its default")
+    if not finished:  # (finished here: only the test pass is left, no step to schedule)
+        _restore_schedule(loop, state, changed)
     loop.epoch, loop.step, loop.batch_in_epoch = p["epoch"], p["step"], p["batch_in_epoch"]
     loop.best_val_acc = p["best_val_acc"]
     loop.last_val = tuple(p["last_val"]) if p["last_val"] else None
@@ -49,5 +381,178 @@ def resume(loop: Loop) -> str | None:
         if technique.name in saved:
             technique.load_state_dict(saved[technique.name])
     ckpt_io.set_rng_state(state["rng"])
-    loop.metrics.log({"event": "resume", "from": str(path)}, loop.step, loop.epoch)
-    return str(path)
+    if not own:
+        _carry_best(loop, path, state, wanted)
+
+    logged = [c for c in changes if c.key != "resume"]
+    if loop.env.is_main:
+        for c in logged:
+            log.info("changed on resume: %s %s -> %s", c.key, _fmt(c.old), _fmt(c.new))
+    # The rows of this run dir logged after the checkpoint are logged again from here on.
+    loop.metrics.rewind(loop.step, state.get("metrics_rows") if own else None)
+    event: dict[str, Any] = {"event": "resume", "from": str(path)}
+    if logged:
+        event["changed"] = {c.key: [_plain(c.old), _plain(c.new)] for c in logged}
+    loop.metrics.log(event, loop.step, loop.epoch)
+    return Resumed(str(path))
+
+
+def _load_weights_and_optimizer(loop: Loop, path: Path, state: dict, changed: set[str]) -> None:
+    # The new config's hyperparameters, as build_optimizer set them, before the restored state
+    # overwrites them.
+    fresh = [{k: v for k, v in g.items() if k != "params"} for g in loop.optimizer.param_groups]
+    keys = [HYPERPARAMETERS[k] for k in changed if k in HYPERPARAMETERS]
+    onecycle = loop.cfg.scheduler.name == "onecycle"
+    if "scheduler.name" in changed and state["config"]["scheduler"]["name"] == "onecycle":
+        keys += ["betas", "momentum"]  # OneCycle cycled them; the new schedule does not
+    try:
+        if path.is_dir():  # a sharded checkpoint, loadable at any world size
+            ckpt_io.load_sharded(loop.module, loop.optimizer, path)
+            _apply(loop.optimizer.param_groups, fresh, keys, onecycle)
+        else:
+            loop.module.load_state_dict(state["model"])
+            # Into the saved groups before loading: the optimizer places its state by them
+            # (e.g. `fused` puts the step counters on the device).
+            _apply(state["optimizer"]["param_groups"], fresh, keys, onecycle)
+            loop.optimizer.load_state_dict(state["optimizer"])
+    except UserError:
+        raise
+    except (RuntimeError, ValueError, KeyError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(
+            f"resume={loop.cfg.resume}: {path} does not fit the model or optimizer this run "
+            f"builds, although the config agrees ({first}). The code behind a _target_ changed "
+            "since the checkpoint was written: restore it to continue that run, or start a "
+            "fresh run in a new run dir (no `resume`)."
+        ) from None
+
+
+def _apply(groups: list[dict], fresh: list[dict], keys: list[str], onecycle: bool) -> None:
+    for group, new in zip(groups, fresh, strict=False):
+        for key in keys:
+            if key not in new:
+                continue
+            if onecycle and key == "momentum":
+                continue  # OneCycle sets it every step (cycle_momentum)
+            if onecycle and key == "betas":  # beta1 is OneCycle's; beta2 is the config's
+                group[key] = (group[key][0], *new[key][1:])
+                continue
+            group[key] = new[key]
+
+
+def _restore_schedule(loop: Loop, state: dict, changed: set[str]) -> None:
+    """Restore the schedule exactly, or rebuild it for a new length or config (module doc)."""
+    p, parts = state["progress"], loop.parts
+    old_total = p.get("total_steps") or _total_steps(state["config"]["trainer"], parts)
+    rebuild = (
+        old_total != parts.total_steps
+        or any(k in LR_KEYS for k in changed)
+        or any(k.startswith("scheduler.") for k in changed)
+    )
+    if not rebuild:
+        if loop.scheduler is not None and state["scheduler"] is not None:
+            loop.scheduler.load_state_dict(state["scheduler"])
+        return
+    # build_optimizer's lr (linear scaling included): the anchor of the new schedule. Without
+    # `initial_lr` torch anchors the new schedule there, not at the old schedule's anchor.
+    base_lr = loop.optimizer.defaults["lr"]
+    for group in loop.optimizer.param_groups:
+        group["lr"] = base_lr
+        group.pop("initial_lr", None)
+    lr_scale = base_lr / loop.cfg.optimizer.lr
+    loop.scheduler = loop.parts.scheduler = build_scheduler(
+        loop.optimizer, loop.cfg.scheduler, parts.total_steps, lr_scale, start_step=p["step"]
+    )
+    if loop.env.is_main:
+        log.info(
+            "lr schedule for %d steps (the checkpoint's run: %d), fast-forwarded to step %d: "
+            "lr %.4g",
+            parts.total_steps,
+            old_total,
+            p["step"],
+            loop.optimizer.param_groups[0]["lr"],
+        )
+
+
+def _total_steps(trainer: dict[str, Any], parts: Any) -> int:
+    """The length of the checkpoint's run, for checkpoints that do not record it (as
+    build_components computes it; the batches per epoch cannot have changed: RULES)."""
+    total = trainer["max_epochs"] * parts.steps_per_epoch
+    if trainer["max_steps"] > 0:
+        return (
+            min(total, trainer["max_steps"]) if trainer["max_epochs"] > 0 else trainer["max_steps"]
+        )
+    return total
+
+
+# ---- the best checkpoint of the run resumed from ------------------------------------------
+
+
+def _carry_best(loop: Loop, path: Path, state: dict, wanted: str) -> None:
+    """Resumed from another run dir: bring that run's best checkpoint along (hard link, or copy
+    across file systems), so that best.pt here is the best of the whole run whose
+    best_val_acc this run continues. Checkpoints are only ever replaced by a rename, never
+    written in place, so the two run dirs never write through each other's link."""
+    best_acc = state["progress"]["best_val_acc"]
+    src = path.parent / f"best{'.dcp' if path.is_dir() else '.pt'}"
+    if best_acc < 0 or not src.exists():
+        return  # nothing validated yet: there is no best to carry
+    where = f"resume={wanted}: the best checkpoint so far (val/acc {best_acc:.4f}) is {src}"
+    if src.suffix != loop.ckpt_suffix:
+        if loop.env.is_main:
+            log.warning(
+                "%s, a %s checkpoint; this run writes %s ones, so it stays there (score it with "
+                "`accel-eval ckpt_path=%s`) and this run's best%s holds only bests above it.",
+                where,
+                "sharded" if src.is_dir() else "single-file",
+                "sharded" if loop.sharded else "single-file",
+                src,
+                loop.ckpt_suffix,
+            )
+        return
+    src_acc = _read(src)["progress"]["best_val_acc"]
+    if src_acc != best_acc:
+        if loop.env.is_main:
+            log.warning(
+                "%s but that file now holds val/acc %.4f (that run went on after the checkpoint "
+                "you resume from): not carried over; this run's best%s holds only bests above "
+                "%.4f.",
+                where,
+                src_acc,
+                loop.ckpt_suffix,
+                best_acc,
+            )
+        return
+    dst = loop.ckpt_dir / f"best{loop.ckpt_suffix}"
+    if loop.env.is_main:
+        _link_or_copy(src, dst)
+        log.info("best checkpoint (val/acc %.4f) carried over from %s to %s", best_acc, src, dst)
+    loop.env.barrier()
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Put `src` (a file or a .dcp directory) at `dst` atomically: built beside it, renamed. The
+    temp names are the ones checkpoint saves use, so a kill here leaves what the next start
+    already knows how to clear."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_file():
+        tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        _link_file(src, tmp)
+        os.replace(tmp, dst)
+        return
+    tmp, old = dst.with_name(f".{dst.name}.tmp"), dst.with_name(f".{dst.name}.old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, copy_function=_link_file)
+    shutil.rmtree(old, ignore_errors=True)
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(tmp, dst)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _link_file(src: str | Path, dst: str | Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not supported
+        shutil.copy2(src, dst)
