@@ -66,6 +66,11 @@ def train() -> None:
     report_user_errors(sweep_summary.check_plugins)(sys.argv[1:])
     try:
         _train()
+    except KeyboardInterrupt:
+        # Ctrl-C outside the training loop (start-up, the test pass), where nothing is left to
+        # save: one line and 130, as the loop's own stop exits (train/signals.py).
+        print("accel-train: interrupted", file=sys.stderr)
+        sys.exit(130)
     finally:
         sweep_summary.finish_pending()  # the sweeper raised: still write the jobs' summary
     result = sweep_summary.last_result

@@ -167,7 +167,8 @@ def check_free(run_dir: Path) -> None:
     path = Path(run_dir).resolve() / LOCK_NAME
     if not path.is_file():
         return
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    # Read-write: NFS emulates flock with POSIX locks, and an exclusive one needs a writable fd.
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
         # Exclusive, as a run would ask for it: a holder keeps a shared lock (see acquire).
         _flock(fd, fcntl.LOCK_EX, path)

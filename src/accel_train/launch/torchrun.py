@@ -67,8 +67,15 @@ def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
     try:
         run(args)
     except SignalException as err:
-        # SLURM ends a step with SIGTERM when the job is requeued or cancelled.
-        log.info("torchrun agent stopped by %s", err.sigval.name)
+        # SIGTERM/SIGINT (docker stop, Ctrl-C, SLURM cancelling or requeueing the job): the
+        # agent forwarded it to the workers and waited for them (--shutdown_timeout, 30 s), and
+        # they saved last.pt at their next logging step (train/signals.py).
+        run_dir = Path(cfg.paths.output_dir)
+        log.warning(
+            "torchrun agent stopped by %s; continue with `resume=auto hydra.run.dir=%s`",
+            err.sigval.name,
+            run_dir,
+        )
         sys.exit(128 + err.sigval.value)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()

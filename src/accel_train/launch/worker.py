@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from omegaconf import DictConfig
 
 from accel_train.config.run_config import load_run_config
 from accel_train.errors import UserError, report_user_errors
+from accel_train.launch.lock import hold_run_dir
 from accel_train.launch.slurm import DEFAULT_MAX_REQUEUES, requeue_or_stop
 from accel_train.train.loop import run_training
 
@@ -38,6 +40,10 @@ def main(argv: list[str]) -> None:
     except UserError as err:
         _write_error_file(err)
         raise
+    except KeyboardInterrupt:
+        # SIGINT forwarded by the torchrun agent before the loop installed its handler (while
+        # importing or building): nothing trained yet, so no traceback in the worker's log.
+        sys.exit(130)
 
 
 def _write_error_file(err: UserError) -> None:
@@ -60,6 +66,7 @@ def _main(argv: list[str]) -> None:
     if not os.path.isfile(argv[0]):
         raise UserError(f"config file {argv[0]!r} not found: pass the run dir's config.yaml.")
     cfg = load_run_config(argv[0])
+    hold_run_dir(cfg)  # join the launcher's run dir lock, or take it as global rank 0
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.resume is None:
         # torchrun restarted the group after a failure: continue, don't start over.
         cfg.resume = "auto"

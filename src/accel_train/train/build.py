@@ -155,7 +155,8 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
     module = build_model(cfg.model, splits.in_channels, splits.image_size, splits.num_classes)
     module = module.to(env.device, dtype=precision.param_dtype)
     raw = default_collate([splits.train[i] for i in range(min(2, len(splits.train)))])[0]
-    sample = transform(raw.to(env.device), train=False)
+    # As the model will see them: a device augment (e.g. image_folder's crop) changes the size.
+    sample = transform(raw.to(env.device), train=splits.device_augment is not None)
     check_output(module, sample, splits.num_classes, cfg.model._target_)
     model, eval_model = apply_transforms(module, techniques, cfg, env, transform, sample)
 

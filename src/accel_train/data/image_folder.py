@@ -1,0 +1,595 @@
+"""`dataset=image_folder`: JPEG/PNG files in torchvision's ImageFolder layout.
+
+    <root>/<train_split>/<class>/*.jpg|png     training images; val_fraction of them is held out
+    <root>/<test_split>/<class>/*.jpg|png      optional test split (imagenette's `val/`)
+
+Every file is decoded to RGB, resized so its shorter side is L (``resize_size``, default
+``image_size / 0.875``) and center-cropped to a fixed-size uint8 ``[3, L, L]`` *base* image.
+Evaluation items are the center ``S x S`` crop of the base (S = ``image_size``). Training items
+depend on ``augment``: ``cpu`` = a random resized crop to S plus a random flip in the loader
+worker, seeded by (seed, index, epoch) so the batches do not depend on the number of workers or
+on a resume; ``device`` = the base image itself, cropped and flipped batch-wise on the device by
+:class:`DeviceRandomResizedCrop`; ``none`` = the center crop.
+
+``cache=ram|disk`` decodes every base image once into one ``[N, 3, L, L]`` tensor (a
+memory-mapped file under ``cache_dir`` for ``disk``, reused by later runs); items read from it
+are bit-identical to decoding. torchvision is imported only where images are decoded: it costs
+seconds at start-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import logging
+import math
+import os
+import random
+import re
+import secrets
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from accel_train.data.splits import ImageSet, Splits, held_out_indices
+from accel_train.errors import UserError
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+AUGMENTS = ("cpu", "device", "none")
+CACHES = ("none", "ram", "disk")
+RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop (torchvision's default)
+# Part of the disk cache key: bump it when the base image computation changes.
+CACHE_FORMAT = 1
+# Building a cache decodes in this many DataLoader worker processes; folders smaller than
+# PARALLEL_DECODE_MIN images are decoded in-process (starting workers would cost more).
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+DECODE_WORKERS = min(4, _CPUS or 1)
+PARALLEL_DECODE_MIN = 512
+DECODE_BATCH = 64
+
+
+class UnreadableImageError(UserError):
+    """An image file that does not decode.
+
+    Raised in a DataLoader worker, it reaches the main process re-created by torch as
+    ``type(err)("Caught ... in DataLoader worker process 0. Original Traceback ...: <message>")``;
+    this keeps only the message, so the user still sees one paragraph and no traceback."""
+
+    def __init__(self, message: str):
+        marker = f"{type(self).__name__}: "
+        if message.startswith("Caught ") and marker in message:
+            message = message.rsplit(marker, 1)[1].strip()
+        super().__init__(message)
+
+
+# ---- the builder ---------------------------------------------------------------------------
+
+
+def build_image_folder(
+    *,
+    root: str,
+    train_split: str = "train",
+    test_split: str | None = "val",
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    image_size: int = 64,
+    resize_size: int = 0,
+    augment: str = "cpu",
+    crop_scale: Sequence[float] = (0.35, 1.0),
+    random_hflip: bool = True,
+    cache: str = "none",
+    cache_dir: str | None = None,
+) -> Splits:
+    """Train / val / test splits of an ImageFolder tree (see the module docstring).
+
+    val is a stratified, seeded ``val_fraction`` of the train folder; test is the
+    ``test_split`` folder (None when it is null or absent)."""
+    scale = _check_options(image_size, resize_size, augment, cache, val_fraction, crop_scale)
+    size = int(image_size)
+    base_size = int(resize_size) or round(size / 0.875)
+    root_dir = Path(root).expanduser()
+    if not root_dir.is_dir():
+        raise UserError(
+            f"dataset.root={root!r}: no such folder. Point `dataset.root=/path/to/data` at the "
+            f"folder that holds `{train_split}/<class>/*.jpg` (torchvision's ImageFolder layout)."
+        )
+    # Scan both folders before decoding anything: a layout error should not wait for a cache.
+    train_folder = scan_folder(root_dir, train_split, "dataset.train_split")
+    test_folder = None
+    if test_split and (root_dir / test_split).is_dir():
+        test_folder = scan_folder(root_dir, test_split, "dataset.test_split", train_folder.classes)
+    elif test_split:
+        log.info("dataset.test_split=%s: no folder %s, no test split", test_split, root_dir)
+
+    cache_root = Path(cache_dir).expanduser() if cache_dir else root_dir / ".accel_cache"
+    bases = BaseImages.load(train_folder, base_size, cache, cache_root)
+    labels = train_folder.labels
+    train_idx, val_idx = held_out_indices(len(labels), val_fraction, seed, labels)
+    crop = RandomResizedCrop(size, scale, random_hflip) if augment == "cpu" else None
+    train_view = {"cpu": "random", "device": "base", "none": "center"}[augment]
+    train = make_split(bases, train_idx, labels, train_view, size, crop, seed)
+    val = make_split(bases, val_idx, labels, "center", size)
+    test = None
+    if test_folder is not None:
+        test_bases = BaseImages.load(test_folder, base_size, cache, cache_root)
+        every = torch.arange(len(test_folder.files))
+        test = make_split(test_bases, every, test_folder.labels, "center", size)
+
+    device_augment = (
+        DeviceRandomResizedCrop(size, scale, random_hflip) if augment == "device" else None
+    )
+    return Splits(
+        train,
+        val,
+        test,
+        in_channels=3,
+        image_size=size,
+        num_classes=len(train_folder.classes),
+        device_augment=device_augment,
+    )
+
+
+def _check_options(image_size, resize_size, augment, cache, val_fraction, crop_scale):
+    """The crop scale range as two floats, after checking every option a user can get wrong."""
+    if image_size < 1:
+        raise UserError(
+            f"dataset.image_size={image_size} must be >= 1: it is the side in pixels of the "
+            "square images the model sees, e.g. `dataset.image_size=64`."
+        )
+    if resize_size and resize_size < image_size:
+        raise UserError(
+            f"dataset.resize_size={resize_size} is smaller than dataset.image_size={image_size}: "
+            "images are resized to resize_size, then cropped to image_size. Set "
+            "`dataset.resize_size=0` (= image_size / 0.875) or a value >= image_size."
+        )
+    if augment not in AUGMENTS:
+        raise UserError(
+            f"dataset.augment={augment!r} is not one of {', '.join(AUGMENTS)}: `cpu` crops and "
+            "flips in the loader workers, `device` on the device batch-wise, `none` only "
+            "center-crops. Set e.g. `dataset.augment=cpu`."
+        )
+    if cache not in CACHES:
+        raise UserError(
+            f"dataset.cache={cache!r} is not one of {', '.join(CACHES)}: `none` decodes every "
+            "image every epoch, `ram` decodes once into memory, `disk` into a memory-mapped file "
+            "reused by later runs. Set e.g. `dataset.cache=ram`."
+        )
+    if not 0 <= val_fraction < 1:
+        raise UserError(
+            f"dataset.val_fraction={val_fraction} must be in [0, 1): the share of the training "
+            "folder held out for validation, e.g. `dataset.val_fraction=0.1`."
+        )
+    lo, hi = (float(x) for x in crop_scale) if len(crop_scale) == 2 else (0.0, -1.0)
+    if not 0 < lo <= hi <= 1:
+        raise UserError(
+            f"dataset.crop_scale={list(crop_scale)} must be two numbers 0 < min <= max <= 1: "
+            "the range of the random crop's area as a share of the image, e.g. "
+            "`dataset.crop_scale=[0.35,1.0]`."
+        )
+    return lo, hi
+
+
+# ---- the folder ----------------------------------------------------------------------------
+
+
+@dataclass
+class Folder:
+    """One split folder: its class names and image files (relative paths, sorted)."""
+
+    path: Path
+    classes: list[str]
+    files: list[str]
+    labels: torch.Tensor  # int64, one per file
+
+
+def scan_folder(root: Path, split: str, key: str, classes: list[str] | None = None) -> Folder:
+    """The images of ``root/split/<class>/**``. The class names are the sub-folders (sorted)
+    unless ``classes`` (the training folder's) is given: the test split must use the same ones.
+    Hidden files and folders (``.DS_Store``, macOS ``._x.jpg``, caches) are skipped."""
+    path = root / split
+    if not path.is_dir():
+        found = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name[0] != ".")
+        raise UserError(
+            f"{key}={split!r}: {path} does not exist (dataset.root holds: "
+            f"{', '.join(found) or 'no folders'}). Set `{key}=<folder>` to the split's folder "
+            "under dataset.root; it holds one sub-folder of images per class."
+        )
+    names = sorted(p.name for p in path.iterdir() if p.is_dir() and p.name[0] != ".")
+    if not names:
+        raise UserError(
+            f"{key}={split!r}: {path} has no class folders. Put each class's images in its own "
+            f"sub-folder ({path}/<class>/*.jpg), as torchvision's ImageFolder expects."
+        )
+    if classes is None:
+        classes = names
+    unknown = [c for c in names if c not in classes]
+    if unknown:
+        raise UserError(
+            f"{key}={split!r}: the class folders {', '.join(unknown[:5])} of {path} are not "
+            f"training classes ({', '.join(classes[:10])}{', ...' if len(classes) > 10 else ''}). "
+            "Name the test split's class folders like the training folder's."
+        )
+    index = {c: i for i, c in enumerate(classes)}
+    files, labels = [], []
+    for name in names:
+        found = []
+        for dirpath, dirnames, filenames in os.walk(path / name, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if d[0] != ".")
+            rel = os.path.relpath(dirpath, path)
+            found += [
+                os.path.join(rel, f)
+                for f in sorted(filenames)
+                if f[0] != "." and f.lower().endswith(IMAGE_EXTENSIONS)
+            ]
+        if not found:
+            raise UserError(
+                f"dataset.root: the class folder {path / name} has no images (.jpg, .jpeg, "
+                ".png). Add its images or remove the folder."
+            )
+        files += found
+        labels += [index[name]] * len(found)
+    return Folder(path, classes, files, torch.tensor(labels, dtype=torch.int64))
+
+
+# ---- base images: decoded on demand or read from a cache -----------------------------------
+
+
+def load_base_image(path: str, size: int) -> torch.Tensor:
+    """uint8 [3, size, size]: the file decoded to RGB, its shorter side resized to ``size``
+    (antialiased bilinear, like torchvision's ``resize``), center-cropped."""
+    from torchvision.io import ImageReadMode, decode_image, read_file
+
+    try:
+        img = decode_image(read_file(path), mode=ImageReadMode.RGB)
+    except (RuntimeError, OSError) as err:
+        # torchvision's message starts with its C++ source location: keep the reason only.
+        reason = re.sub(r"^.*?\.cpp:\d+, ", "", str(err).strip().splitlines()[0])
+        raise UnreadableImageError(
+            f"dataset.root: the image file {path} is corrupt or unreadable ({reason}). Delete "
+            "or replace that file (or re-download the data set)."
+        ) from err
+    if img.dtype != torch.uint8:  # 16-bit PNGs: keep the high byte, as torchvision's to_dtype
+        img = (img.to(torch.int32) >> 8).to(torch.uint8)
+    h, w = img.shape[-2:]
+    # torchvision's size rule: the shorter side becomes `size`, the longer one is truncated.
+    new_h, new_w = (size, int(size * w / h)) if h <= w else (int(size * h / w), size)
+    if (new_h, new_w) != (h, w):
+        img = _resize(img, new_h, new_w)
+    return _center(img, size).contiguous()
+
+
+def _resize(img: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """uint8 [3, H, W] -> [3, h, w], antialiased bilinear: the kernel torchvision's
+    ``resize`` runs for uint8 CPU tensors, called directly (its dispatch costs as much)."""
+    out = F.interpolate(
+        img[None], size=(h, w), mode="bilinear", align_corners=False, antialias=True
+    )
+    return out[0]
+
+
+class BaseImages:
+    """The base image of every file of one folder, by index: decoded on demand, or a view of
+    one cache tensor uint8 [N, 3, L, L] (in RAM or a memory-mapped file)."""
+
+    def __init__(self, folder: Path, files: list[str], size: int, cache_file: Path | None = None):
+        self.folder, self.size = str(folder), size
+        # One numpy bytes array rather than a list of str: DataLoader workers are forked, and
+        # reading Python objects touches their refcounts, copying the pages into every worker.
+        self._files = np.array([os.fsencode(f) for f in files])
+        self.cache_file = cache_file
+        self.cache: torch.Tensor | None = None
+        if cache_file is not None:
+            self.cache = _map_cache(cache_file, len(files), size)
+
+    @classmethod
+    def load(cls, folder: Folder, size: int, cache: str, cache_dir: Path) -> BaseImages:
+        """The folder's base images with the given ``dataset.cache`` mode (building the cache
+        if it is missing or stale)."""
+        if cache == "none":
+            return cls(folder.path, folder.files, size)
+        if cache == "ram":
+            bases = cls(folder.path, folder.files, size)
+            images = torch.empty(len(bases), 3, size, size, dtype=torch.uint8)
+            start = 0
+            for batch in bases.decode_all():
+                images[start : start + len(batch)] = batch
+                start += len(batch)
+            bases.cache = images
+            return bases
+        path = cache_dir / cache_file_name(folder, size)
+        if path.is_file() and path.stat().st_size == len(folder.files) * 3 * size * size:
+            log.info("dataset.cache=disk: reusing %s", path)
+        else:
+            _write_cache(path, cls(folder.path, folder.files, size))
+        return cls(folder.path, folder.files, size, cache_file=path)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def path(self, j: int) -> str:
+        return os.path.join(self.folder, os.fsdecode(self._files[j]))
+
+    def __getitem__(self, j: int) -> torch.Tensor:
+        if self.cache is not None:
+            return self.cache[j]
+        return load_base_image(self.path(j), self.size)
+
+    def decode_all(self) -> Iterator[torch.Tensor]:
+        """Every base image in file order, decoded (never from the cache), in uint8 batches
+        [B, 3, L, L]; large folders by DECODE_WORKERS processes."""
+        from torch.utils.data import DataLoader
+
+        workers = DECODE_WORKERS if len(self) >= PARALLEL_DECODE_MIN else 0
+        # Its own generator: a DataLoader iterator otherwise draws its base seed from the global
+        # RNG, and building a cache would change the model's initial weights.
+        loader = DataLoader(
+            _Decoder(self),
+            batch_size=DECODE_BATCH,
+            num_workers=workers,
+            generator=torch.Generator().manual_seed(0),
+        )
+        yield from loader
+
+    def __getstate__(self) -> dict:
+        # A memory-mapped cache is re-opened by a process that unpickles this (spawned
+        # workers) instead of copying its bytes through the pipe.
+        state = dict(self.__dict__)
+        if self.cache_file is not None:
+            state["cache"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.cache_file is not None:
+            self.cache = _map_cache(self.cache_file, len(self._files), self.size)
+
+
+class _Decoder(Dataset):
+    """Decodes, whether or not ``bases`` has a cache (building one)."""
+
+    def __init__(self, bases: BaseImages):
+        self.bases = bases
+
+    def __len__(self) -> int:
+        return len(self.bases)
+
+    def __getitem__(self, j: int) -> torch.Tensor:
+        return load_base_image(self.bases.path(j), self.bases.size)
+
+
+def cache_file_name(folder: Folder, size: int) -> str:
+    """``<split>-<folder hash>-<L>px-<content hash>.u8``: the content hash covers the sorted
+    relative paths, sizes and mtimes of the files (and the decoder's version), so adding,
+    removing or rewriting any image gives a new name."""
+    import torchvision  # the decoder's version: another libjpeg may decode differently
+
+    where = hashlib.sha256(str(folder.path.resolve()).encode()).hexdigest()[:8]
+    h = hashlib.sha256(f"{CACHE_FORMAT} {torchvision.__version__} {size}\n".encode())
+    for rel in folder.files:
+        st = os.stat(folder.path / rel)
+        h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    split = re.sub(r"[^A-Za-z0-9_.-]+", "_", folder.path.name)
+    return f"{split}-{where}-{size}px-{h.hexdigest()[:16]}.u8"
+
+
+def _write_cache(path: Path, bases: BaseImages) -> None:
+    """Decode every image into ``path`` atomically: a temporary file in the same folder,
+    fsynced, then renamed over ``path``, so a killed build leaves no torn cache (at most a
+    ``*.tmp`` file). Older caches of the same folder and size are removed."""
+    log.info("dataset.cache=disk: decoding %d images of %s into %s", len(bases), bases.folder, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Not mkstemp: its files are private (0600), and a cache may be shared. The umask
+        # applies as to any file the user writes.
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as err:
+        raise _unwritable(path, err) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for batch in bases.decode_all():
+                f.write(batch.numpy().data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(err, OSError):  # reading images raises UnreadableImageError instead
+            raise _unwritable(path, err) from None
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    prefix = path.name.rsplit("-", 1)[0] + "-"
+    for old in path.parent.glob(f"{glob.escape(prefix)}*.u8"):
+        if old != path:
+            with contextlib.suppress(OSError):
+                old.unlink()
+
+
+def _unwritable(path: Path, err: OSError) -> UserError:
+    return UserError(
+        f"dataset.cache_dir={str(path.parent)!r}: cannot write the image cache there "
+        f"({err.strerror or err}). Set `dataset.cache_dir=<a writable folder with room for "
+        "it>` or use `dataset.cache=ram`."
+    )
+
+
+def _map_cache(path: Path, n: int, size: int) -> torch.Tensor:
+    # shared=False maps the file copy-on-write: pages are read lazily and shared through the
+    # page cache by every process, and nothing can write to the cache by accident.
+    flat = torch.from_file(str(path), shared=False, size=n * 3 * size * size, dtype=torch.uint8)
+    return flat.view(n, 3, size, size)
+
+
+# ---- the splits ----------------------------------------------------------------------------
+
+
+class ImageFolderSplit(Dataset):
+    """Items ``(uint8 [3, s, s], label)`` of some of a folder's images.
+
+    ``view``: ``center`` = the center S x S crop of the base image, ``random`` = a
+    :class:`RandomResizedCrop` seeded by (seed, index, epoch), ``base`` = the L x L base image
+    (cropped later by :class:`DeviceRandomResizedCrop`)."""
+
+    def __init__(
+        self,
+        bases: BaseImages,
+        indices: torch.Tensor,
+        all_labels: torch.Tensor,
+        view: str,
+        size: int,
+        crop: RandomResizedCrop | None = None,
+        seed: int = 0,
+    ):
+        self.bases, self.indices, self.view, self.size = bases, indices, view, size
+        self.crop, self.seed = crop, seed
+        self.labels = all_labels[indices]  # int64 [N]: the labels without reading any image
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.getitem(i, 0)
+
+    def getitem(self, i: int, epoch: int) -> tuple[torch.Tensor, int]:
+        base = self.bases[int(self.indices[i])]
+        if self.view == "random":
+            image = self.crop(base, random.Random(f"{self.seed}/{epoch}/{i}"))
+        elif self.view == "center":
+            image = _center(base, self.size)
+        else:
+            image = base
+        return image, int(self.labels[i])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self)} images of {self.bases.folder}, {self.view})"
+
+
+class CachedImageFolderSplit(ImageFolderSplit, ImageSet):
+    """A split read from a cache whose items do not change between epochs (no CPU
+    augmentation): also an :class:`ImageSet`, whose ``images`` ``loader=device`` holds on the
+    device whole."""
+
+    @property
+    def images(self) -> torch.Tensor:
+        """uint8 [N, 3, s, s] with ``images[i]`` = item i's image: a copy (read it once)."""
+        cache = self.bases.cache
+        if self.view == "center":
+            cache = _center(cache, self.size)
+        return cache[self.indices]
+
+    def nbytes(self) -> int:
+        side = self.bases.size if self.view == "base" else self.size
+        return len(self) * (3 * side * side + 8)
+
+
+def make_split(
+    bases: BaseImages,
+    indices: torch.Tensor,
+    labels: torch.Tensor,
+    view: str,
+    size: int,
+    crop: RandomResizedCrop | None = None,
+    seed: int = 0,
+):
+    """An :class:`ImageFolderSplit`, a :class:`CachedImageFolderSplit` when it can be one."""
+    held = bases.cache is not None and view != "random"
+    cls = CachedImageFolderSplit if held else ImageFolderSplit
+    return cls(bases, indices, labels, view, size, crop, seed)
+
+
+def _center(images: torch.Tensor, size: int) -> torch.Tensor:
+    """The center size x size crop of [..., H, W] images (a view), where torchvision's
+    ``center_crop`` puts it."""
+    top = int(round((images.shape[-2] - size) / 2.0))
+    left = int(round((images.shape[-1] - size) / 2.0))
+    return images[..., top : top + size, left : left + size]
+
+
+# ---- augmentation ----------------------------------------------------------------------------
+
+
+class RandomResizedCrop:
+    """torchvision's RandomResizedCrop (area share in ``scale``, aspect ratio 3/4..4/3, up to
+    10 tries, else the whole image) plus a random horizontal flip, drawn from the given
+    ``random.Random`` so the caller decides the seed."""
+
+    def __init__(self, size: int, scale: tuple[float, float], hflip: bool):
+        self.size, self.scale, self.hflip = size, scale, hflip
+
+    def __call__(self, image: torch.Tensor, rng: random.Random) -> torch.Tensor:
+        top, left, h, w = self.box(image.shape[-2], image.shape[-1], rng)
+        image = _resize(image[:, top : top + h, left : left + w], self.size, self.size)
+        if self.hflip and rng.random() < 0.5:
+            image = image.flip(-1)
+        return image
+
+    def box(self, height: int, width: int, rng: random.Random) -> tuple[int, int, int, int]:
+        """(top, left, h, w) of the crop."""
+        area = height * width
+        log_lo, log_hi = math.log(RATIO[0]), math.log(RATIO[1])
+        for _ in range(10):
+            target = area * rng.uniform(*self.scale)
+            ratio = math.exp(rng.uniform(log_lo, log_hi))
+            w = round(math.sqrt(target * ratio))
+            h = round(math.sqrt(target / ratio))
+            if 0 < w <= width and 0 < h <= height:
+                return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+        return 0, 0, height, width  # base images are square: ratio 1 is always allowed
+
+
+class DeviceRandomResizedCrop:
+    """``Splits.device_augment``: RandomResizedCrop + flip of a whole uint8 batch [N, 3, L, L]
+    on its device, in one ``grid_sample`` with a per-sample affine grid (bilinear, no
+    antialiasing: the crops shrink by at most L/S ~ 1.14 with the defaults). -> uint8
+    [N, 3, S, S]. The boxes are drawn like torchvision's (10 candidates per image, the first
+    that fits, else the whole image) from the given generator."""
+
+    TRIES = 10
+
+    def __init__(self, size: int, scale: tuple[float, float], hflip: bool):
+        self.size, self.scale, self.hflip = size, scale, hflip
+
+    def __call__(self, images: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        n, c, height, width = images.shape
+        dev = images.device
+
+        def uniform(*shape, lo=0.0, hi=1.0):
+            return torch.empty(shape, device=dev).uniform_(lo, hi, generator=gen)
+
+        area = uniform(n, self.TRIES, lo=self.scale[0], hi=self.scale[1]) * (height * width)
+        ratio = uniform(n, self.TRIES, lo=math.log(RATIO[0]), hi=math.log(RATIO[1])).exp()
+        w, h = (area * ratio).sqrt(), (area / ratio).sqrt()
+        fits = (w <= width) & (h <= height)
+        first = fits.int().argmax(1, keepdim=True)  # the first candidate that fits
+        ok = fits.any(1)
+        w = torch.where(ok, w.gather(1, first).squeeze(1), width)
+        h = torch.where(ok, h.gather(1, first).squeeze(1), height)
+        left, top = uniform(n) * (width - w), uniform(n) * (height - h)
+        flip = uniform(n) < 0.5 if self.hflip else torch.zeros(n, dtype=torch.bool, device=dev)
+
+        # Output coordinates in [-1, 1] -> input coordinates in [-1, 1] (align_corners=False:
+        # -1 and 1 are the outer edges of the border pixels).
+        theta = torch.zeros(n, 2, 3, device=dev)
+        theta[:, 0, 0] = torch.where(flip, -w / width, w / width)
+        theta[:, 0, 2] = (2 * left + w) / width - 1
+        theta[:, 1, 1] = h / height
+        theta[:, 1, 2] = (2 * top + h) / height - 1
+        grid = F.affine_grid(theta, [n, c, self.size, self.size], align_corners=False)
+        out = F.grid_sample(
+            images.float(), grid, mode="bilinear", padding_mode="border", align_corners=False
+        )
+        return out.round_().clamp_(0, 255).to(torch.uint8)
