@@ -124,7 +124,7 @@ def remove_stale_temps(ckpt_dir: Path, *, locked: bool) -> list[Path]:
     entries = sorted(ckpt_dir.iterdir())
     for entry in entries:
         m = _TEMP_FILE.match(entry.name)
-        if m and (locked or not _alive(int(m["pid"]))):
+        if m and (locked or not pid_alive(int(m["pid"]))):
             with contextlib.suppress(OSError):
                 entry.unlink()
                 touched.append(entry)
@@ -152,7 +152,8 @@ def remove_stale_temps(ckpt_dir: Path, *, locked: bool) -> list[Path]:
     return touched
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (signal 0 checks without sending anything)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -230,7 +230,7 @@ def in_use(path: Path) -> UserError:
     run_dir = path.parent
     rows = holders(path)
     here = socket.gethostname()
-    alive = [r for r in rows if r.get("host") != here or _alive(int(r["pid"]))]
+    alive = [r for r in rows if r.get("host") != here or ckpt_io.pid_alive(int(r["pid"]))]
     if rows:
         first = rows[0]
         who = f"accel-train pid {first['pid']} on host {first.get('host', '?')}"
@@ -252,15 +252,6 @@ def in_use(path: Path) -> UserError:
         f"overwrite each other's checkpoints and metrics. Wait for it to finish, {stop}, or "
         "give this run another `hydra.run.dir`."
     )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
