@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import resource
 import signal
@@ -39,6 +40,7 @@ from omegaconf import OmegaConf
 from accel_train import checkpoint as ckpt_io
 from accel_train.errors import UserError
 from accel_train.launch import lock
+from accel_train.loggers import MetricsLogger
 
 # A small model (a ~0.6 MB checkpoint) and slow steps (a loop hook sleeps), so that run A is
 # still training while the other runs come and go.
@@ -519,3 +521,22 @@ def test_a_failed_sharded_save_keeps_the_previous_checkpoint(tmp_path, monkeypat
         _sharded_save(path, 3.0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.dcp"]
     assert ckpt_io.load_sharded_meta(path, "resume")["progress"]["step"] == 1
+
+
+def test_a_full_disk_while_logging_metrics_is_one_paragraph(tmp_path):
+    """metrics.jsonl written on a full disk: a UserError naming the run dir and the free space
+    (the loop's caller prints it as one paragraph, exit 2), not an OSError traceback."""
+
+    class FullDisk(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    metrics = MetricsLogger(tmp_path, "none")
+    metrics.log({"train/loss": 1.0}, 1, 0)
+    metrics.jsonl = FullDisk()
+    with pytest.raises(UserError) as err:
+        metrics.log({"train/loss": 0.5}, 2, 0)
+    message = str(err.value)
+    assert str(tmp_path) in message and "No space left on device" in message
+    assert "MiB free" in message and "resume=auto" in message
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1  # the written row is kept

@@ -8,9 +8,12 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
+
+from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
 
@@ -25,6 +28,19 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
     return value
+
+
+def _write_error(run_dir: Path, err: OSError) -> UserError:
+    try:
+        usage = shutil.disk_usage(run_dir)
+        space = f"{usage.free / 2**20:,.0f} MiB free of {usage.total / 2**20:,.0f} MiB"
+    except OSError:
+        space = "free space unknown"
+    return UserError(
+        f"writing the metrics in {run_dir} failed: {err.strerror or err} ({space}). The "
+        "checkpoints already written are intact; free some space (or make the run dir "
+        f"writable), then continue with `resume=auto hydra.run.dir={run_dir}`."
+    )
 
 
 class MetricsLogger:
@@ -69,6 +85,12 @@ class MetricsLogger:
     def log(self, metrics: dict[str, Any], step: int, epoch: int) -> None:
         if not self.enabled:
             return
+        try:
+            self._write(metrics, step, epoch)
+        except OSError as err:  # a full disk or a run dir that went read-only
+            raise _write_error(self.run_dir, err) from None
+
+    def _write(self, metrics: dict[str, Any], step: int, epoch: int) -> None:
         if not self._opened:
             self._open()
         row = json_safe({"step": step, "epoch": epoch, **metrics})  # strict JSON: no bare NaN
