@@ -105,3 +105,34 @@ def write_mnist(root: Path, n_train: int = MNIST_TRAIN, n_test: int = MNIST_TEST
         _write_idx(raw / f"{prefix}-images-idx3-ubyte", images)
         _write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels)
     return root
+
+
+# ---- counting host reads of tensors (the hot-path tests) ---------------------------------
+
+# What reads a tensor's value on the host (and so waits for the device on CUDA).
+SYNCING = ("item", "tolist", "__bool__", "__int__", "__float__", "cpu", "numpy")
+# Frames in these places count: the loop, the techniques, the wrappers. The data loaders work on
+# host tensors before the transfer, and torch's own internals are torch's business.
+_SRC = Path(__file__).resolve().parents[1] / "src" / "accel_train"
+OURS = (str(_SRC / "train"), str(_SRC / "techniques"), str(_SRC / "parallel.py"))
+
+
+def count_host_reads(monkeypatch) -> list[str]:
+    """Patch torch.Tensor's host-reading methods; returns the list the calls made from OURS
+    are appended to (as "name at file:line")."""
+    calls: list[str] = []
+
+    def counting(name):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, **kwargs):
+            frame = sys._getframe(1)
+            if frame.f_code.co_filename.startswith(OURS):
+                calls.append(f"{name} at {frame.f_code.co_filename}:{frame.f_lineno}")
+            return original(self, *args, **kwargs)
+
+        return wrapper
+
+    for name in SYNCING:
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    return calls

@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import FAST
+from helpers import FAST, count_host_reads
 
 import accel_train
 from accel_train.config.run_config import resolve
@@ -143,12 +142,6 @@ def test_an_option_holds_only_its_own_keys(compose_cfg, tmp_path):
 
 # ---- the hot path: no device -> host sync between logging steps ---------------------------
 
-# What reads a tensor's value on the host (and so waits for the device on CUDA).
-SYNCING = ("item", "tolist", "__bool__", "__int__", "__float__", "cpu", "numpy")
-# Frames in these packages count: the loop and the techniques. The data loaders work on host
-# tensors before the transfer, and torch's own internals are torch's business.
-OURS = (str(SRC / "train"), str(SRC / "techniques"), str(SRC / "parallel.py"))
-
 
 class _StepMarks(Technique):
     """Records the sync count at each optimizer step (a callback, as users add them)."""
@@ -164,21 +157,7 @@ class _StepMarks(Technique):
 
 @pytest.mark.parametrize("loader", ["device", "torch"])
 def test_no_host_sync_between_logging_steps(loader, compose_cfg, tmp_path, monkeypatch):
-    calls: list[str] = []
-
-    def counting(name):
-        original = getattr(torch.Tensor, name)
-
-        def wrapper(self, *args, **kwargs):
-            frame = sys._getframe(1)
-            if frame.f_code.co_filename.startswith(OURS):
-                calls.append(f"{name} at {frame.f_code.co_filename}:{frame.f_lineno}")
-            return original(self, *args, **kwargs)
-
-        return wrapper
-
-    for name in SYNCING:
-        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    calls = count_host_reads(monkeypatch)
     marks = _StepMarks(calls)
     cfg = compose_cfg(
         [
