@@ -5,10 +5,11 @@ A technique may transform the model once at build time, hook into the loop, or b
 
     before_build()                              process-wide setup, before data and model exist
     transform(model, ctx) -> model              at build time, in ascending `order` (below)
+    wrap_loss(loop, compute) -> compute         once, as the loop is made (first one outermost)
     on_fit_start(loop)                          after resume, before the first step
     for each epoch:
         for each optimizer step:
-            forward, loss, backward, optimizer step
+            loss = compute(x, labels) under autocast, backward, optimizer step
             on_train_step_end(loop)             device tensors only: NO host sync here
             [every log_every_n_steps]  on_log(loop, metrics)        host sync allowed
             [validation]  on_validation_start(loop) ... on_validation_end(loop, metrics)
@@ -30,6 +31,7 @@ those are Technique subclasses too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,8 @@ from accel_train.data.transform import BatchTransform
 from accel_train.parallel import DistEnv
 
 PREPARE, MEMORY, LAYOUT, PARALLEL, COMPILE = 10, 20, 30, 50, 60
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (inputs, labels) -> mean loss
 
 
 @dataclass
@@ -64,6 +68,12 @@ class Technique:
 
     def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
         return model
+
+    def wrap_loss(self, loop: Any, compute: LossFn) -> LossFn:
+        """Change what a training micro-batch computes: return a function (x, labels) -> mean
+        loss that calls `compute` (the model's forward and the loss, or the next wrapper).
+        Runs under autocast, on device tensors: no host sync."""
+        return compute
 
     def on_fit_start(self, loop: Any) -> None:
         pass

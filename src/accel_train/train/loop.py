@@ -91,6 +91,12 @@ class Loop:
         )
         self.train_loader, self.val_loader = parts.train_loader, parts.val_loader
         self.techniques = parts.techniques
+        # The training loss, wrapped by techniques that change what is computed (selective
+        # backprop, distillation): compute_loss(x, labels) -> mean loss. The first technique in
+        # the list wraps outermost.
+        self.compute_loss = self._base_loss
+        for technique in reversed(self.techniques):
+            self.compute_loss = technique.wrap_loss(self, self.compute_loss)
         self.run_dir = Path(cfg.paths.output_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         # FSDP checkpoints are sharded (torch.distributed.checkpoint); others are one file.
@@ -180,10 +186,8 @@ class Loop:
             # the same gradient as one batch holding them all.
             window = order.window_len(b, self.accum)
             with _gradient_sync(self.model, boundary):
-                with self.precision.autocast():
-                    loss = self.loss_fn(self.model(x), labels)
-                self.scaler.scale(loss * (n / window)).backward()
-            loss_sum.add_(loss.detach(), alpha=n)
+                loss = self._forward_backward(x, labels, n / window)
+            loss_sum.add_(loss, alpha=n)
             loss_samples += n
             samples += n
             self.progress.advance()
@@ -202,6 +206,17 @@ class Loop:
             if self.step >= self.parts.total_steps or self._should_stop(self.step % log_every == 0):
                 break
         return samples * self.env.world_size
+
+    def _forward_backward(self, x: torch.Tensor, labels: torch.Tensor, weight: float):
+        """One micro-batch: the (technique-wrapped) loss under autocast, then backward of its
+        `weight`ed, scaled value. Returns the loss, detached, on the device (no host sync)."""
+        with self.precision.autocast():
+            loss = self.compute_loss(x, labels)
+        self.scaler.scale(loss * weight).backward()
+        return loss.detach()
+
+    def _base_loss(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(self.model(x), labels)
 
     def _optimizer_step(self) -> None:
         clip = self.cfg.trainer.gradient_clip_val
