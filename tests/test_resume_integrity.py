@@ -386,3 +386,26 @@ def test_a_kill_between_checkpoints_leaves_no_duplicate_metrics_and_resume_is_ex
     csv_rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
     csv_pairs = Counter((step, metric) for step, _, metric, _ in csv_rows[1:])
     assert [p for p, n in csv_pairs.items() if n > 1] == []
+
+
+def test_a_mid_epoch_checkpoint_is_not_resumed_by_another_number_of_processes(run_cli, tmp_path):
+    """Mid-epoch, batch_in_epoch counts batches of each process's shard: refused before any
+    worker starts, naming both process counts; the run dir is left as it was."""
+    run_dir = tmp_path / "run"
+    check_ok(run_cli([*BASE, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"]))  # 3 of 4
+    before = _snapshot(run_dir)
+    proc = run_cli(
+        [
+            *BASE,
+            "trainer.max_steps=6",
+            "strategy=ddp",
+            "launcher.nproc_per_node=2",
+            "resume=auto",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
+    assert proc.returncode == 2, _output(proc)
+    assert "Traceback" not in _output(proc)
+    assert "written by 1 process(es) in the middle of epoch 0" in proc.stderr
+    assert "this run has 2" in proc.stderr and "launcher.nproc_per_node=1" in proc.stderr
+    assert _snapshot(run_dir) == before

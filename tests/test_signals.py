@@ -41,6 +41,11 @@ class Slow(Technique):
     def on_train_step_end(self, loop):
         if loop.step > 1:
             time.sleep(self.seconds)
+
+class SlowValidation(Technique):
+    def on_validation_start(self, loop):
+        print("validating", flush=True)
+        time.sleep(30)
 """
 
 
@@ -64,7 +69,14 @@ def _reap():
 class Run:
     """`accel-train` in the background, its output in a file, as a user's terminal has it."""
 
-    def __init__(self, args: list[str], cwd: Path, run_dir: Path, env: dict | None = None):
+    def __init__(
+        self,
+        args: list[str],
+        cwd: Path,
+        run_dir: Path,
+        env: dict | None = None,
+        new_session: bool = False,
+    ):
         (cwd / "slowhook.py").write_text(SLOW_HOOK)
         self.run_dir, self.log = run_dir, cwd / f"{run_dir.name}.log"
         env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | (env or {})
@@ -77,6 +89,7 @@ class Run:
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                start_new_session=new_session,  # its own process group, as a terminal gives it
             )
         _started.append(self.proc)
 
@@ -89,7 +102,7 @@ class Run:
         rows = read_jsonl(path) if path.exists() else []
         return [r["step"] for r in rows if "train/loss" in r]
 
-    def wait_for_step(self, step: int, timeout: float = 120) -> None:
+    def wait_for_step(self, step: int, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
         while not any(s >= step for s in self.trained_steps()):
             assert self.proc.poll() is None, f"the run ended early:\n{self.output[-3000:]}"
@@ -132,14 +145,31 @@ def check_stopped(run: Run, signum: signal.Signals) -> int:
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory) -> dict[signal.Signals, tuple[Run, int]]:
     """Two runs, started together (start-up is most of their cost), stopped after a few steps:
-    one by SIGTERM, one by SIGINT. {signal: (the run, the step it stopped at)}."""
-    runs = {}
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        cwd = tmp_path_factory.mktemp(signum.name.lower())
-        runs[signum] = Run(RUN, cwd, cwd / "run")
+    one by SIGTERM, one by SIGINT. {signal: (the run, the step it stopped at)}.
+
+    The SIGINT goes to the run's whole process group, as Ctrl-C in a terminal does, and that
+    run reads its batches through a spawned DataLoader worker, which gets the SIGINT too (a
+    spawned worker does not inherit the trainer's handler): the worker must not die of it."""
+    spawned_worker = [
+        "loader=torch",
+        "loader.num_workers=1",
+        "loader.multiprocessing_context=spawn",
+    ]
+    runs = {
+        signal.SIGTERM: Run(RUN, cwd := tmp_path_factory.mktemp("sigterm"), cwd / "run"),
+        signal.SIGINT: Run(
+            [*RUN, *spawned_worker],
+            cwd := tmp_path_factory.mktemp("sigint"),
+            cwd / "run",
+            new_session=True,
+        ),
+    }
     for signum, run in runs.items():
         run.wait_for_step(3)
-        run.proc.send_signal(signum)
+        if signum == signal.SIGINT:
+            os.killpg(run.proc.pid, signum)  # the trainer and its worker, like Ctrl-C
+        else:
+            run.proc.send_signal(signum)
     return {signum: (run, check_stopped(run, signum)) for signum, run in runs.items()}
 
 
@@ -170,9 +200,10 @@ def test_resume_auto_continues_after_sigterm(stopped, run_cli):
 
 
 def test_second_sigint_exits_at_once(tmp_path):
-    """Ctrl-C twice while a step takes 5 s: out at once, 130, no checkpoint of that step."""
-    run = Run([*RUN, *slow(5.0)], tmp_path, tmp_path / "run")
-    run.wait_for_step(1)  # the first step is logged; the second one sleeps for 5 s
+    """Ctrl-C twice while a step takes 20 s: out long before the step ends (on a loaded
+    machine exiting the interpreter alone may take seconds), 130, no checkpoint of that step."""
+    run = Run([*RUN, *slow(20.0)], tmp_path, tmp_path / "run")
+    run.wait_for_step(1)  # the first step is logged; the second one sleeps for 20 s
     run.proc.send_signal(signal.SIGINT)
     time.sleep(0.5)
     sent = time.monotonic()
@@ -184,7 +215,7 @@ def test_second_sigint_exits_at_once(tmp_path):
     assert "SIGINT again: exiting now without a new checkpoint" in out
     assert "stopped at epoch" not in out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
-    assert took < 4.0, f"{took:.1f} s after the second Ctrl-C"
+    assert took < 15.0, f"{took:.1f} s after the second Ctrl-C"
     assert not list((tmp_path / "run").rglob("*.tmp-*"))
 
 
@@ -263,3 +294,33 @@ def test_sigterm_to_the_torchrun_launcher_checkpoints_every_rank(tmp_path, run_c
     check_ok(proc)
     summary = (run.run_dir / "summary.json").read_text()
     assert f'"steps": {step + 2}' in summary
+
+
+def test_a_signal_during_the_last_validation_stops_before_the_test_pass(tmp_path, run_cli):
+    """The last validation comes after the last step that could act on a signal: the run
+    stops (143, last.pt at the end, no summary) instead of running the test pass, and
+    `resume=auto` then only runs the test pass."""
+    args = [
+        *FAST,
+        "trainer.max_steps=2",
+        "trainer.log_every_n_steps=1",
+        "logger=csv",
+        "+callbacks.slow._target_=slowhook.SlowValidation",
+    ]
+    run = Run(args, tmp_path, tmp_path / "run")
+    deadline = time.monotonic() + 300
+    while "validating" not in run.output:
+        assert run.proc.poll() is None, run.output[-3000:]
+        assert time.monotonic() < deadline, run.output[-3000:]
+        time.sleep(0.05)
+    run.proc.send_signal(signal.SIGTERM)
+    assert check_stopped(run, signal.SIGTERM) == 2
+    proc = run_cli(
+        [*args[:-1], "resume=auto", f"hydra.run.dir={run.run_dir}"],
+        cwd=tmp_path,
+    )
+    check_ok(proc)
+    summary = (run.run_dir / "summary.json").read_text()
+    assert '"steps": 2' in summary and '"test_acc"' in summary
+    rows = read_jsonl(run.run_dir / "metrics.jsonl")
+    assert not [r for r in rows if r.get("step", 0) > 2]

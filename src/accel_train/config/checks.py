@@ -125,6 +125,12 @@ def validate(cfg: DictConfig) -> None:
     check_pointless(cfg)
     if cfg.loader.name == "torch" and cfg.loader.prefetch_factor < 1:
         raise UserError("loader.prefetch_factor must be >= 1 (batches loaded ahead per worker).")
+    context = cfg.loader.get("multiprocessing_context")
+    if context is not None and context not in ("fork", "spawn", "forkserver"):
+        raise UserError(
+            f"loader.multiprocessing_context={context!r} is not a start method: use fork, spawn, "
+            "forkserver or null (Python's default)."
+        )
     if not 0 <= cfg.dataset.get("val_fraction", 0.1) < 1:
         raise UserError(
             f"dataset.val_fraction={cfg.dataset.val_fraction} must be in [0, 1): the share of the "

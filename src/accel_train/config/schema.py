@@ -181,6 +181,7 @@ class TorchLoaderConfig(LoaderConfig):
     pin_memory: bool = True
     persistent_workers: bool = True
     prefetch_factor: int = 2
+    multiprocessing_context: str | None = None
 
 
 # ---- optimizer, scheduler ---------------------------------------------------------------

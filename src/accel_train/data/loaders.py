@@ -9,6 +9,7 @@ device, where it is cheap.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import torch
@@ -115,6 +116,20 @@ class _CheckedCollate:
         return images, labels
 
 
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader worker_init_fn: a worker leaves SIGINT and SIGTERM to the trainer.
+
+    Ctrl-C reaches the whole process group and SLURM/torchrun signal every process, so workers
+    get the signal the trainer checkpoints on. A worker that died of it would fail the trainer's
+    next batch ("DataLoader worker exited unexpectedly") before the checkpoint. Forked workers
+    inherit the trainer's handler (which ignores signals in other processes); spawned or
+    forkserver ones (Python 3.14's default on Linux) start with Python's defaults, hence this.
+    The trainer shuts its workers down when it is done; if it is killed, torch's watchdog in
+    each worker notices the parent is gone and exits."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
 class TorchLoader:
     """torch.utils.data.DataLoader driven by a ShardedOrder; batches are copied non-blocking."""
 
@@ -131,6 +146,8 @@ class TorchLoader:
             pin_memory=loader_cfg.pin_memory and device.type == "cuda",
             persistent_workers=loader_cfg.persistent_workers and workers > 0,
             prefetch_factor=loader_cfg.prefetch_factor if workers > 0 else None,
+            worker_init_fn=ignore_stop_signals,
+            multiprocessing_context=loader_cfg.multiprocessing_context if workers > 0 else None,
             # Its own generator, so creating an iterator never draws from the global RNG
             # (that would make a mid-epoch resume diverge).
             generator=torch.Generator().manual_seed(seed),
@@ -138,6 +155,17 @@ class TorchLoader:
 
     def __len__(self) -> int:
         return len(self.order)
+
+    def close(self) -> None:
+        """Shut the workers down now. Persistent workers otherwise live as long as the
+        DataLoader's iterator, which an exception's frames can keep until the interpreter
+        exits; multiprocessing's exit hook would then SIGTERM them, which they ignore
+        (ignore_stop_signals), and wait for ever."""
+        iterator = getattr(self.loader, "_iterator", None)  # torch keeps persistent ones here
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self.loader._iterator = None
 
     def epoch(
         self, epoch: int, start_batch: int = 0
@@ -160,6 +188,9 @@ class DeviceLoader:
 
     def __len__(self) -> int:
         return len(self.order)
+
+    def close(self) -> None:
+        pass  # nothing runs in the background
 
     def epoch(
         self, epoch: int, start_batch: int = 0

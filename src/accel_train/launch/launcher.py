@@ -37,7 +37,7 @@ def launch(cfg: DictConfig) -> float | None:
     hold_run_dir(cfg)  # before anything is written there: one live run per run dir
     # Before anything is written: a refused or unreadable resume leaves the run dir as it was,
     # and a run that already finished is not trained again.
-    finished = check_resume(cfg)
+    finished = check_resume(cfg, planned_world_size(cfg))
     if finished is not None:
         return finished.get("best_val_acc")
     if cfg.launcher.name == "slurm":
@@ -107,6 +107,18 @@ def adopt_srun_task(cfg: DictConfig) -> None:
         MASTER_ADDR=head,
         MASTER_PORT=str(port),
     )
+
+
+def planned_world_size(cfg: DictConfig) -> int | None:
+    """The number of processes this run will have, where the launcher can tell before
+    starting them (None: an elastic node range, or srun's own layout; the loop checks then)."""
+    if inside_torchrun():
+        return int(os.environ["WORLD_SIZE"])
+    if cfg.launcher.name == "slurm":
+        return slurm.processes_per_node(cfg.launcher) * int(cfg.launcher.nodes)
+    if in_srun_step() or not str(cfg.launcher.nnodes).isdigit():
+        return None
+    return local_world_size(cfg) * int(cfg.launcher.nnodes)
 
 
 def local_world_size(cfg: DictConfig) -> int:

@@ -133,7 +133,9 @@ class Loop:
                 train_time, samples = self._train()
             finally:
                 self._fire("on_fit_end")
-            if self.stopping:
+                self.train_loader.close()  # the workers go now, also when stopped by a signal
+                self.val_loader.close()
+            if self.stopping or self._asked_to_stop_after_training():
                 return self._stopped()
             test = self._test() if self.cfg.trainer.test_after_fit else None
             summary = self._summary(samples / max(train_time, 1e-9), start, test)
@@ -331,6 +333,19 @@ class Loop:
             "checkpoint": str(ckpt),
         }
 
+    def _asked_to_stop_after_training(self) -> bool:
+        """A signal during the last validation (or last.pt's save) came after the last step
+        that could act on it: stop before the test pass, with last.pt already at the end (a
+        `resume=auto` then only runs the test pass). A signal during the test pass lets it
+        finish: it is the run's last work."""
+        if not self.env.distributed:
+            self.stopping = self.stop.requested
+            return self.stopping
+        vote = torch.tensor([float(self.stop.requested)], device=self.env.device)
+        # HOST SYNC (once a run): the ranks agree, as they would have at a logging step.
+        self.stopping = self.env.all_reduce_sum(vote).item() > 0
+        return self.stopping
+
     def _should_stop(self, synced: bool) -> bool:
         """One process checks its flag every step; several agree at logging steps (where they
         already synchronise), so no step pays for a collective of its own."""
@@ -360,6 +375,8 @@ class Loop:
                 "last_val": list(self.last_val) if self.last_val else None,
                 # The run's length: a resume to another length rebuilds the lr schedule.
                 "total_steps": self.parts.total_steps,
+                # batch_in_epoch counts batches of this many processes' shards (resume checks).
+                "world_size": self.env.world_size,
             },
             # The metrics rows written so far: a resume drops those after it (not duplicated).
             "metrics_rows": self.metrics.position(),

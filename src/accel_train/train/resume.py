@@ -245,6 +245,24 @@ def _plain(value: Any) -> Any:
     return "<unset>" if value is UNSET else value
 
 
+def check_world_size(progress: dict[str, Any], world_size: int, wanted: str, path: Path) -> None:
+    """Mid-epoch, the checkpoint's place in the data (batch_in_epoch) counts batches of each
+    rank's shard: another number of processes shards the epoch differently, so the resumed run
+    would repeat or skip samples. At an epoch boundary the world size may change (the global
+    batch, and with it the steps per epoch, change too: the schedule is rebuilt)."""
+    saved = progress.get("world_size")  # None: a checkpoint from before it was recorded
+    if saved is None or saved == world_size or not progress["batch_in_epoch"]:
+        return
+    raise UserError(
+        f"resume={wanted}: the checkpoint {path} was written by {saved} process(es) in the middle "
+        f"of epoch {progress['epoch']} (batch {progress['batch_in_epoch']} of each process's "
+        f"share), and this run has {world_size}. Mid-epoch, each process's share of the data "
+        f"depends on the number of processes, so the run would repeat or skip samples. Resume "
+        f"with {saved} process(es) (e.g. `launcher.nproc_per_node={saved}`), let that run reach "
+        "the end of an epoch first, or start a fresh run in a new run dir."
+    )
+
+
 # ---- finding and reading the checkpoint --------------------------------------------------
 
 
@@ -306,7 +324,7 @@ def _say_finished(run_dir: Path, summary: dict[str, Any]) -> None:
 # ---- before anything is written (the launcher) -------------------------------------------
 
 
-def check_resume(cfg: DictConfig) -> dict[str, Any] | None:
+def check_resume(cfg: DictConfig, world_size: int | None = None) -> dict[str, Any] | None:
     """What can be decided about `resume` before the run dir is written to. The launcher calls
     this first, so that a checkpoint that does not load, or a refused config change, stops the
     run with the run dir exactly as it was. Returns the summary of a run that already finished
@@ -322,6 +340,8 @@ def check_resume(cfg: DictConfig) -> dict[str, Any] | None:
     state = _read(path)
     changes = config_changes(state["config"], to_container(cfg), cfg.resume, path)
     progress = state["progress"]
+    if world_size is not None:
+        check_world_size(progress, world_size, cfg.resume, path)
     total = progress.get("total_steps")  # None in checkpoints before it: the loop decides
     length_changed = any(c.key in ("trainer.max_epochs", "trainer.max_steps") for c in changes)
     if _is_own(path, ckpt_dir) and total is not None and not length_changed:
@@ -357,6 +377,7 @@ def resume(loop: Loop) -> Resumed | None:
     changes = config_changes(state["config"], to_container(loop.cfg), wanted, path)
     changed = {c.key for c in changes}
     p, parts = state["progress"], loop.parts
+    check_world_size(p, loop.env.world_size, wanted, path)
     own = _is_own(path, loop.ckpt_dir)
     finished = p["step"] >= parts.total_steps or p["epoch"] >= parts.max_epochs
     if finished and own:
