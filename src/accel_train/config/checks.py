@@ -53,8 +53,6 @@ MINIMUMS: dict[str, tuple[int, str]] = {
     "trainer.log_every_n_steps": (1, "optimizer steps between metric lines"),
     "trainer.val_every_n_epochs": (1, "epochs between validations"),
     "trainer.ckpt_every_n_steps": (0, "0 saves only at the end of each epoch"),
-    "trainer.limit_train_batches": (0, "0 means no limit"),
-    "trainer.limit_val_batches": (0, "0 means no limit"),
     "trainer.profile_steps": (1, "steps recorded by the profiler"),
     "scheduler.warmup_steps": (0, "0 means no warmup"),
     "scheduler.step_size": (1, "optimizer steps between decays"),
@@ -123,6 +121,7 @@ def validate(cfg: DictConfig) -> None:
     check_optimizer(cfg)
     check_scheduler(cfg)
     check_pointless(cfg)
+    check_loop_intervals(cfg)
     if cfg.loader.name == "torch" and cfg.loader.prefetch_factor < 1:
         raise UserError("loader.prefetch_factor must be >= 1 (batches loaded ahead per worker).")
     context = cfg.loader.get("multiprocessing_context")
@@ -150,6 +149,86 @@ def validate(cfg: DictConfig) -> None:
             ".dcp directory) written by accel-train, or `resume=auto` to continue from the run "
             "directory's last checkpoint."
         )
+
+
+# The metrics every validation logs (what early_stopping.monitor and trainer.stop_at may name).
+VALIDATION_METRICS = {"val/acc": "max", "val/loss": "min"}
+_COMPARISONS = (">=", "<=", ">", "<")
+
+
+def limited_batches(limit: int | float, batches: int) -> int:
+    """`trainer.limit_*_batches` applied to `batches`: an int is a count (0: all), a float in
+    (0, 1] a fraction of them (at least one), as in Lightning."""
+    if isinstance(limit, float):
+        return max(1, int(limit * batches))
+    return min(batches, limit) if limit else batches
+
+
+def _is_fraction(value) -> bool:
+    return isinstance(value, float) and 0 < value <= 1
+
+
+def parse_target(text: str) -> tuple[str, str, float]:
+    """`trainer.stop_at`, e.g. 'val/acc>=0.985' -> ('val/acc', '>=', 0.985)."""
+    for op in _COMPARISONS:
+        metric, found, value = str(text).partition(op)
+        if found:
+            try:
+                return metric.strip(), op, float(value)
+            except ValueError:
+                break
+    raise UserError(
+        f"trainer.stop_at={text!r} is not METRIC OP VALUE: write e.g. "
+        "`trainer.stop_at='val/acc>=0.985'` or `trainer.stop_at='val/loss<=0.05'` (quoted)."
+    )
+
+
+def check_loop_intervals(cfg: DictConfig) -> None:
+    """Batch limits, the validation interval, the stop target and early stopping."""
+    t = cfg.trainer
+    for key in ("limit_train_batches", "limit_val_batches"):
+        value = t[key]
+        if not (isinstance(value, int) and value >= 0) and not _is_fraction(value):
+            raise UserError(
+                f"trainer.{key}={value!r} must be a number of batches (an int >= 0; 0 = all) or a "
+                f"fraction of them (a float in (0, 1]), e.g. `trainer.{key}=10` or "
+                f"`trainer.{key}=0.25`."
+            )
+    interval = t.val_check_interval
+    if not (isinstance(interval, int) and interval >= 1) and not _is_fraction(interval):
+        raise UserError(
+            f"trainer.val_check_interval={interval!r} must be a fraction of an epoch (a float in "
+            "(0, 1], e.g. 0.25 validates 4 times an epoch) or a number of optimizer steps (an "
+            "int >= 1)."
+        )
+    known = ", ".join(VALIDATION_METRICS)
+    if t.stop_at is not None:
+        metric, _, _ = parse_target(t.stop_at)
+        if metric not in VALIDATION_METRICS:
+            raise UserError(
+                f"trainer.stop_at={t.stop_at!r} watches {metric!r}, which validation does not "
+                f"log: name one of {known}."
+            )
+    es = cfg.early_stopping
+    if es.monitor is not None:
+        if es.monitor not in VALIDATION_METRICS:
+            raise UserError(
+                f"early_stopping.monitor={es.monitor!r} is not a validation metric: name one of "
+                f"{known} (or null to turn early stopping off)."
+            )
+        if es.mode not in ("min", "max"):
+            raise UserError(f"early_stopping.mode={es.mode!r} must be min or max.")
+        if es.mode != VALIDATION_METRICS[es.monitor]:
+            raise UserError(
+                f"early_stopping.mode={es.mode} with monitor={es.monitor}: {es.monitor} improves "
+                f"when it goes {'up' if VALIDATION_METRICS[es.monitor] == 'max' else 'down'}. "
+                f"Set `early_stopping.mode={VALIDATION_METRICS[es.monitor]}`."
+            )
+        if es.patience < 1 or es.min_delta < 0:
+            raise UserError(
+                f"early_stopping.patience={es.patience} must be >= 1 and "
+                f"early_stopping.min_delta={es.min_delta} >= 0."
+            )
 
 
 def check_optimizer(cfg: DictConfig) -> None:
@@ -287,7 +366,7 @@ def check_data_sizes(
     per_rank = num_train // world_size
     full, rest = divmod(per_rank, lc.batch_size)
     batches = full + (1 if rest and not lc.drop_last else 0)
-    if t.limit_train_batches > batches:
+    if isinstance(t.limit_train_batches, int) and t.limit_train_batches > batches:
         warnings.append(
             f"trainer.limit_train_batches={t.limit_train_batches} has no effect: an epoch has "
             f"only {batches} batches ({num_train} training samples / loader.batch_size="
@@ -295,20 +374,19 @@ def check_data_sizes(
         )
     eval_bs = lc.eval_batch_size or lc.batch_size
     val_batches = math.ceil(math.ceil(num_val / world_size) / eval_bs)
-    if t.limit_val_batches > val_batches:
+    if isinstance(t.limit_val_batches, int) and t.limit_val_batches > val_batches:
         warnings.append(
             f"trainer.limit_val_batches={t.limit_val_batches} has no effect: validation has "
             f"only {val_batches} batches ({num_val} samples)"
         )
-    limited = min(batches, t.limit_train_batches) if t.limit_train_batches else batches
+    limited = limited_batches(t.limit_train_batches, batches)
     if t.accumulate_grad_batches > limited:
         warnings.append(
             f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} is more than the "
             f"{limited} batches of an epoch: each optimizer step accumulates the whole epoch, "
             "a smaller global batch than the one logged at start-up"
         )
-    limit_val = t.limit_val_batches or val_batches
-    shown = min(num_val, limit_val * eval_bs * world_size)
+    shown = min(num_val, limited_batches(t.limit_val_batches, val_batches) * eval_bs * world_size)
     if shown < num_classes:
         warnings.append(
             f"validation scores only {shown} samples for {num_classes} classes: val/acc (and "

@@ -243,8 +243,10 @@ class TrainerConfig:
     gradient_clip_val: float = 0.0
     log_every_n_steps: int = 50
     val_every_n_epochs: int = 1
-    limit_train_batches: int = 0
-    limit_val_batches: int = 0
+    limit_train_batches: Any = 0  # int: batches; float in (0, 1]: a fraction (Lightning's)
+    limit_val_batches: Any = 0
+    val_check_interval: Any = 1.0  # float in (0, 1]: fraction of an epoch; int: optimizer steps
+    stop_at: str | None = None
     test_after_fit: bool = True
     seed: int = 42
     deterministic: bool = False
@@ -257,6 +259,16 @@ class TrainerConfig:
     progress: str = "auto"
     tune_malloc: bool = True
     on_nonfinite: str = "stop"
+    peak_flops: float = 0.0
+
+
+@dataclass
+class EarlyStoppingConfig:
+    name: str = MISSING
+    monitor: str | None = None
+    mode: str = "max"
+    patience: int = 3
+    min_delta: float = 0.0
 
 
 @dataclass
@@ -287,6 +299,7 @@ class TrainConfig:
     optimizer: Any = MISSING
     scheduler: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    early_stopping: Any = MISSING
     logger: Any = MISSING
     paths: PathsConfig = field(default_factory=PathsConfig)
     # Loop hooks by _target_ (accel_train.techniques.Technique subclasses), by name.
@@ -342,6 +355,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "onecycle": OneCycleSchedulerConfig,
     },
     "logger": {n: LoggerConfig for n in ("csv", "tensorboard", "none")},
+    "early_stopping": {"default": EarlyStoppingConfig},
 }
 
 

@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset, default_collate
 
+from accel_train.config.checks import limited_batches
 from accel_train.data.build import check_labels
 from accel_train.data.splits import ImageSet
 
@@ -40,8 +41,7 @@ class ShardedOrder:
         self.real_per_rank = len(range(rank, n, world)) if not train else self.per_rank
         full, rest = divmod(self.per_rank, batch_size)
         self.num_batches = full + (1 if rest and not (train and drop_last) else 0)
-        if limit:
-            self.num_batches = min(self.num_batches, limit)
+        self.num_batches = limited_batches(limit, self.num_batches)
         self.epoch, self.start_batch = 0, 0
 
     def batch_len(self, b: int) -> int:

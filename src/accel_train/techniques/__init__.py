@@ -16,6 +16,7 @@ A technique may transform the model once at build time, hook into the loop, or b
             [checkpoint]  on_save(loop, name), then state_dict() saved under
                           checkpoint["techniques"][name]   host sync allowed
     on_fit_end(loop)                            always, also when the run stops early
+    summary(loop) -> dict                       fields for summary.json (a finished run)
 
 Model transforms run in one ordered list, so techniques compose without knowing each other:
 
@@ -95,6 +96,10 @@ class Technique:
 
     def on_fit_end(self, loop: Any) -> None:
         pass
+
+    def summary(self, loop: Any) -> dict[str, Any]:
+        """Fields for summary.json, at the end of the run (host sync allowed)."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         return {}

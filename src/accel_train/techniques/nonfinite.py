@@ -163,6 +163,12 @@ class NonFinite(Technique):
             loop.loss_fn = self._unwrapped
             del self._unwrapped
 
+    def summary(self, loop: Any) -> dict[str, Any]:
+        """The mode and the skipped steps."""
+        if self.loop is not None:
+            self._drain()  # HOST SYNC: end of the run
+        return {"on_nonfinite": self.mode, "skipped_steps": self.skipped}
+
     def state_dict(self) -> dict[str, Any]:
         loop = self.loop
         if loop is not None:
@@ -392,13 +398,3 @@ def _finite_weights(module: nn.Module) -> bool:
         return True
     norms = torch._foreach_norm(tensors)
     return bool(torch.isfinite(torch.stack(norms)).all())
-
-
-def summary_fields(techniques: list[Technique]) -> dict[str, Any]:
-    """What summary.json records of this technique: the mode and the skipped steps."""
-    for t in techniques:
-        if isinstance(t, NonFinite):
-            if t.loop is not None:
-                t._drain()  # HOST SYNC: end of the run
-            return {"on_nonfinite": t.mode, "skipped_steps": t.skipped}
-    return {}

@@ -30,9 +30,11 @@ from accel_train.targets import build
 from accel_train.techniques import PARALLEL, BuildContext, Technique
 from accel_train.techniques.channels_last import ChannelsLast
 from accel_train.techniques.compile import Compile
+from accel_train.techniques.early_stopping import EarlyStopping, StopAtTarget
 from accel_train.techniques.malloc import TuneMalloc
 from accel_train.techniques.nonfinite import NonFinite
 from accel_train.techniques.profiler import Profiler
+from accel_train.techniques.speed import SpeedMetrics
 
 
 def build_techniques(cfg: DictConfig) -> list[Technique]:
@@ -48,6 +50,12 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
     if t.profile:
         chosen.append(Profiler(t.profile_steps))
     chosen.append(NonFinite(t.on_nonfinite))  # always on: `stop` costs one add per micro-batch
+    chosen.append(SpeedMetrics(t.peak_flops))  # always on: host clocks read at logging steps
+    es = cfg.early_stopping
+    if es.monitor is not None:
+        chosen.append(EarlyStopping(es.monitor, es.mode, es.patience, es.min_delta))
+    if t.stop_at is not None:
+        chosen.append(StopAtTarget(t.stop_at))
     for name, node in cfg.callbacks.items():
         callback = build(node, f"callbacks.{name}", exclude=())
         if not isinstance(callback, Technique):

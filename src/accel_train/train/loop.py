@@ -38,7 +38,6 @@ from accel_train.errors import UserError
 from accel_train.loggers import MetricsLogger, Progress, json_safe
 from accel_train.models import count_parameters
 from accel_train.parallel import DistEnv, process_group
-from accel_train.techniques.nonfinite import summary_fields
 from accel_train.train.build import Components, build_components, make_loader
 from accel_train.train.evaluate import score
 from accel_train.train.resume import resume
@@ -105,12 +104,16 @@ class Loop:
         self.accum = cfg.trainer.accumulate_grad_batches
 
         self.epoch = self.step = self.batch_in_epoch = 0
+        # Host-side counters the speed metrics read at logging steps (techniques/speed.py).
+        self.data_wait_s = 0.0  # seconds spent waiting for the next training batch
+        self.samples_seen = 0  # training samples, all processes
         self.best_val_acc = -1.0
         self.last_val: tuple[float, float] | None = None
         # Set by a signal on this rank; one process acts on it at the next step, several agree
         # at the next logging step.
         self.stop = StopRequest(env.rank, every_step=not env.distributed)
         self.stopping = False  # agreed by all ranks: checkpoint and leave at this step
+        self.finish_reason: str | None = None  # set by finish(): training is over, early
         self.metrics = MetricsLogger(self.run_dir, cfg.logger.name, enabled=env.is_main)
         self.progress = Progress(cfg.trainer.progress, enabled=env.is_main)
 
@@ -137,6 +140,8 @@ class Loop:
                 self.val_loader.close()
             if self.stopping or self._asked_to_stop_after_training():
                 return self._stopped()
+            if self.finish_reason and self.env.is_main:
+                log.info("finished early: %s", self.finish_reason)
             test = self._test() if self.cfg.trainer.test_after_fit else None
             summary = self._summary(samples / max(train_time, 1e-9), start, test)
         self.progress.close()
@@ -146,7 +151,7 @@ class Loop:
     def _train(self) -> tuple[float, int]:
         train_time, samples = 0.0, 0
         p = self.parts
-        while self.epoch < p.max_epochs and self.step < p.total_steps:
+        while self.epoch < p.max_epochs and self.step < p.total_steps and not self.finish_reason:
             t0 = time.perf_counter()
             epoch_samples = self._train_epoch()
             _sync(self.env.device)  # epoch timing: wait for the epoch's last kernels
@@ -163,7 +168,8 @@ class Loop:
             if epoch_done:
                 self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             finished = self.epoch >= p.max_epochs or self.step >= p.total_steps
-            if finished or (epoch_done and self.epoch % self.cfg.trainer.val_every_n_epochs == 0):
+            due = finished or (epoch_done and self.epoch % self.cfg.trainer.val_every_n_epochs == 0)
+            if due and not self.finish_reason:  # (finished at a validation: it was this step's)
                 self._validate()
             self._save("last")
         return train_time, samples
@@ -175,10 +181,10 @@ class Loop:
         start_batch = self.batch_in_epoch
         self.progress.start_epoch(self.epoch, order.num_batches, start_batch)
         loss_sum = torch.zeros((), device=self.env.device)  # sample-weighted, for logging
-        loss_samples, samples, logged_samples, tick = 0, 0, 0, time.perf_counter()
+        loss_samples, samples = 0, 0
         log_every = self.cfg.trainer.log_every_n_steps
         ckpt_every = self.cfg.trainer.ckpt_every_n_steps
-        batches = self.train_loader.epoch(self.epoch, start_batch)
+        batches = self._timed(self.train_loader.epoch(self.epoch, start_batch))
         for b, (images, labels) in enumerate(batches, start_batch):
             x = self.transform(images, train=True, epoch=self.epoch, batch=b)
             boundary = (b + 1) % self.accum == 0 or b + 1 == order.num_batches
@@ -192,6 +198,7 @@ class Loop:
             loss_sum.add_(loss, alpha=n)
             loss_samples += n
             samples += n
+            self.samples_seen += n * self.env.world_size
             self.progress.advance()
             if not boundary:
                 continue
@@ -199,15 +206,50 @@ class Loop:
             self.batch_in_epoch = b + 1
             self._fire("on_train_step_end")
             if self.step % log_every == 0:
-                now = time.perf_counter()
-                self._log_train(loss_sum, loss_samples, samples - logged_samples, now - tick)
+                self._log_train(loss_sum, loss_samples)
                 loss_sum.zero_()
-                loss_samples, logged_samples, tick = 0, samples, now
+                loss_samples = 0
             if ckpt_every and self.step % ckpt_every == 0:
                 self._save("last")
+            if self._validates_mid_epoch(b, order.num_batches):
+                self._validate()
+                self.model.train()
             if self.step >= self.parts.total_steps or self._should_stop(self.step % log_every == 0):
                 break
+            if self.finish_reason:
+                break
         return samples * self.env.world_size
+
+    def _validates_mid_epoch(self, b: int, num_batches: int) -> bool:
+        """trainer.val_check_interval: validate inside an epoch (a validating one) every
+        fraction of it, or every N optimizer steps; the epoch's end validates anyway."""
+        interval = self.cfg.trainer.val_check_interval
+        if b + 1 >= num_batches or self.step >= self.parts.total_steps or interval == 1.0:
+            return False
+        if (self.epoch + 1) % self.cfg.trainer.val_every_n_epochs:
+            return False
+        if isinstance(interval, float):
+            every = max(1, round(interval * self.parts.steps_per_epoch))
+            return -(-(b + 1) // self.accum) % every == 0  # optimizer steps into this epoch
+        return self.step % interval == 0
+
+    def finish(self, reason: str) -> None:
+        """End training after this validation, as if it were the last (early stopping, a
+        target reached): last.pt, the test pass and summary.json follow as usual."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+
+    def _timed(self, batches):
+        """The batches, timing on the host how long each `next()` waited (no device sync)."""
+        batches = iter(batches)
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            self.data_wait_s += time.perf_counter() - start
+            yield batch
 
     def _forward_backward(self, x: torch.Tensor, labels: torch.Tensor, weight: float):
         """One micro-batch: the (technique-wrapped) loss under autocast, then backward of its
@@ -232,7 +274,7 @@ class Loop:
             self.scheduler.step()
         self.step += 1
 
-    def _log_train(self, loss_sum, loss_samples, samples, seconds) -> None:
+    def _log_train(self, loss_sum, loss_samples) -> None:
         counts = torch.tensor([loss_samples, self.stop.requested], dtype=torch.float32)
         stats = torch.cat([loss_sum.float().view(1), counts.to(loss_sum.device)])
         # HOST SYNC (logging step): the step's one wait for the device; the all-reduce also
@@ -242,12 +284,16 @@ class Loop:
         metrics = {
             "train/loss": loss_total / max(count, 1),
             "train/lr": self.optimizer.param_groups[0]["lr"],
-            "train/samples_per_s": samples * self.env.world_size / max(seconds, 1e-9),
         }
-        self._fire("on_log", metrics)
+        self._fire("on_log", metrics)  # techniques/speed.py adds samples/s, step time, ...
         self.metrics.log(metrics, self.step, self.epoch)
         shown = {"loss": metrics["train/loss"], "lr": metrics["train/lr"]}
-        shown["samples/s"] = round(metrics["train/samples_per_s"])
+        if "train/samples_per_s" in metrics:
+            shown["samples/s"] = round(metrics["train/samples_per_s"])
+            shown["data"] = f"{metrics['train/data_wait_share']:.0%}"
+            shown["mem"] = f"{metrics['train/peak_mem_mb']:.0f}MB"
+        if "train/mfu" in metrics:
+            shown["mfu"] = f"{metrics['train/mfu']:.1%}"
         self.progress.show(shown, self.step, self.epoch)
 
     def _validate(self) -> None:
@@ -377,6 +423,8 @@ class Loop:
                 "total_steps": self.parts.total_steps,
                 # batch_in_epoch counts batches of this many processes' shards (resume checks).
                 "world_size": self.env.world_size,
+                # Finished before its length (early stopping, a target): nothing left to train.
+                "finished_early": self.finish_reason,
             },
             # The metrics rows written so far: a resume drops those after it (not duplicated).
             "metrics_rows": self.metrics.position(),
@@ -452,8 +500,11 @@ class Loop:
             "world_size": self.env.world_size,
             "global_batch": self.parts.global_batch,
             "run_dir": str(self.run_dir),
+            "finished_early": self.finish_reason,
         }
-        summary = json_safe({**summary, **summary_fields(self.techniques)})
+        for technique in self.techniques:
+            summary.update(technique.summary(self))
+        summary = json_safe(summary)
         if self.env.is_main:
             text = json.dumps(summary, indent=2, allow_nan=False)
             (self.run_dir / "summary.json").write_text(text + "\n")

@@ -109,6 +109,7 @@ RULES: list[tuple[str, str | None]] = [
     ("trainer.seed", _ORDER),
     ("trainer.limit_val_batches", "best_val_acc was measured on that validation set"),
     ("trainer", None),
+    ("early_stopping", None),
     ("strategy", None),
     ("precision", None),
     ("launcher", None),
@@ -245,6 +246,10 @@ def _plain(value: Any) -> Any:
     return "<unset>" if value is UNSET else value
 
 
+def _length_changed(changed: set[str]) -> bool:
+    return bool(changed & {"trainer.max_epochs", "trainer.max_steps"})
+
+
 def check_world_size(progress: dict[str, Any], world_size: int, wanted: str, path: Path) -> None:
     """Mid-epoch, the checkpoint's place in the data (batch_in_epoch) counts batches of each
     rank's shard: another number of processes shards the epoch differently, so the resumed run
@@ -345,7 +350,8 @@ def check_resume(cfg: DictConfig, world_size: int | None = None) -> dict[str, An
     total = progress.get("total_steps")  # None in checkpoints before it: the loop decides
     length_changed = any(c.key in ("trainer.max_epochs", "trainer.max_steps") for c in changes)
     if _is_own(path, ckpt_dir) and total is not None and not length_changed:
-        summary = _finished_summary(run_dir) if progress["step"] >= total else None
+        done = progress["step"] >= total or progress.get("finished_early")
+        summary = _finished_summary(run_dir) if done else None
         if summary is not None:
             _say_finished(run_dir, summary)
             return summary
@@ -380,6 +386,8 @@ def resume(loop: Loop) -> Resumed | None:
     check_world_size(p, loop.env.world_size, wanted, path)
     own = _is_own(path, loop.ckpt_dir)
     finished = p["step"] >= parts.total_steps or p["epoch"] >= parts.max_epochs
+    if p.get("finished_early") and not _length_changed(changed):
+        finished = True  # early stopping or a target ended it: nothing left to train
     if finished and own:
         summary = _finished_summary(loop.run_dir)
         if summary is not None:
@@ -395,6 +403,8 @@ def resume(loop: Loop) -> Resumed | None:
     if not finished:  # (finished here: only the test pass is left, no step to schedule)
         _restore_schedule(loop, state, changed)
     loop.epoch, loop.step, loop.batch_in_epoch = p["epoch"], p["step"], p["batch_in_epoch"]
+    if finished and p.get("finished_early"):
+        loop.finish_reason = p["finished_early"]  # only the test pass is left
     loop.best_val_acc = p["best_val_acc"]
     loop.last_val = tuple(p["last_val"]) if p["last_val"] else None
     saved = state.get("techniques", {})

@@ -1,0 +1,172 @@
+"""Always-on speed metrics: what a step costs and where its time goes, at no extra host sync.
+
+At each logging step (metrics.jsonl, TensorBoard, the progress line) and in summary.json:
+
+- `train/samples_per_s`: training samples per second, all processes.
+- `train/step_s`: wall seconds per optimizer step over the logging interval.
+- `train/data_wait_share`: the share of that time the loop spent waiting for its next batch
+  (timed on the host around the loader's `next()`; the loop adds it up in `loop.data_wait_s`).
+- `train/peak_mem_mb`: the CUDA caching allocator's peak (a host-side counter, no sync), or on
+  the CPU the process's resident-set high-water mark (getrusage; it includes the data set and
+  the Python runtime, so compare runs with the same data).
+- `train/tflops`: achieved model FLOP/s (all processes) = samples/s x FLOPs per sample, the
+  latter counted once at build time by `torch.utils.flop_counter` on the real model (a forward
+  of two real samples, without grad, in eval mode so no state changes) and tripled for
+  forward + backward, the usual convention behind MFU (PaLM, torchtitan).
+- `train/mfu`: achieved / (peak FLOP/s per device x devices), on GPUs whose peak is known
+  (PEAK_FLOPS: dense bf16/fp16 tensor-core peaks) or with `trainer.peak_flops` set.
+
+Validation time is left out of the intervals; checkpoint saves are not (they are the run's cost).
+The first logging interval holds the warm-up (torch.compile, cuDNN autotuning, the allocator
+growing): the summary's steady figures (`samples_per_s`, `step_s`, `tflops`, `mfu`) leave it
+out and report it as `warmup_s`. The times are read at logging steps, which already wait for the
+device, so on CUDA they are exact over an interval though not per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from accel_train.techniques import LAYOUT, PARALLEL, BuildContext, Technique
+
+log = logging.getLogger("accel_train")
+
+# Dense bf16/fp16 tensor-core peak FLOP/s per device, by a substring of the CUDA device name
+# (vendor data sheets; the first match wins, so the specific names come first).
+PEAK_FLOPS = {
+    "H200": 989e12,
+    "H100 PCIe": 756e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "A10G": 125e12,
+    "A10": 125e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "V100": 125e12,
+    "T4": 65e12,
+    "RTX 4090": 165e12,
+    "RTX 3090": 71e12,
+}
+
+
+def device_peak_flops(device: torch.device, override: float) -> float | None:
+    """Peak FLOP/s of one device: `trainer.peak_flops` if set (> 0), else the table's entry for
+    this GPU, else None (no MFU: CPUs and unknown GPUs)."""
+    if override > 0:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 2**10  # bytes / KiB
+
+
+def training_flops_per_sample(module: nn.Module, sample: torch.Tensor) -> float:
+    """3 x the forward FLOPs of one sample (backward ~ 2 x forward), counted on the real model."""
+    was_training = module.training
+    module.eval()  # no BatchNorm statistics updated, no dropout draws from the RNG
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            module(sample)
+    finally:
+        module.train(was_training)
+    return 3.0 * counter.get_total_flops() / sample.shape[0]
+
+
+class SpeedMetrics(Technique):
+    name = "speed"
+    # Counts FLOPs on the module as it will train (after pruning/QAT, activation checkpointing
+    # and channels_last), before DDP/FSDP shard it and compile hides its ops.
+    order = (LAYOUT + PARALLEL) // 2
+
+    def __init__(self, peak_flops: float = 0.0):
+        self.peak_flops_override = peak_flops
+        self.flops_per_sample: float | None = None
+        self.peak: float | None = None
+        self._last: tuple[float, int, float, float] | None = None  # (time, step, wait, samples)
+        self._first_log = True
+        self._paused_at = 0.0
+        self.warmup_s = 0.0
+        self.steady_s = self.steady_samples = 0.0
+        self.steady_steps = 0
+        self.steady_wait_s = 0.0
+
+    def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
+        try:
+            self.flops_per_sample = training_flops_per_sample(model, ctx.sample)
+        except Exception as err:  # a model the counter cannot trace: no FLOPs, still trains
+            log.info("speed metrics: FLOPs not counted (%s: %s)", type(err).__name__, err)
+        self.peak = device_peak_flops(ctx.env.device, self.peak_flops_override)
+        return model
+
+    def on_fit_start(self, loop: Any) -> None:
+        self._last = (time.perf_counter(), loop.step, loop.data_wait_s, loop.samples_seen)
+
+    def on_validation_start(self, loop: Any) -> None:
+        self._paused_at = time.perf_counter()
+
+    def on_validation_end(self, loop: Any, metrics: dict[str, float]) -> None:
+        # Validation inside a logging interval is not training time: shift the interval's start.
+        if self._last is not None:
+            then, step, wait, samples = self._last
+            self._last = (then + time.perf_counter() - self._paused_at, step, wait, samples)
+
+    def on_log(self, loop: Any, metrics: dict[str, float]) -> None:
+        now = time.perf_counter()
+        then, step, wait, samples = self._last
+        self._last = (now, loop.step, loop.data_wait_s, loop.samples_seen)
+        seconds, steps = now - then, loop.step - step
+        if seconds <= 0 or steps <= 0:
+            return
+        samples_per_s = (loop.samples_seen - samples) / seconds
+        metrics["train/samples_per_s"] = samples_per_s
+        metrics["train/step_s"] = seconds / steps
+        metrics["train/data_wait_share"] = (loop.data_wait_s - wait) / seconds
+        metrics["train/peak_mem_mb"] = peak_memory_mb(loop.env.device)
+        if self.flops_per_sample:
+            achieved = samples_per_s * self.flops_per_sample
+            metrics["train/tflops"] = achieved / 1e12
+            if self.peak:
+                metrics["train/mfu"] = achieved / (self.peak * loop.env.world_size)
+        if self._first_log:  # warm-up: compile, autotuning, allocator growth
+            self._first_log = False
+            self.warmup_s = seconds
+            return
+        self.steady_s += seconds
+        self.steady_steps += steps
+        self.steady_samples += loop.samples_seen - samples
+        self.steady_wait_s += loop.data_wait_s - wait
+
+    def summary(self, loop: Any) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "peak_mem_mb": peak_memory_mb(loop.env.device),
+            "flops_per_sample": self.flops_per_sample,
+            "warmup_s": self.warmup_s,
+        }
+        if self.steady_s > 0:
+            samples_per_s = self.steady_samples / self.steady_s
+            fields |= {
+                "samples_per_s": samples_per_s,
+                "step_s": self.steady_s / self.steady_steps,
+                "data_wait_share": self.steady_wait_s / self.steady_s,
+            }
+            if self.flops_per_sample:
+                achieved = samples_per_s * self.flops_per_sample
+                fields["tflops"] = achieved / 1e12
+                if self.peak:
+                    fields["mfu"] = achieved / (self.peak * loop.env.world_size)
+        return fields
