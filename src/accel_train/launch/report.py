@@ -1,0 +1,391 @@
+"""`accel-report`: the speed report. Trains the baseline and each technique switch side by side,
+repeated and alternating, each as a normal `accel-train` run dir, then the combination of the
+switches that helped, and writes `speed_report.md`, `speed_report.csv` and (with matplotlib)
+`speed_report.png` into the report dir.
+
+    accel-report +experiment=mnist_amp                      # every applicable switch, 3 repeats
+    accel-report --variants compile,channels_last --repeats 5 model=resnet18 dataset=image_folder
+    accel-report "trainer.stop_at='val/acc>=0.985'" +experiment=mnist_amp   # adds time to target
+
+Everything that is not a report flag is an accel-train override applied to every run (your own
+`_target_` model, `strategy=ddp launcher.nproc_per_node=2`, ...). Before any run starts, every
+variant's config is composed and validated (one error, not N failed runs), and a variant that
+changes nothing in the base config (e.g. `loader=device` when the experiment already uses it) is
+left out and said so.
+
+Order: repeat-major (baseline, v1, v2, ..., baseline, v1, v2, ...), so a machine whose load
+drifts affects every variant alike; each row reports median and min-max over its repeats, and
+the ratio to the baseline is the median of per-repeat ratios (each against the baseline of the
+same round). The load average before each run is recorded. Phase 2 runs the combination of the
+variants whose median throughput ratio was above `--min-gain` and whose median test accuracy
+stayed within `--max-acc-drop` of the baseline, alternating with the baseline again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import resource
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from accel_train.config import CONFIG_DIR
+from accel_train.config.checks import validate
+from accel_train.config.schema import register_configs
+from accel_train.environment import register_resolvers
+from accel_train.errors import UserError, report_user_errors
+
+log = logging.getLogger("accel_train")
+
+# Technique switches: name -> overrides. Order = the report's row order.
+VARIANTS: dict[str, list[str]] = {
+    "baseline": [],
+    "device_loader": ["loader=device"],
+    "channels_last": ["trainer.channels_last=true"],
+    "compile": ["trainer.compile=true"],
+    "amp": ["precision=amp"],
+    "bf16": ["precision=bf16"],
+}
+# Variants that are alternatives to each other: a combination takes the best one of each set.
+EXCLUSIVE = [{"amp", "bf16"}]
+
+# summary.json fields reported, and how they are shown.
+FIELDS = {
+    "samples_per_s": "samples/s",
+    "wall_s": "launch to exit s",
+    "time_to_target_s": "time to target s",
+    "peak_mem_mb": "peak mem MB",
+    "best_val_acc": "best val acc",
+    "test_acc": "test acc",
+    "cpu_s": "CPU s",
+}
+
+
+@dataclass
+class Run:
+    variant: str
+    repeat: int
+    phase: int
+    run_dir: Path
+    load: float
+    status: str = "pending"
+    values: dict[str, float | None] = field(default_factory=dict)
+    error: str = ""
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="accel-report",
+        description=(
+            "Train the baseline and each technique switch side by side (repeated, alternating) "
+            "and write speed_report.md/.csv/.png. Other arguments are accel-train overrides "
+            "applied to every run."
+        ),
+    )
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated, from: {', '.join(VARIANTS)} (baseline is always run)",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs per variant (default 3)")
+    parser.add_argument(
+        "--out", default=None, help="report dir (default outputs/speed_report/<time>)"
+    )
+    parser.add_argument("--no-combine", action="store_true", help="skip the combination phase")
+    parser.add_argument("--min-gain", type=float, default=1.02, help="throughput ratio to count")
+    parser.add_argument(
+        "--max-acc-drop", type=float, default=0.005, help="test accuracy a switch may lose"
+    )
+    return parser.parse_known_args(argv)
+
+
+def compose_run(overrides: list[str], run_dir: Path):
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+        return compose(config_name="train", overrides=[*overrides, f"paths.output_dir={run_dir}"])
+
+
+def comparable(cfg) -> dict[str, Any]:
+    container = OmegaConf.to_container(cfg, resolve=False)
+    for key in ("paths", "hydra", "name"):
+        container.pop(key, None)
+    return container
+
+
+def plan(variants: list[str], base: list[str], out: Path) -> list[str]:
+    """Validate every variant's config; drop those that change nothing. Returns the kept ones."""
+    register_configs()
+    register_resolvers()
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise UserError(
+            f"accel-report --variants: unknown {', '.join(unknown)}; pick from "
+            f"{', '.join(VARIANTS)}."
+        )
+    configs = {}
+    for name in ["baseline", *[v for v in variants if v != "baseline"]]:
+        try:
+            cfg = compose_run([*base, *VARIANTS[name]], out / name)
+            validate(cfg)
+        except UserError as err:
+            shown = " ".join(VARIANTS[name]) or "no change"
+            raise UserError(f"the {name} variant ({shown}): {err}") from None
+        except Exception as err:  # Hydra's compose errors: a misspelled override
+            raise UserError(
+                f"the overrides {' '.join(base)} do not compose ({type(err).__name__}: {err}). "
+                "Check them with `accel-train <overrides> --cfg job`."
+            ) from None
+        configs[name] = comparable(cfg)
+    kept = ["baseline"]
+    for name in configs:
+        if name == "baseline":
+            continue
+        if configs[name] == configs["baseline"]:
+            log.info("%s: the base config already has %s; left out", name, VARIANTS[name])
+        else:
+            kept.append(name)
+    return kept
+
+
+def accel_train_command() -> list[str]:
+    script = Path(sys.argv[0]).resolve().parent / "accel-train"
+    found = str(script) if script.exists() else shutil.which("accel-train")
+    return (
+        [found] if found else [sys.executable, "-c", "from accel_train.cli import train; train()"]
+    )
+
+
+def execute(run: Run, base: list[str], overrides: list[str]) -> None:
+    args = [
+        *accel_train_command(),
+        *base,
+        *overrides,
+        "trainer.progress=none",
+        f"hydra.run.dir={run.run_dir}",
+    ]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(args, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    (run.run_dir / "report_run.log").write_text(
+        f"$ {shlex.join(args)}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    )
+    summary_path = run.run_dir / "summary.json"
+    if proc.returncode != 0 or not summary_path.is_file():
+        run.status = f"failed (exit {proc.returncode})"
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        run.error = lines[-1] if lines else ""
+        return
+    summary = json.loads(summary_path.read_text())
+    run.status = "done"
+    run.values = {
+        "samples_per_s": summary.get("samples_per_s") or summary.get("train_samples_per_s"),
+        "wall_s": wall,  # launch to exit, as the user waits for it
+        "time_to_target_s": summary.get("time_to_target_s"),
+        "peak_mem_mb": summary.get("peak_mem_mb"),
+        "best_val_acc": summary.get("best_val_acc"),
+        "test_acc": summary.get("test_acc"),
+        "cpu_s": cpu,
+    }
+
+
+def run_rounds(names, repeats, phase, out, base, overrides_of, runs: list[Run]) -> None:
+    for repeat in range(repeats):
+        for name in names:
+            run = Run(name, repeat, phase, out / name / f"r{repeat}", os.getloadavg()[0])
+            log.info("[phase %d, round %d/%d] %s", phase, repeat + 1, repeats, name)
+            execute(run, base, overrides_of[name])
+            if run.status != "done":
+                log.warning("%s round %d: %s %s", name, repeat + 1, run.status, run.error)
+            runs.append(run)
+
+
+def _values(runs: list[Run], name: str, key: str, phase: int) -> list[float]:
+    return [
+        r.values[key]
+        for r in runs
+        if r.variant == name and r.phase == phase and r.values.get(key) is not None
+    ]
+
+
+def ratio_to_baseline(runs: list[Run], name: str, phase: int) -> list[float]:
+    """samples/s of each repeat over the baseline's of the same round."""
+    base = {
+        r.repeat: r.values["samples_per_s"]
+        for r in runs
+        if r.variant == "baseline" and r.phase == phase and r.status == "done"
+    }
+    return [
+        r.values["samples_per_s"] / base[r.repeat]
+        for r in runs
+        if r.variant == name and r.phase == phase and r.status == "done" and base.get(r.repeat)
+    ]
+
+
+def combination(runs: list[Run], kept: list[str], min_gain: float, max_drop: float) -> list[str]:
+    """The switches that helped on their own, at most one of each exclusive set."""
+    base_acc = _values(runs, "baseline", "test_acc", 1)
+    winners = {}
+    for name in kept:
+        if name == "baseline":
+            continue
+        ratios = ratio_to_baseline(runs, name, 1)
+        accs = _values(runs, name, "test_acc", 1)
+        if not ratios or statistics.median(ratios) < min_gain:
+            continue
+        if base_acc and accs and statistics.median(accs) < statistics.median(base_acc) - max_drop:
+            continue
+        winners[name] = statistics.median(ratios)
+    for group in EXCLUSIVE:
+        rivals = [n for n in winners if n in group]
+        for loser in sorted(rivals, key=winners.get)[:-1]:
+            del winners[loser]
+    return list(winners)
+
+
+def _cell(values: list[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return format(med, fmt)
+    return f"{format(med, fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def write_report(out: Path, runs: list[Run], rows: list[tuple[str, int, str]], argv: list[str]):
+    """rows: (variant, phase, overrides shown)."""
+    loads = [r.load for r in runs]
+    lines = [
+        "# Speed report",
+        "",
+        f"Command: `accel-report {shlex.join(argv)}`  ",
+        f"Written {datetime.now():%Y-%m-%d %H:%M}; {os.cpu_count()} CPUs; load average before "
+        f"the runs: min {min(loads):.1f}, median {statistics.median(loads):.1f}, max "
+        f"{max(loads):.1f} (a loaded machine makes every number noisier).  ",
+        "Each cell: median (min-max) over the repeats. `vs baseline`: the median of per-round "
+        "throughput ratios against the baseline run of the same round. samples/s leaves out the "
+        "first logging interval (warm-up); `launch to exit` is the whole command.",
+        "",
+        "| variant | overrides | samples/s | vs baseline | "
+        + " | ".join(FIELDS[k] for k in list(FIELDS)[1:])
+        + " | runs |",
+        "|" + "---|" * (len(FIELDS) + 4),
+    ]
+    for name, phase, shown in rows:
+        mine = [r for r in runs if r.variant == name and r.phase == phase]
+        ok = [r for r in mine if r.status == "done"]
+        ratios = ratio_to_baseline(runs, name, phase) if name != "baseline" else []
+        cells = [
+            _cell(_values(runs, name, "samples_per_s", phase), ".0f"),
+            _cell(ratios, ".2f") if ratios else ("1.00" if name == "baseline" else "-"),
+            _cell(_values(runs, name, "wall_s", phase), ".1f"),
+            _cell(_values(runs, name, "time_to_target_s", phase), ".1f"),
+            _cell(_values(runs, name, "peak_mem_mb", phase), ".0f"),
+            _cell(_values(runs, name, "best_val_acc", phase), ".4f"),
+            _cell(_values(runs, name, "test_acc", phase), ".4f"),
+            _cell(_values(runs, name, "cpu_s", phase), ".1f"),
+        ]
+        label = name if phase == 1 else f"{name} (phase 2)"
+        lines.append(
+            f"| {label} | `{shown or '-'}` | " + " | ".join(cells) + f" | {len(ok)}/{len(mine)} |"
+        )
+    failed = [r for r in runs if r.status != "done"]
+    if failed:
+        lines += ["", "Failed runs:", ""]
+        lines += [
+            f"- {r.variant} round {r.repeat + 1}: {r.status}: {r.error} ({r.run_dir})"
+            for r in failed
+        ]
+    lines += ["", "Run dirs: `<report dir>/[phase2/]<variant>/r<k>/` (each with report_run.log)."]
+    (out / "speed_report.md").write_text("\n".join(lines) + "\n")
+    with open(out / "speed_report.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["variant", "phase", "repeat", "status", "load", *FIELDS, "run_dir"])
+        for r in runs:
+            writer.writerow(
+                [r.variant, r.phase, r.repeat, r.status, f"{r.load:.2f}"]
+                + [r.values.get(k) for k in FIELDS]
+                + [str(r.run_dir)]
+            )
+    _plot(out, runs, rows)
+
+
+def _plot(out: Path, runs: list[Run], rows) -> None:
+    try:
+        import matplotlib  # optional extra: accel-train[plot]
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.info("matplotlib is not installed (pip install 'accel-train[plot]'): no PNG")
+        return
+    labels, medians, lows, highs = [], [], [], []
+    for name, phase, _ in rows:
+        ratios = [1.0] if name == "baseline" else ratio_to_baseline(runs, name, phase)
+        if not ratios:
+            continue
+        med = statistics.median(ratios)
+        labels.append(name if phase == 1 else f"{name} (2)")
+        medians.append(med)
+        lows.append(med - min(ratios))
+        highs.append(max(ratios) - med)
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(labels) + 1.5))
+    ax.barh(labels, medians, xerr=[lows, highs], color="tab:blue", alpha=0.8)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("training throughput vs baseline (median, min-max)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(out / "speed_report.png", dpi=120)
+    plt.close(fig)
+
+
+@report_user_errors
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="[accel-report] %(message)s")
+    opts, base = parse_args(argv)
+    if opts.repeats < 1:
+        raise UserError(f"accel-report --repeats {opts.repeats}: must be >= 1.")
+    out = Path(opts.out or f"outputs/speed_report/{datetime.now():%Y-%m-%d_%H-%M-%S}")
+    wanted = [v.strip() for v in opts.variants.split(",") if v.strip()]
+    kept = plan(wanted, base, out)
+    out.mkdir(parents=True, exist_ok=True)
+    overrides_of = {name: VARIANTS[name] for name in kept}
+    runs: list[Run] = []
+    run_rounds(kept, opts.repeats, 1, out, base, overrides_of, runs)
+    rows = [(n, 1, " ".join(VARIANTS[n])) for n in kept]
+    best = [] if opts.no_combine else combination(runs, kept, opts.min_gain, opts.max_acc_drop)
+    if len(best) > 1:  # one winner is already measured as it is
+        combo = [o for n in best for o in VARIANTS[n]]
+        try:
+            validate(compose_run([*base, *combo], out / "best"))
+        except UserError as err:
+            log.warning("the combination %s is refused: %s", "+".join(best), err)
+        else:
+            overrides_of |= {"best": combo}
+            run_rounds(
+                ["baseline", "best"], opts.repeats, 2, out / "phase2", base, overrides_of, runs
+            )
+            rows += [("baseline", 2, ""), ("best", 2, " ".join(combo))]
+    write_report(out, runs, rows, argv)
+    print((out / "speed_report.md").read_text())
+    png = " and .png" if (out / "speed_report.png").exists() else ""
+    print(f"accel-report: wrote {out / 'speed_report.md'} (and .csv{png})")
+    if all(r.status != "done" for r in runs if r.variant == "baseline"):
+        sys.exit(1)
