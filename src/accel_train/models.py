@@ -30,6 +30,28 @@ def mnist_cnn(
     )
 
 
+def small_cnn(
+    *, in_channels: int, image_size: int, num_classes: int, dropout=0.25, hidden_dim=256
+) -> nn.Module:
+    """LeNet-5's shape, wider: two 5x5 conv + max-pool stages, then one hidden layer. About a
+    third of mnist_cnn's FLOPs (its second conv runs at 8x8 instead of 24x24), 0.32 M parameters
+    on MNIST."""
+    side = ((image_size - 4) // 2 - 4) // 2
+    return nn.Sequential(
+        nn.Conv2d(in_channels, 32, 5),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * side * side, hidden_dim),
+        nn.ReLU(inplace=True),
+        nn.Dropout(dropout),
+        nn.Linear(hidden_dim, num_classes),
+    )
+
+
 def mlp(
     *, in_channels: int, image_size: int, num_classes: int, dropout=0.1, hidden_dims=(512, 256)
 ) -> nn.Module:

@@ -31,6 +31,12 @@ class MnistCnnConfig(ModelConfig):
 
 
 @dataclass
+class SmallCnnConfig(ModelConfig):
+    dropout: float = 0.25
+    hidden_dim: int = 256
+
+
+@dataclass
 class MlpConfig(ModelConfig):
     dropout: float = 0.1
     hidden_dims: list[int] = field(default_factory=lambda: [512, 256])
@@ -321,6 +327,7 @@ class EvalConfig:
 OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     "model": {
         "mnist_cnn": MnistCnnConfig,
+        "small_cnn": SmallCnnConfig,
         "mlp": MlpConfig,
         "resnet18": Resnet18Config,
         "custom": ModelConfig,
