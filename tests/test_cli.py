@@ -2,7 +2,7 @@
 
 Two runs are shared by the tests of this module:
 - synthetic: the default data set, csv logger, `+debug=profile`, run dir set by `hydra.run.dir`;
-- mnist: `+experiment=mnist_amp` (mnist_cnn, amp, device loader, OneCycle)
+- mnist: `+experiment=mnist_amp` (small_cnn, amp, device loader, OneCycle)
   on the tiny IDX MNIST, TensorBoard logger, run dir chosen by Hydra's default pattern.
 """
 

@@ -50,7 +50,7 @@ def test_every_group_has_options():
     expected = {"model", "dataset", "precision", "strategy", "loader", "optimizer", "scheduler"}
     expected |= {"trainer", "logger", "paths", "launcher"}
     assert expected <= set(PLAIN_GROUPS)
-    assert {"mnist_cnn", "mlp", "resnet18"} <= set(_options("model"))
+    assert {"mnist_cnn", "small_cnn", "mlp", "resnet18"} <= set(_options("model"))
     assert {"mnist", "fashion_mnist", "cifar10", "synthetic"} <= set(_options("dataset"))
     assert {"fp32", "amp", "fp16", "bf16", "bf16_true"} <= set(_options("precision"))
     assert {"torch", "device"} <= set(_options("loader"))
@@ -108,7 +108,7 @@ def test_compose_validate_instantiate(override, compose_cfg, tmp_path):
 def test_experiment_mnist_amp_choices(compose_cfg, tmp_path):
     cfg = compose_cfg(["+experiment=mnist_amp", f"paths.output_dir={tmp_path}"])
     assert cfg.name == "mnist_amp"
-    assert (cfg.dataset.name, cfg.model.name) == ("mnist", "mnist_cnn")
+    assert (cfg.dataset.name, cfg.model.name) == ("mnist", "small_cnn")
     assert (cfg.precision.name, cfg.loader.name) == ("amp", "device")
     prec = resolve_precision("amp", torch.device("cpu"))
     # bf16 on a CPU that has bf16 instructions, fp32 on one that would emulate it
