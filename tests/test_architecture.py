@@ -36,6 +36,7 @@ LAYERS = [
         "accel_train.optim",
         "accel_train.precision",
         "accel_train.parallel",
+        "accel_train.pipeline",
         "accel_train.loggers",
         "accel_train.checkpoint",
         "accel_train.safe_load",

@@ -218,12 +218,19 @@ def _as_tuples(x):
 # remove_stale_temps puts one back on the next start).
 
 
-def save_sharded(model, optimizer, meta: dict[str, Any], path: Path, is_main: bool) -> None:
+def save_sharded(
+    model, optimizer, meta: dict[str, Any], path: Path, is_main: bool, flat_optimizer=False
+) -> None:
+    """`flat_optimizer` (pipeline): the optimizer state keyed by parameter name, hyperparameters
+    too, so that each stage writes its own keys (the default layout has one `param_groups`
+    list, which differs between stages) and the checkpoint loads at another layout."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    options = StateDictOptions(flatten_optimizer_state_dict=flat_optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+    meta = {**meta, "flat_optimizer": flat_optimizer}
     tmp = path.with_name(f".{path.name}.tmp")
     old = path.with_name(f".{path.name}.old")
     if is_main:
@@ -265,7 +272,11 @@ def load_sharded(model, optimizer, path: Path) -> None:
     import warnings
 
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_state_dict,
+    )
 
     # dcp.load itself unpickles .metadata with plain pickle and non-tensor entries with
     # weights_only=False; load_dcp reads both with allow-lists (see safe_load).
@@ -277,9 +288,15 @@ def load_sharded(model, optimizer, path: Path) -> None:
             load_dcp({"model": model_sd}, path)
             model.load_state_dict(model_sd)
             return
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        flat = load_sharded_meta(path, "resume").get("flat_optimizer", False)
+        options = StateDictOptions(flatten_optimizer_state_dict=flat)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
         state = {"model": model_sd, "optimizer": optim_sd}
         load_dcp(state, path)
         set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=options,
         )

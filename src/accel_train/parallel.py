@@ -28,6 +28,9 @@ from accel_train.errors import UserError
 
 log = logging.getLogger(__name__)
 
+# Strategies whose checkpoints are sharded directories (torch.distributed.checkpoint, .dcp).
+SHARDED_STRATEGIES = ("fsdp", "pipeline")
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -114,6 +117,7 @@ def wrap_model(model: nn.Module, strategy_cfg: DictConfig, env: DistEnv) -> nn.M
     """Apply the parallelism strategy; returns the module the training step calls."""
     if strategy_cfg.name == "single" or not env.distributed:
         return model
+    assert strategy_cfg.name != "pipeline", "pipeline.build_pipeline cuts the model"
     if strategy_cfg.name == "ddp":
         return DistributedDataParallel(
             model,

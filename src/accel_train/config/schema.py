@@ -137,6 +137,14 @@ class FsdpConfig(StrategyConfig):
 
 
 @dataclass
+class PipelineConfig(StrategyConfig):
+    stages: int = 0
+    schedule: str = "1f1b"
+    microbatches: int = 4
+    split_points: list[str] = field(default_factory=list)
+
+
+@dataclass
 class LauncherConfig:
     name: str = MISSING
     nproc_per_node: str = "1"
@@ -346,6 +354,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "single": StrategyConfig,
         "ddp": DdpConfig,
         "fsdp": FsdpConfig,
+        "pipeline": PipelineConfig,
         "dp": StrategyConfig,
     },
     "launcher": {

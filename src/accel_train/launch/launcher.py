@@ -24,6 +24,7 @@ from accel_train.launch.lock import hold_run_dir
 from accel_train.launch.torchrun import run_torchrun
 from accel_train.launch.worker import run_worker
 from accel_train.parallel import resolve_device
+from accel_train.pipeline import check_pipeline
 from accel_train.train.resume import check_resume
 
 log = logging.getLogger("accel_train")
@@ -157,6 +158,8 @@ def check_strategy(cfg: DictConfig, nproc: int, nodes: int | None = None) -> Non
             "several processes need a data-parallel strategy. Add `strategy=ddp` (or "
             "`strategy=fsdp`), or set `launcher.nproc_per_node=1`."
         )
+    if sc.name == "pipeline":
+        check_pipeline(cfg, nproc * int(nnodes) if nnodes.isdigit() else None)
     if sc.backend == "nccl" and not torch.cuda.is_available():
         raise UserError(
             "strategy.backend=nccl but this machine has no CUDA device; NCCL only runs on GPUs. "

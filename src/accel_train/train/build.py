@@ -25,6 +25,7 @@ from accel_train.losses import build_loss
 from accel_train.models import build_model, check_output
 from accel_train.optim import build_optimizer, build_scheduler, scaled_lr
 from accel_train.parallel import DistEnv, wrap_model
+from accel_train.pipeline import Pipeline, PipelineEval, build_pipeline, data_coords
 from accel_train.precision import Precision, resolve_precision
 from accel_train.targets import build
 from accel_train.techniques import PARALLEL, BuildContext, Technique
@@ -80,14 +81,15 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 
 def make_loader(split, cfg: DictConfig, env: DistEnv, splits: Splits, *, train: bool, limit=0):
+    rank, world = data_coords(cfg.strategy, env)  # pipeline: the stages of a replica share data
     return build_loader(
         split,
         cfg.loader,
         train=train,
         device=env.device,
         seed=cfg.trainer.seed,
-        rank=env.rank,
-        world=env.world_size,
+        rank=rank,
+        world=world,
         limit=limit,
         num_classes=splits.num_classes,
     )
@@ -133,6 +135,7 @@ class Components:
     total_steps: int
     max_epochs: int
     global_batch: int
+    pipeline: Pipeline | None = None  # strategy=pipeline: runs each micro-batch's step
 
 
 def build_components(cfg: DictConfig, env: DistEnv) -> Components:
@@ -166,10 +169,19 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
     # As the model will see them: a device augment (e.g. image_folder's crop) changes the size.
     sample = transform(raw.to(env.device), train=splits.device_augment is not None)
     check_output(module, sample, splits.num_classes, cfg.model._target_)
-    model, eval_model = apply_transforms(module, techniques, cfg, env, transform, sample)
+    pipeline = None
+    if cfg.strategy.name == "pipeline" and env.distributed:
+        # The model is cut here (in place: `module` keeps this stage's blocks, original names).
+        model, eval_model, pipeline = pipeline_transforms(
+            module, techniques, cfg, env, transform, sample, precision, splits.num_classes
+        )
+        module = pipeline.stage_module.root
+    else:
+        model, eval_model = apply_transforms(module, techniques, cfg, env, transform, sample)
 
     accum = t.accumulate_grad_batches
-    global_batch = cfg.loader.batch_size * accum * env.world_size
+    _, data_world = data_coords(cfg.strategy, env)
+    global_batch = cfg.loader.batch_size * accum * data_world
     steps_per_epoch = math.ceil(train_loader.order.num_batches / accum)
     total_steps = t.max_epochs * steps_per_epoch
     if t.max_steps > 0:
@@ -179,7 +191,7 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
         num_train=len(splits.train),
         num_val=len(splits.val),
         num_classes=splits.num_classes,
-        world_size=env.world_size,
+        world_size=data_world,
         total_steps=total_steps,
         max_epochs=math.ceil(total_steps / steps_per_epoch),
         warn=env.is_main,
@@ -205,6 +217,7 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
         total_steps=total_steps,
         max_epochs=math.ceil(total_steps / steps_per_epoch),
         global_batch=global_batch,
+        pipeline=pipeline,
     )
 
 
@@ -232,3 +245,34 @@ def apply_transforms(
             model = technique.transform(model, ctx)
             eval_model = model if shared else technique.transform(eval_model, ctx)
     return model, eval_model
+
+
+def pipeline_transforms(
+    module: nn.Module,
+    techniques: list[Technique],
+    cfg: DictConfig,
+    env: DistEnv,
+    transform: BatchTransform,
+    sample: torch.Tensor,
+    precision: Precision,
+    num_classes: int,
+) -> tuple[nn.Module, nn.Module, Pipeline]:
+    """strategy=pipeline: the transforms before PARALLEL on the whole model, then the cut; the
+    schedule calls the stage module itself, so no transform may come after it."""
+    ctx = BuildContext(cfg, env, transform, sample)
+    for technique in sorted(techniques, key=lambda t: t.order):
+        if type(technique).wrap_loss is not Technique.wrap_loss:
+            raise UserError(
+                f"{technique.name} with strategy=pipeline: it changes what a training step "
+                "computes (wrap_loss), but under pipeline the loss is computed on the last "
+                "stage by the schedule, per micro-batch. Turn it off or use strategy=ddp."
+            )
+        if technique.order > PARALLEL:
+            raise UserError(
+                f"{technique.name} with strategy=pipeline: it transforms the model after the "
+                "parallel wrap, but the pipeline schedule calls the stage modules itself. "
+                "Turn it off or train with another strategy."
+            )
+        module = technique.transform(module, ctx)
+    pipe = build_pipeline(module, cfg, env, sample, precision, num_classes)
+    return pipe.train_module, PipelineEval(pipe), pipe

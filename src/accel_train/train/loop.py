@@ -37,7 +37,7 @@ from accel_train.config.run_config import flatten, to_container, write_run_confi
 from accel_train.errors import UserError
 from accel_train.loggers import MetricsLogger, Progress, json_safe
 from accel_train.models import count_parameters
-from accel_train.parallel import DistEnv, process_group
+from accel_train.parallel import SHARDED_STRATEGIES, DistEnv, process_group
 from accel_train.train.build import Components, build_components, make_loader
 from accel_train.train.evaluate import score
 from accel_train.train.resume import resume
@@ -99,9 +99,13 @@ class Loop:
         self.run_dir = Path(cfg.paths.output_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         # FSDP checkpoints are sharded (torch.distributed.checkpoint); others are one file.
-        self.sharded = cfg.strategy.name == "fsdp" and env.distributed
+        self.sharded = cfg.strategy.name in SHARDED_STRATEGIES and env.distributed
         self.ckpt_suffix = ".dcp" if self.sharded else ".pt"
         self.accum = cfg.trainer.accumulate_grad_batches
+        # strategy=pipeline: the schedule runs each micro-batch (see _forward_backward); the
+        # processes of one pipeline share a batch, so the data-parallel width is smaller.
+        self.pipeline = parts.pipeline
+        self.data_world = env.world_size // (self.pipeline.layout.stages if self.pipeline else 1)
 
         self.epoch = self.step = self.batch_in_epoch = 0
         # Host-side counters the speed metrics read at logging steps (techniques/speed.py).
@@ -198,7 +202,7 @@ class Loop:
             loss_sum.add_(loss, alpha=n)
             loss_samples += n
             samples += n
-            self.samples_seen += n * self.env.world_size
+            self.samples_seen += n * self.data_world
             self.progress.advance()
             if not boundary:
                 continue
@@ -218,7 +222,7 @@ class Loop:
                 break
             if self.finish_reason:
                 break
-        return samples * self.env.world_size
+        return samples * self.data_world
 
     def _validates_mid_epoch(self, b: int, num_batches: int) -> bool:
         """trainer.val_check_interval: validate inside an epoch (a validating one) every
@@ -254,6 +258,8 @@ class Loop:
     def _forward_backward(self, x: torch.Tensor, labels: torch.Tensor, weight: float):
         """One micro-batch: the (technique-wrapped) loss under autocast, then backward of its
         `weight`ed, scaled value. Returns the loss, detached, on the device (no host sync)."""
+        if self.pipeline is not None:  # the schedule's step: forward + backward of all stages
+            return self.pipeline.step(x, labels, weight, self.loss_fn, self.scaler)
         with self.precision.autocast():
             loss = self.compute_loss(x, labels)
         self.scaler.scale(loss * weight).backward()
@@ -266,7 +272,10 @@ class Loop:
         clip = self.cfg.trainer.gradient_clip_val
         if clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            if self.pipeline is not None:  # the norm over all stages' gradients
+                self.pipeline.clip_grad_norm_(self.model.parameters(), clip)
+            else:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -275,6 +284,8 @@ class Loop:
         self.step += 1
 
     def _log_train(self, loss_sum, loss_samples) -> None:
+        if self.pipeline is not None:  # only the last stages hold a loss
+            loss_samples = self.pipeline.counted(loss_samples)
         counts = torch.tensor([loss_samples, self.stop.requested], dtype=torch.float32)
         stats = torch.cat([loss_sum.float().view(1), counts.to(loss_sum.device)])
         # HOST SYNC (logging step): the step's one wait for the device; the all-reduce also
@@ -438,7 +449,14 @@ class Loop:
         path = self.ckpt_dir / f"{name}{self.ckpt_suffix}"
         self._fire("on_save", name)  # before anything is written: e.g. nonfinite
         if self.sharded:
-            ckpt_io.save_sharded(self.module, self.optimizer, self._state(), path, self.env.is_main)
+            ckpt_io.save_sharded(
+                self.module,
+                self.optimizer,
+                self._state(),
+                path,
+                self.env.is_main,
+                flat_optimizer=self.pipeline is not None,
+            )
             return
         if self.env.is_main:
             ckpt_io.atomic_save(self._state(), path)
@@ -459,7 +477,7 @@ class Loop:
         log.info(
             "model %s (%s parameters) on %s; precision %s; data %s: %d train / %d val / %s test",
             self.cfg.model.get("name", self.cfg.model._target_),
-            f"{count_parameters(self.module):,}",
+            f"{self.pipeline.total_params if self.pipeline else count_parameters(self.module):,}",
             self.env.device,
             self.precision.describe(),
             self.cfg.dataset.get("name", "custom"),
@@ -468,11 +486,17 @@ class Loop:
             len(p.splits.test) if p.splits.test is not None else "no",
         )
         log.info(
-            "batch: %d per device x %d accumulation x %d process(es) = %d global; "
+            "batch: %d per device x %d accumulation x %d process(es)%s = %d global; "
             "%d optimizer steps (%d per epoch, %d epochs); loader=%s",
             loader_cfg.batch_size,
             self.accum,
-            self.env.world_size,
+            self.data_world,
+            (
+                f" (x {self.pipeline.layout.stages} pipeline stages = {self.env.world_size} "
+                f"processes, {self.pipeline.microbatches} micro-batches each)"
+                if self.pipeline
+                else ""
+            ),
             p.global_batch,
             p.total_steps,
             p.steps_per_epoch,

@@ -71,6 +71,7 @@ from accel_train import checkpoint as ckpt_io
 from accel_train.config.run_config import flatten, to_container
 from accel_train.errors import UserError
 from accel_train.optim import build_scheduler
+from accel_train.parallel import SHARDED_STRATEGIES
 
 if TYPE_CHECKING:  # the loop calls this module; only the type is needed here
     from accel_train.train.loop import Loop
@@ -157,8 +158,13 @@ class Change:
 
 def _transition(key: str, old: Any, new: Any) -> str | None:
     """Changes refused only between certain values of a key that may otherwise change."""
-    if key == "strategy.name" and (old == "fsdp") != (new == "fsdp"):
-        return "FSDP runs write sharded checkpoints (last.dcp) and the others one file (last.pt)"
+    if key == "strategy.name" and (old in SHARDED_STRATEGIES) != (new in SHARDED_STRATEGIES):
+        return (
+            "FSDP and pipeline runs write sharded checkpoints (last.dcp) and the others one "
+            "file (last.pt)"
+        )
+    if key == "strategy.name" and {old, new} == {"fsdp", "pipeline"}:
+        return "FSDP and pipeline checkpoints store the optimizer state in different layouts"
     if key == "precision.name" and (old == "bf16_true") != (new == "bf16_true"):
         return (
             "bf16_true keeps the parameters themselves in bf16, so the weights would be rounded "
@@ -339,7 +345,8 @@ def check_resume(cfg: DictConfig, world_size: int | None = None) -> dict[str, An
         return None
     run_dir = Path(cfg.paths.output_dir)
     ckpt_dir = run_dir / "checkpoints"
-    path = find_checkpoint(cfg.resume, ckpt_dir, ".dcp" if cfg.strategy.name == "fsdp" else ".pt")
+    suffix = ".dcp" if cfg.strategy.name in SHARDED_STRATEGIES else ".pt"
+    path = find_checkpoint(cfg.resume, ckpt_dir, suffix)
     if path is None:
         return None
     state = _read(path)
@@ -377,7 +384,8 @@ def resume(loop: Loop) -> Resumed | None:
     state = _read(path)
     if not path.is_dir() and loop.sharded:
         raise UserError(
-            f"resume={path}: a single-file checkpoint cannot be loaded into strategy=fsdp; "
+            f"resume={path}: a single-file checkpoint cannot be loaded into "
+            f"strategy={loop.cfg.strategy.name}; "
             "resume it with strategy=ddp or single."
         )
     changes = config_changes(state["config"], to_container(loop.cfg), wanted, path)

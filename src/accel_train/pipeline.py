@@ -1,0 +1,559 @@
+"""strategy=pipeline: the model cut into consecutive stages, one per process, trained by a
+torch.distributed.pipelining schedule (GPipe or 1F1B) over micro-batches of each batch; with
+more processes than stages, pipeline replicas under DDP on a (dp, pp) DeviceMesh.
+
+How the model is cut. A model is a chain of blocks run one after the other: an nn.Sequential
+(nested Sequentials are opened, so a ResNet-style `layer1.0` is a block), a torchvision ResNet
+(stem, the residual blocks, pool, flatten, fc), or any model whose forward runs its top-level
+children in order (checked on a real batch: a model whose forward does something else is
+refused, not silently mis-split). Cuts go before blocks that hold parameters: automatically so
+that the largest stage holds as few parameters as possible, or at `strategy.split_points`
+(block names; a name like `layer3` means the first block inside it).
+
+Every process builds the whole model (same seed: the same weights as one process), keeps its
+own blocks and drops the others. What it keeps is the ORIGINAL model object with the other
+blocks removed, so its state_dict has the original model's names: the stages' sharded
+checkpoints (torch.distributed.checkpoint) together are the whole model, loadable at another
+layout or by accel-eval into one process.
+
+The loss lives on the last stage. Each micro-batch's loss is weighted by its share of the batch
+(so that micro-batching, a short last batch and accumulation give the one-process gradient)
+and summed on the device; the loop reads it at logging steps only. Validation runs a plain
+stage-to-stage forward (send/recv of the activations) and broadcasts the logits from the last
+stage, so the loop's scoring code runs unchanged on every rank."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.nn.parallel import DistributedDataParallel
+
+from accel_train.errors import UserError
+from accel_train.parallel import DistEnv
+from accel_train.precision import Precision
+
+log = logging.getLogger("accel_train")
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+# ---- the layout: which process holds which stage of which replica --------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    stages: int  # pipeline degree (pp)
+    replicas: int  # data-parallel degree (dp)
+    stage: int  # this process's stage
+    replica: int  # this process's data-parallel rank
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.stages - 1
+
+
+def layout(strategy_cfg: DictConfig, env: DistEnv) -> Layout:
+    """Ranks are laid out (replica, stage), stage fastest: a replica's stages are neighbours."""
+    stages = _check_degree(strategy_cfg, env.world_size)
+    return Layout(stages, env.world_size // stages, env.rank % stages, env.rank // stages)
+
+
+def _check_degree(strategy_cfg: DictConfig, world: int) -> int:
+    stages = strategy_cfg.stages or world
+    if stages < 2:
+        raise UserError(
+            f"strategy=pipeline with strategy.stages={strategy_cfg.stages} and {world} "
+            "process(es): a pipeline needs at least 2 stages, one per process. Start 2 or more "
+            "processes (`launcher.nproc_per_node=2`) or use `strategy=single`."
+        )
+    if world % stages:
+        raise UserError(
+            f"strategy.stages={stages} does not divide the {world} processes: each pipeline "
+            "replica needs exactly `stages` processes. Set launcher.nproc_per_node (x nnodes) to "
+            f"a multiple of {stages}, or `strategy.stages` to a divisor of {world}."
+        )
+    return stages
+
+
+def data_coords(strategy_cfg: DictConfig, env: DistEnv) -> tuple[int, int]:
+    """(rank, world) of this process for sharding the data: under pipeline the stages of one
+    replica read the same batches (stage 0 uses the inputs, the last stage the labels)."""
+    if strategy_cfg.name != "pipeline" or not env.distributed:
+        return env.rank, env.world_size
+    lay = layout(strategy_cfg, env)
+    return lay.replica, lay.replicas
+
+
+def check_pipeline(cfg: DictConfig, world: int | None) -> None:
+    """What can be refused before any process starts (`world`: None when not known yet)."""
+    sc, t = cfg.strategy, cfg.trainer
+    if sc.schedule not in SCHEDULES:
+        extra = (
+            " (interleaved 1F1B needs several stages per process and is not supported yet)"
+            if "interleaved" in str(sc.schedule)
+            else ""
+        )
+        raise UserError(
+            f"strategy.schedule={sc.schedule!r} is not one of {', '.join(SCHEDULES)}{extra}. "
+            "Use `strategy.schedule=1f1b` (less activation memory) or `gpipe`."
+        )
+    if sc.microbatches < 1:
+        raise UserError(
+            f"strategy.microbatches={sc.microbatches} must be >= 1 (micro-batches each batch is "
+            "cut into), e.g. `strategy.microbatches=4`."
+        )
+    if cfg.loader.batch_size % sc.microbatches:
+        raise UserError(
+            f"strategy.microbatches={sc.microbatches} does not divide loader.batch_size="
+            f"{cfg.loader.batch_size}: every micro-batch must have the same shape (the stages "
+            "exchange fixed-size activations). Pick a batch size that is a multiple of "
+            f"{sc.microbatches}, or a divisor of {cfg.loader.batch_size} as microbatches."
+        )
+    if sc.stages < 0:
+        raise UserError(f"strategy.stages={sc.stages} must be >= 0 (0 = one stage per process).")
+    if world is not None:
+        _check_degree(sc, world)
+    refused = {
+        "trainer.compile": (
+            t.compile,
+            "torch.compile of the stage modules is not wired in (the schedule calls the stage "
+            "modules itself)",
+        ),
+        "precision=fp16": (
+            cfg.precision.name == "fp16"
+            or (cfg.precision.name == "amp" and str(t.device) == "cuda"),
+            "fp16 needs a GradScaler whose overflow check every stage must agree on; use "
+            "`precision=bf16` (no scaler)",
+        ),
+    }
+    for key, (on, why) in refused.items():
+        if on:
+            raise UserError(
+                f"{key} with strategy=pipeline: {why}. Turn it off or train with another strategy."
+            )
+
+
+# ---- the model as a chain of blocks -----------------------------------------------------------
+
+
+@dataclass
+class Block:
+    name: str  # fully-qualified name in the original model
+    module: nn.Module
+    flatten_before: bool = False  # torchvision ResNet: torch.flatten(x, 1) before `fc`
+    params: int = 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.flatten_before:
+            x = torch.flatten(x, 1)
+        return self.module(x)
+
+
+def _open(name: str, module: nn.Module) -> list[Block]:
+    """A block, or the blocks of a (nested) nn.Sequential."""
+    if type(module) is nn.Sequential:
+        return [b for n, child in module.named_children() for b in _open(f"{name}.{n}", child)]
+    return [Block(name, module, params=sum(p.numel() for p in module.parameters()))]
+
+
+def _is_torchvision_resnet(model: nn.Module) -> bool:
+    return type(model).__name__ == "ResNet" and type(model).__module__.startswith("torchvision")
+
+
+def chain(model: nn.Module, sample: torch.Tensor, target: str) -> list[Block]:
+    """The model's blocks in execution order, checked against its own forward on `sample`."""
+    blocks: list[Block] = []
+    for name, child in model.named_children():
+        blocks += _open(name, child)
+    if _is_torchvision_resnet(model):
+        # forward: stem, layer1..4, avgpool, torch.flatten(x, 1), fc (children in that order)
+        blocks[-1].flatten_before = True
+    own = [n for n, _ in model.named_parameters(recurse=False)]
+    own += [n for n, _ in model.named_buffers(recurse=False)]
+    if own:
+        raise UserError(
+            f"model._target_={target} has parameters of its own outside any child module "
+            f"({', '.join(own[:4])}): strategy=pipeline can place only whole child modules on "
+            "stages. Move them into a child module (e.g. an nn.Module holding the parameter)."
+        )
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            expected = model(sample)
+            x = sample
+            for block in blocks:
+                x = block(x)
+        same = x.shape == expected.shape and torch.allclose(x, expected, rtol=1e-4, atol=1e-5)
+    except Exception as err:  # the user's modules, called one by one
+        same, why = False, f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+    else:
+        why = "the outputs differ"
+    finally:
+        model.train(was_training)
+    if not same:
+        raise UserError(
+            f"model._target_={target}: strategy=pipeline cuts a model into consecutive blocks, "
+            "so its forward must run its child modules one after the other (as nn.Sequential "
+            f"does); running them in order does not give the model's output ({why}). Make the "
+            "model an nn.Sequential (or a torchvision ResNet), or train it with strategy=ddp "
+            "or fsdp."
+        )
+    return blocks
+
+
+def _matches(point: str, name: str) -> bool:
+    return name == point or name.startswith(point + ".")
+
+
+def split(blocks: list[Block], stages: int, split_points: list[str], target: str) -> list[int]:
+    """Start index of each stage in `blocks`."""
+    names = [b.name for b in blocks]
+    if split_points:
+        if len(split_points) != stages - 1:
+            raise UserError(
+                f"strategy.split_points={list(split_points)} gives {len(split_points) + 1} "
+                f"stages but the pipeline has {stages} (strategy.stages, default: one per "
+                f"process). Name {stages - 1} block(s), or `strategy.split_points=[]` to split "
+                "automatically."
+            )
+        starts = [0]
+        for point in split_points:
+            hits = [i for i, n in enumerate(names) if _matches(point, n)]
+            if not hits:
+                raise UserError(
+                    f"strategy.split_points: {point!r} is no block of model._target_={target}. "
+                    f"Its blocks, in order: {', '.join(names[:40])}"
+                    f"{' ...' if len(names) > 40 else ''}. Name one of those (or a parent, e.g. "
+                    "`layer3`)."
+                )
+            if hits[0] <= starts[-1]:
+                raise UserError(
+                    f"strategy.split_points={list(split_points)}: {point!r} does not come after "
+                    "the previous split point (or is the first block). List the points in the "
+                    "order the model runs them, none at the very first block."
+                )
+            starts.append(hits[0])
+        return starts
+    # Cuts only before blocks holding parameters (a ReLU or pooling stays with its layer).
+    cuts = [i for i, b in enumerate(blocks) if b.params > 0 and i > 0]
+    holding = sum(1 for b in blocks if b.params > 0)
+    if holding < stages:
+        raise UserError(
+            f"strategy=pipeline with {stages} stages but model._target_={target} has only "
+            f"{holding} block(s) with parameters to place ({', '.join(names)}): every stage "
+            f"needs at least one. Use at most {holding} stages (`strategy.stages={holding}`), or "
+            "train it with strategy=ddp."
+        )
+    return [0, *_balanced_cuts(blocks, cuts, stages)]
+
+
+def _balanced_cuts(blocks: list[Block], cuts: list[int], stages: int) -> list[int]:
+    """Choose stages-1 of `cuts` minimising the largest stage's parameter count (the linear
+    partition problem, by dynamic programming: n is a few dozen blocks)."""
+    prefix = [0]
+    for b in blocks:
+        prefix.append(prefix[-1] + b.params)
+    points = [0, *cuts, len(blocks)]  # candidate stage boundaries
+    n = len(points) - 1
+    inf = float("inf")
+    # best[k][j]: the smallest max-stage size splitting blocks[:points[j]] into k stages.
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    back = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0
+    for k in range(1, stages + 1):
+        for j in range(1, n + 1):
+            for i in range(j):
+                if best[k - 1][i] == inf:
+                    continue
+                cost = max(best[k - 1][i], prefix[points[j]] - prefix[points[i]])
+                if cost < best[k][j]:
+                    best[k][j], back[k][j] = cost, i
+    chosen, j = [], n
+    for k in range(stages, 0, -1):
+        j = back[k][j]
+        chosen.append(points[j])
+    return sorted(chosen)[1:]
+
+
+def _activations(
+    model: nn.Module, blocks: list[Block], sample: torch.Tensor, precision: Precision
+) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape without the batch dimension, dtype) of the input and of every block's output, as
+    training computes them (under autocast). Given to the stages up front, so that torch's
+    pipelining needs no shape-inference pass (which would run the loss on uninitialised
+    tensors and feed them to the loss hooks)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), precision.autocast():
+            found, x = [(tuple(sample.shape[1:]), sample.dtype)], sample
+            for block in blocks:
+                x = block(x)
+                found.append((tuple(x.shape[1:]), x.dtype))
+    finally:
+        model.train(was_training)
+    return found
+
+
+def _prune(model: nn.Module, keep: set[str], blocks: list[Block]) -> None:
+    """Remove every block not in `keep` from the model (in place): the model then holds this
+    stage's parameters under their original names."""
+    for block in blocks:
+        if block.name in keep:
+            continue
+        parent_name, _, leaf = block.name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        del parent._modules[leaf]
+
+
+# ---- the stage module and the training step ---------------------------------------------------
+
+
+class StageModule(nn.Module):
+    """This process's blocks, run in order under autocast. `root` is the pruned original model
+    (what the checkpoints hold); the blocks are its modules."""
+
+    def __init__(self, root: nn.Module, blocks: list[Block], precision: Precision):
+        super().__init__()
+        self.root = root
+        self.blocks = tuple(blocks)  # a tuple: not registered twice (root holds the modules)
+        self.precision = precision
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with self.precision.autocast():
+            for block in self.blocks:
+                x = block(x)
+        return x
+
+
+@dataclass
+class Pipeline:
+    """The per-process pipeline: its stage, the schedules (one per batch shape) and groups."""
+
+    layout: Layout
+    stage_module: StageModule
+    train_module: nn.Module  # stage_module, or DDP(stage_module) across replicas
+    pp_group: dist.ProcessGroup
+    device: torch.device
+    schedule: str
+    microbatches: int
+    num_classes: int
+    precision: Precision
+    total_params: int
+    # (shape without batch, dtype) of this stage's input and output activations
+    io: tuple[tuple[tuple[int, ...], torch.dtype], tuple[tuple[int, ...], torch.dtype]]
+    _schedules: dict[int, object] = field(default_factory=dict)
+    # Set for each step (the schedule's loss function reads them).
+    _n: int = 1
+    _weight: float = 1.0
+    _loss_fn: object = None
+    _scaler: object = None
+    _total: torch.Tensor | None = None
+
+    @property
+    def is_last(self) -> bool:
+        return self.layout.is_last
+
+    def _group_rank(self, stage: int) -> int:
+        return dist.get_global_rank(self.pp_group, stage)
+
+    def _schedule_for(self, n: int):
+        """The schedule for batches of n samples: micro-batches must have one shape, so a short
+        last batch gets the largest micro-batch count <= strategy.microbatches dividing it
+        (and GPipe when that is fewer than the stages, which 1F1B requires)."""
+        if n not in self._schedules:
+            m = max(d for d in range(1, self.microbatches + 1) if n % d == 0)
+            one_f_one_b = self.schedule == "1f1b" and m >= self.layout.stages
+            cls = Schedule1F1B if one_f_one_b else ScheduleGPipe
+            (in_shape, in_dtype), (out_shape, out_dtype) = self.io
+            stage = PipelineStage(
+                self.train_module,
+                self.layout.stage,
+                self.layout.stages,
+                self.device,
+                input_args=torch.empty(
+                    (n // m, *in_shape), dtype=in_dtype, device=self.device
+                ).requires_grad_(not self.layout.is_first),  # a gradient goes back to it
+                output_args=torch.empty(
+                    (n // m, *out_shape), dtype=out_dtype, device=self.device
+                ).requires_grad_(),
+                group=self.pp_group,
+            )
+            # scale_grads=False: _microbatch_loss weights each micro-batch by its share.
+            self._schedules[n] = cls(stage, m, loss_fn=self._microbatch_loss, scale_grads=False)
+        return self._schedules[n]
+
+    def _microbatch_loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with self.precision.autocast():
+            loss = self._loss_fn(output, labels)
+        k = labels.shape[0]
+        self._total.add_(loss.detach(), alpha=k)  # for logging: no host sync
+        return self._scaler.scale(loss * (k / self._n * self._weight))
+
+    def step(self, x, labels, weight: float, loss_fn, scaler) -> torch.Tensor:
+        """Forward and backward of one loop micro-batch through the pipeline; gradients
+        accumulate in .grad as with a plain backward. Returns the batch's mean loss on the last
+        stage (zero elsewhere), detached, on the device."""
+        n = labels.shape[0]
+        self._n, self._weight, self._loss_fn, self._scaler = n, weight, loss_fn, scaler
+        self._total = torch.zeros((), device=self.device)
+        schedule = self._schedule_for(n)
+        args = (x,) if self.layout.is_first else ()
+        target = labels if self.layout.is_last else None
+        schedule.step(*args, target=target, return_outputs=False)
+        return self._total / n
+
+    def counted(self, samples: int) -> int:
+        """Samples whose loss this rank holds (the logged mean is over the last stages)."""
+        return samples if self.layout.is_last else 0
+
+    def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
+        """Clip by the norm over ALL stages' gradients: the squared local norms all-reduced over
+        the pipeline group (replicas hold the same, already averaged, gradients). No host sync."""
+        grads = [p.grad for p in parameters if p.grad is not None]
+        local = torch.nn.utils.get_total_norm(grads, 2.0) if grads else None
+        squared = (local.float() ** 2) if local is not None else torch.zeros((), device=self.device)
+        dist.all_reduce(squared, group=self.pp_group)
+        total = squared.sqrt()
+        if grads:
+            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total)
+        return total
+
+    def describe(self, stages: list[list[Block]]) -> list[str]:
+        lines = []
+        for s, blocks in enumerate(stages):
+            params = sum(b.params for b in blocks)
+            names = [b.name for b in blocks]
+            shown = ", ".join(names) if len(names) <= 8 else f"{names[0]} .. {names[-1]}"
+            share = params / max(self.total_params, 1)
+            lines.append(
+                f"  stage {s}: {len(blocks)} blocks ({shown}), {params:,} parameters ({share:.1%})"
+            )
+        return lines
+
+
+class PipelineEval(nn.Module):
+    """Validation's model: a plain stage-to-stage forward (no schedule), the logits broadcast
+    from the last stage so that every rank scores the same batch. Any batch size works: the
+    activation's shape and dtype travel ahead of it."""
+
+    def __init__(self, pipe: Pipeline):
+        super().__init__()
+        self.stage = pipe.stage_module
+        self.pipe = pipe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p, lay = self.pipe, self.pipe.layout
+        h = x if lay.is_first else _recv(p.pp_group, lay.stage - 1, p.device)
+        h = self.stage(h)
+        if not lay.is_last:
+            _send(h, p.pp_group, lay.stage + 1)
+            logits = torch.empty(x.shape[0], p.num_classes, device=p.device)
+        else:
+            logits = h.float().contiguous()
+        dist.broadcast(logits, group=p.pp_group, group_src=lay.stages - 1)
+        return logits
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_META_LEN = 10
+
+
+def _send(t: torch.Tensor, group, dst: int) -> None:
+    meta = torch.zeros(_META_LEN, dtype=torch.int64, device=t.device)
+    meta[0], meta[1] = t.dim(), _DTYPES.index(t.dtype)
+    meta[2 : 2 + t.dim()] = torch.tensor(t.shape)
+    dist.send(meta, group=group, group_dst=dst)
+    dist.send(t.contiguous(), group=group, group_dst=dst)
+
+
+def _recv(group, src: int, device: torch.device) -> torch.Tensor:
+    meta = torch.zeros(_META_LEN, dtype=torch.int64, device=device)
+    dist.recv(meta, group=group, group_src=src)
+    # HOST SYNC (validation): the activation's shape, to allocate the buffer it arrives in.
+    ndim, code, *shape = meta.tolist()
+    out = torch.empty(shape[:ndim], dtype=_DTYPES[code], device=device)
+    dist.recv(out, group=group, group_src=src)
+    return out
+
+
+# ---- building it -------------------------------------------------------------------------------
+
+
+def build_pipeline(
+    module: nn.Module,
+    cfg: DictConfig,
+    env: DistEnv,
+    sample: torch.Tensor,
+    precision: Precision,
+    num_classes: int,
+) -> Pipeline:
+    """Cut `module` (in place: it keeps only this process's blocks) and set up the groups."""
+    sc = cfg.strategy
+    lay = layout(sc, env)
+    target = cfg.model._target_
+    blocks = chain(module, sample, target)
+    starts = split(blocks, lay.stages, list(sc.split_points), target)
+    ends = [*starts[1:], len(blocks)]
+    stages = [blocks[a:b] for a, b in zip(starts, ends, strict=True)]
+    empty = [s for s, bl in enumerate(stages) if not any(b.params for b in bl)]
+    if empty:
+        raise UserError(
+            f"strategy.split_points={list(sc.split_points)}: stage {empty[0]} would hold no "
+            "parameters (only parameter-free blocks). Move the split point so every stage "
+            "holds at least one layer with weights."
+        )
+    total = sum(b.params for b in blocks)
+    mine = stages[lay.stage]
+    acts = _activations(module, blocks, sample, precision)
+    io = (acts[starts[lay.stage]], acts[ends[lay.stage]])
+    _prune(module, {b.name for b in mine}, blocks)
+    stage_module = StageModule(module, mine, precision)
+    mesh = init_device_mesh(
+        env.device.type, (lay.replicas, lay.stages), mesh_dim_names=("dp", "pp")
+    )
+    train_module: nn.Module = stage_module
+    if lay.replicas > 1:
+        train_module = DistributedDataParallel(
+            stage_module,
+            device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            process_group=mesh["dp"].get_group(),
+        )
+    pipe = Pipeline(
+        layout=lay,
+        stage_module=stage_module,
+        train_module=train_module,
+        pp_group=mesh["pp"].get_group(),
+        device=env.device,
+        schedule=sc.schedule,
+        microbatches=sc.microbatches,
+        num_classes=num_classes,
+        precision=precision,
+        total_params=total,
+        io=io,
+    )
+    if env.is_main:
+        log.info(
+            "pipeline: %d stages x %d replica(s), schedule %s, %d micro-batches of %d; "
+            "split %s:\n%s",
+            lay.stages,
+            lay.replicas,
+            sc.schedule,
+            sc.microbatches,
+            cfg.loader.batch_size // sc.microbatches,
+            "at " + ", ".join(sc.split_points) if sc.split_points else "by parameter count",
+            "\n".join(pipe.describe(stages)),
+        )
+    return pipe
