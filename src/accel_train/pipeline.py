@@ -422,13 +422,16 @@ class Pipeline:
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
         """Clip by the norm over ALL stages' gradients: the squared local norms all-reduced over
         the pipeline group (replicas hold the same, already averaged, gradients). No host sync."""
-        grads = [p.grad for p in parameters if p.grad is not None]
-        local = torch.nn.utils.get_total_norm(grads, 2.0) if grads else None
-        squared = (local.float() ** 2) if local is not None else torch.zeros((), device=self.device)
+        params = [p for p in parameters if p.grad is not None]
+        if params:
+            local = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+            squared = local.float() ** 2
+        else:
+            squared = torch.zeros((), device=self.device)
         dist.all_reduce(squared, group=self.pp_group)
         total = squared.sqrt()
-        if grads:
-            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total)
+        if params:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return total
 
     def describe(self, stages: list[list[Block]]) -> list[str]:

@@ -1,0 +1,235 @@
+"""strategy=pipeline through the real CLI: CPU, gloo, real processes (issue 12).
+
+The runs start together when the module's first test asks for them (most of their wall time is
+importing torch and the rendezvous), then each test waits for its own. One process at a global
+batch of 32 is the reference; a 2-stage 1F1B pipeline and a 2-D run (2 stages x 2 DDP replicas,
+GPipe, accumulation) must follow the same loss trajectory. SGD with gradient clipping, so that
+the clip (over all stages' gradients) changes the steps; 250 samples leave a short last batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+TIMEOUT = 420  # seconds for one run while other runs share the two cores
+
+COMMON = [
+    "model=mlp",
+    "model.dropout=0",
+    "dataset=synthetic",
+    "dataset.num_train=250",  # 7 x 32 + 26: a short last batch
+    "dataset.num_test=40",
+    "dataset.val_fraction=0",
+    "trainer.progress=none",
+    "precision=fp32",
+    "trainer.deterministic=true",
+    "trainer.log_every_n_steps=1",
+    "trainer.seed=3",
+    "optimizer=sgd",
+    "optimizer.lr=0.1",
+    "trainer.gradient_clip_val=0.5",
+]
+STEPS = 10  # 8 steps per epoch: crosses the short batch and an epoch end
+PIPE = ["strategy=pipeline", "launcher.nproc_per_node=2", "loader.batch_size=32"]
+
+
+def _env() -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "HYDRA_FULL_ERROR"
+        and not k.startswith(("TORCHELASTIC_", "SLURM_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = "1"  # two cores shared by every process of every test
+    return env
+
+
+class Proc:
+    """A started command; output to files; its own session so a timeout ends all its workers."""
+
+    def __init__(self, args: list[str], cwd: Path, name: str, prog: str = "accel-train"):
+        cwd.mkdir(parents=True, exist_ok=True)
+        self.args = [str(BIN / prog), *args]
+        self.out, self.err = cwd / f"{name}.stdout", cwd / f"{name}.stderr"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.popen = subprocess.Popen(
+                self.args, cwd=cwd, env=_env(), stdout=out, stderr=err, start_new_session=True
+            )
+
+    def wait(self) -> tuple[int, str]:
+        try:
+            code = self.popen.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = None
+        output = self.out.read_text() + self.err.read_text()
+        assert code is not None, f"timed out: {' '.join(self.args)}\n{output[-4000:]}"
+        return code, output
+
+    def ok(self) -> str:
+        code, output = self.wait()
+        assert code == 0, f"{' '.join(self.args)}\nexit {code}\n{output[-6000:]}"
+        return output
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+
+def assert_same_trajectory(a: dict[int, float], b: dict[int, float], steps) -> None:
+    for step in steps:
+        assert a[step] == pytest.approx(b[step], rel=1e-4, abs=1e-5), (step, a, b)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipeline")
+    procs = {
+        "one": Proc(
+            [
+                *COMMON,
+                "loader.batch_size=32",
+                f"trainer.max_steps={STEPS}",
+                f"hydra.run.dir={root / 'one'}",
+            ],
+            root,
+            "one",
+        ),
+        # 2 stages, 1F1B, 4 micro-batches; stops at step 6 and is resumed to STEPS below.
+        "pp": Proc(
+            [*COMMON, *PIPE, "trainer.max_steps=6", f"hydra.run.dir={root / 'pp'}"], root, "pp"
+        ),
+        # 2 stages x 2 replicas: 8 per replica x 2 accumulation x 2 replicas = 32.
+        "pp2d": Proc(
+            [
+                *COMMON,
+                "strategy=pipeline",
+                "strategy.stages=2",
+                "strategy.schedule=gpipe",
+                "strategy.microbatches=2",
+                "launcher.nproc_per_node=4",
+                "loader.batch_size=8",
+                "trainer.accumulate_grad_batches=2",
+                f"trainer.max_steps={STEPS}",
+                f"hydra.run.dir={root / 'pp2d'}",
+            ],
+            root,
+            "pp2d",
+        ),
+        # A split point that is no block: refused in the workers, before training.
+        "bad_split": Proc(
+            [*COMMON, *PIPE, "strategy.split_points=[nope]", f"hydra.run.dir={root / 'bad'}"],
+            root,
+            "bad_split",
+        ),
+    }
+    procs["root"] = root
+    yield procs
+    for proc in procs.values():
+        if isinstance(proc, Proc):
+            proc.kill()
+
+
+def test_two_stages_match_one_process_and_resume_exactly(runs):
+    """2-stage 1F1B = one process at the same global batch (loss logged on every step, from the
+    last stage), the split logged; a resume from its sharded checkpoint continues the same
+    trajectory; accel-eval consolidates the stages' checkpoint into one model."""
+    root = runs["root"]
+    runs["one"].ok()
+    output = runs["pp"].ok()
+    assert "pipeline: 2 stages x 1 replica(s), schedule 1f1b, 4 micro-batches of 8" in output
+    assert "stage 0:" in output and "stage 1:" in output
+    assert "x 2 pipeline stages = 2 processes" in output
+    one, pp = losses(root / "one"), losses(root / "pp")
+    assert_same_trajectory(one, pp, range(1, 7))
+    ckpt = root / "pp" / "checkpoints" / "last.dcp"
+    assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+    resumed = Proc(
+        [
+            *COMMON,
+            *PIPE,
+            "resume=auto",
+            f"trainer.max_steps={STEPS}",
+            f"hydra.run.dir={root / 'pp'}",
+        ],
+        root,
+        "pp_resume",
+    )
+    resumed.ok()
+    assert_same_trajectory(one, losses(root / "pp"), range(7, STEPS + 1))
+
+    evals = {
+        name: Proc([f"ckpt_path={path}", "device=cpu"], root, f"eval_{name}", prog="accel-eval")
+        for name, path in {
+            "one": root / "one" / "checkpoints" / "last.pt",
+            "pp": root / "pp" / "checkpoints" / "last.dcp",
+        }.items()
+    }
+    scores = {}
+    for name, proc in evals.items():
+        proc.ok()
+        out = root / name / "eval_last.json"
+        scores[name] = json.loads(out.read_text())
+    assert scores["pp"]["step"] == STEPS
+    assert scores["pp"]["test/loss"] == pytest.approx(scores["one"]["test/loss"], rel=1e-4)
+    assert scores["pp"]["test/acc"] == scores["one"]["test/acc"]
+
+
+def test_two_stages_times_two_replicas_match_one_process(runs):
+    """2-D (pp=2 x dp=2 DeviceMesh, DDP inside each stage) with accumulation and GPipe."""
+    output = runs["pp2d"].ok()
+    assert "pipeline: 2 stages x 2 replica(s), schedule gpipe" in output
+    assert "x 2 process(es) (x 2 pipeline stages = 4 processes" in output
+    runs["one"].ok()
+    root = runs["root"]
+    assert_same_trajectory(losses(root / "one"), losses(root / "pp2d"), range(1, STEPS + 1))
+
+
+def test_impossible_layouts_are_one_paragraph_errors(runs, tmp_path):
+    code, output = runs["bad_split"].wait()
+    assert code == 2, output[-3000:]
+    assert "strategy.split_points: 'nope' is no block" in output and "Traceback" not in output
+    assert "0, 1, 2, 3, 4" in output  # the blocks it could have named
+    # Refused by the launcher before any process starts.
+    cases = {
+        "not_divisible": (
+            ["strategy=pipeline", "launcher.nproc_per_node=3", "strategy.stages=2"],
+            "strategy.stages=2 does not divide the 3 processes",
+        ),
+        "microbatches": (
+            [*PIPE, "strategy.microbatches=5"],
+            "strategy.microbatches=5 does not divide loader.batch_size=32",
+        ),
+        "one_process": (["strategy=pipeline"], "a pipeline needs at least 2 stages"),
+        "interleaved": (
+            [*PIPE, "strategy.schedule=interleaved_1f1b"],
+            "interleaved 1F1B needs several stages per process",
+        ),
+        "compile": ([*PIPE, "trainer.compile=true"], "trainer.compile with strategy=pipeline"),
+    }
+    procs = {
+        name: Proc([*COMMON, *args, f"hydra.run.dir={tmp_path / name}"], tmp_path, name)
+        for name, (args, _) in cases.items()
+    }
+    for name, (_, text) in cases.items():
+        code, output = procs[name].wait()
+        assert code == 2 and text in output and "Traceback" not in output, (name, output[-2000:])
