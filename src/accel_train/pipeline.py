@@ -95,6 +95,13 @@ def data_coords(strategy_cfg: DictConfig, env: DistEnv) -> tuple[int, int]:
     return lay.replica, lay.replicas
 
 
+def data_world(strategy_cfg: DictConfig, world: int | None) -> int | None:
+    """How many processes share the data among `world` (None: not known yet)."""
+    if strategy_cfg.name != "pipeline" or world is None:
+        return world
+    return world // (strategy_cfg.stages or world) or 1
+
+
 def check_pipeline(cfg: DictConfig, world: int | None) -> None:
     """What can be refused before any process starts (`world`: None when not known yet)."""
     sc, t = cfg.strategy, cfg.trainer

@@ -24,7 +24,7 @@ from accel_train.launch.lock import hold_run_dir
 from accel_train.launch.torchrun import run_torchrun
 from accel_train.launch.worker import run_worker
 from accel_train.parallel import resolve_device
-from accel_train.pipeline import check_pipeline
+from accel_train.pipeline import check_pipeline, data_world
 from accel_train.train.resume import check_resume
 
 log = logging.getLogger("accel_train")
@@ -38,7 +38,7 @@ def launch(cfg: DictConfig) -> float | None:
     hold_run_dir(cfg)  # before anything is written there: one live run per run dir
     # Before anything is written: a refused or unreadable resume leaves the run dir as it was,
     # and a run that already finished is not trained again.
-    finished = check_resume(cfg, planned_world_size(cfg))
+    finished = check_resume(cfg, data_world(cfg.strategy, planned_world_size(cfg)))
     if finished is not None:
         return finished.get("best_val_acc")
     if cfg.launcher.name == "slurm":

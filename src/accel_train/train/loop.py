@@ -432,8 +432,9 @@ class Loop:
                 "last_val": list(self.last_val) if self.last_val else None,
                 # The run's length: a resume to another length rebuilds the lr schedule.
                 "total_steps": self.parts.total_steps,
-                # batch_in_epoch counts batches of this many processes' shards (resume checks).
-                "world_size": self.env.world_size,
+                # batch_in_epoch counts batches of this many processes' shards (resume checks);
+                # under pipeline the replicas, not the stages, share the data.
+                "world_size": self.data_world,
                 # Finished before its length (early stopping, a target): nothing left to train.
                 "finished_early": self.finish_reason,
             },

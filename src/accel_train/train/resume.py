@@ -391,7 +391,7 @@ def resume(loop: Loop) -> Resumed | None:
     changes = config_changes(state["config"], to_container(loop.cfg), wanted, path)
     changed = {c.key for c in changes}
     p, parts = state["progress"], loop.parts
-    check_world_size(p, loop.env.world_size, wanted, path)
+    check_world_size(p, loop.data_world, wanted, path)
     own = _is_own(path, loop.ckpt_dir)
     finished = p["step"] >= parts.total_steps or p["epoch"] >= parts.max_epochs
     if p.get("finished_early") and not _length_changed(changed):
