@@ -139,7 +139,7 @@ def check_pipeline(cfg: DictConfig, world: int | None) -> None:
         ),
         "precision=fp16": (
             cfg.precision.name == "fp16"
-            or (cfg.precision.name == "amp" and str(t.device) == "cuda"),
+            or (cfg.precision.name == "amp" and t.device != "cpu" and torch.cuda.is_available()),
             "fp16 needs a GradScaler whose overflow check every stage must agree on; use "
             "`precision=bf16` (no scaler)",
         ),
@@ -342,7 +342,8 @@ class StageModule(nn.Module):
         with self.precision.autocast():
             for block in self.blocks:
                 x = block(x)
-        return x
+        # Sent to the next stage as is: gloo/NCCL send dense tensors (channels_last is not).
+        return x.contiguous()
 
 
 @dataclass
@@ -513,6 +514,12 @@ def build_pipeline(
     """Cut `module` (in place: it keeps only this process's blocks) and set up the groups."""
     sc = cfg.strategy
     lay = layout(sc, env)
+    if precision.use_scaler:  # (check_pipeline refuses fp16 up front; a worker checks again)
+        raise UserError(
+            f"precision={cfg.precision.name} with strategy=pipeline resolves to fp16 with a "
+            "GradScaler, whose overflow check every stage would have to agree on. Use "
+            "`precision=bf16`."
+        )
     target = cfg.model._target_
     blocks = chain(module, sample, target)
     starts = split(blocks, lay.stages, list(sc.split_points), target)
