@@ -7,6 +7,8 @@ each) on resnet18 at small images; the variants are interleaved over `--rounds` 
 medians reported, with the load average next to each (the machine is shared).
 
     python scripts/bench/pipeline.py --rounds 3 --steps 6
+    python scripts/bench/pipeline.py --rounds 2 --steps 6 \
+        --only "1 process;pipeline 2, 1f1b, m=4;pipeline 2, 1f1b, m=4, split layer3"
 
 Ideal for p balanced stages and m micro-batches: T1 / p * (m + p - 1) / m, T1 the one-process
 step time (the bubble is (p-1)/(m+p-1) of the pipelined step)."""
@@ -54,7 +56,7 @@ def _worker(rank, world, port, variant, steps, out):
             {
                 "strategy": {
                     "stages": 0,
-                    "split_points": [],
+                    "split_points": variant.get("split", []),
                     "schedule": variant["schedule"],
                     "microbatches": variant["m"],
                 },
@@ -111,6 +113,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--only", default="", help="variant names separated by ';'")
     args = parser.parse_args()
     variants = {
         "1 process": {"kind": "single", "world": 1},
@@ -120,7 +123,18 @@ def main() -> None:
             for s in ("gpipe", "1f1b")
             for m in (2, 4, 8)
         },
+        # By compute rather than parameters: layer1-2 hold 6% of the weights but run at the
+        # highest resolution.
+        "pipeline 2, 1f1b, m=4, split layer3": {
+            "kind": "pipeline",
+            "world": 2,
+            "schedule": "1f1b",
+            "m": 4,
+            "split": ["layer3"],
+        },
     }
+    if args.only:
+        variants = {k: v for k, v in variants.items() if k in args.only.split(";")}
     results: dict[str, list] = {name: [] for name in variants}
     port = 29600
     for r in range(args.rounds):

@@ -370,13 +370,6 @@ class Pipeline:
     _scaler: object = None
     _total: torch.Tensor | None = None
 
-    @property
-    def is_last(self) -> bool:
-        return self.layout.is_last
-
-    def _group_rank(self, stage: int) -> int:
-        return dist.get_global_rank(self.pp_group, stage)
-
     def _schedule_for(self, n: int):
         """The schedule for batches of n samples: micro-batches must have one shape, so a short
         last batch gets the largest micro-batch count <= strategy.microbatches dividing it
