@@ -150,8 +150,9 @@ def runs(tmp_path_factory):
 
 def test_two_stages_match_one_process_and_resume_exactly(runs):
     """2-stage 1F1B = one process at the same global batch (loss logged on every step, from the
-    last stage), the split logged; a resume from its sharded checkpoint continues the same
-    trajectory; accel-eval consolidates the stages' checkpoint into one model."""
+    last stage), the split logged; a resume from its sharded checkpoint at another layout (3
+    stages) continues the same trajectory; accel-eval consolidates the stages' checkpoint into
+    one model."""
     root = runs["root"]
     runs["one"].ok()
     output = runs["pp"].ok()
@@ -166,7 +167,9 @@ def test_two_stages_match_one_process_and_resume_exactly(runs):
     resumed = Proc(
         [
             *COMMON,
-            *PIPE,
+            "strategy=pipeline",
+            "launcher.nproc_per_node=3",  # the mlp's 3 layers, one per stage
+            "loader.batch_size=32",
             "resume=auto",
             f"trainer.max_steps={STEPS}",
             f"hydra.run.dir={root / 'pp'}",
@@ -174,7 +177,7 @@ def test_two_stages_match_one_process_and_resume_exactly(runs):
         root,
         "pp_resume",
     )
-    resumed.ok()
+    assert "pipeline: 3 stages x 1 replica(s)" in resumed.ok()
     assert_same_trajectory(one, losses(root / "pp"), range(7, STEPS + 1))
 
     evals = {

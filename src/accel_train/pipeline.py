@@ -253,13 +253,15 @@ def split(blocks: list[Block], stages: int, split_points: list[str], target: str
                 )
             starts.append(hits[0])
         return starts
-    # Cuts only before blocks holding parameters (a ReLU or pooling stays with its layer).
-    cuts = [i for i, b in enumerate(blocks) if b.params > 0 and i > 0]
+    # Cuts only before blocks holding parameters (a ReLU or pooling stays with its layer), and
+    # not before the first one: every stage then holds parameters.
+    cuts = [i for i, b in enumerate(blocks) if b.params > 0][1:]
     holding = sum(1 for b in blocks if b.params > 0)
     if holding < stages:
         raise UserError(
             f"strategy=pipeline with {stages} stages but model._target_={target} has only "
-            f"{holding} block(s) with parameters to place ({', '.join(names)}): every stage "
+            f"{holding} block(s) with parameters to place "
+            f"({', '.join(b.name for b in blocks if b.params)}): every stage "
             f"needs at least one. Use at most {holding} stages (`strategy.stages={holding}`), or "
             "train it with strategy=ddp."
         )
