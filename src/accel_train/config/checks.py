@@ -49,7 +49,9 @@ def _installed(module: str) -> bool:
 
 def check_loggers(cfg: DictConfig) -> None:
     """`logger` maps each chosen logger to its settings (logger=[csv,mlflow])."""
-    loggers = cfg.get("logger") or {}
+    loggers = cfg.get("logger")
+    if loggers is None:  # `~logger` or logger=null: no logger besides metrics.jsonl
+        return
     if not isinstance(loggers, DictConfig):
         raise UserError(
             f"logger={loggers!r}: pick loggers by option, e.g. `logger=csv` or "

@@ -79,7 +79,7 @@ class MetricsLogger:
         if isinstance(loggers, str):
             loggers = {} if loggers == "none" else {loggers: {}}
         self.run_dir, self.enabled = Path(run_dir), enabled
-        self.loggers = dict(loggers)
+        self.loggers = dict(loggers or {})
         if isinstance(run_config, DictConfig):
             run_config = OmegaConf.to_container(run_config, resolve=True)
         self.run_config = run_config
