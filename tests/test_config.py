@@ -4,6 +4,7 @@ compose API, validate it, and instantiate the model, optimizer, scheduler and pr
 from __future__ import annotations
 
 import re
+from importlib.util import find_spec
 
 import pytest
 import torch
@@ -40,6 +41,10 @@ REFUSED = {
     "loss=custom": "loss._target_",
     "dataset=image_folder": "dataset.root",
 }
+# Trackers that are optional extras are refused, naming the extra, where not installed.
+REFUSED.update(
+    {f"logger={m}": f"accel-train[{m}]" for m in ("mlflow", "wandb") if not find_spec(m)}
+)
 
 OVERRIDES = [f"{g}={o}" for g in PLAIN_GROUPS for o in _options(g)] + [
     f"+{g}={o}" for g in ADDED_GROUPS for o in _options(g)

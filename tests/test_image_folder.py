@@ -19,6 +19,7 @@ from helpers import assert_same_weights, check_ok
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
+from accel_train.config import CONFIG_DIR
 from accel_train.data import image_folder
 from accel_train.data.image_folder import (
     RandomResizedCrop,
@@ -441,7 +442,7 @@ def test_a_corrupt_image_read_in_a_worker_process_is_still_one_paragraph(tree_co
 
 # ---- the config option --------------------------------------------------------------------------
 
-YAML = Path(__file__).resolve().parents[1] / "configs" / "dataset" / "image_folder.yaml"
+YAML = CONFIG_DIR / "dataset" / "image_folder.yaml"
 # Keys accel-train consumes itself (DATASET_COMMON_KEYS) except random_hflip, which the builder
 # takes as well.
 CONSUMED = {"defaults", "_target_", "name", "num_classes", "mean", "std", "random_shift"}

@@ -10,30 +10,112 @@ cli.
 
 from __future__ import annotations
 
+import shutil
+import string
 import sys
+from pathlib import Path
+from typing import Any
 
 import hydra
-from omegaconf import DictConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
 
 from accel_train.config import CONFIG_DIR
 from accel_train.config.schema import register_configs
 from accel_train.environment import register_resolvers
-from accel_train.errors import report_user_errors
+from accel_train.errors import UserError, report_user_errors
 from accel_train.launch import sweep_summary
 
 
 def _check_config_dir() -> None:
     if not (CONFIG_DIR / "train.yaml").is_file():
         print(
-            f"accel-train: error: the config directory {CONFIG_DIR} is missing. accel-train reads "
-            "its YAML configs from the source checkout: install it with `pip install -e .`.",
+            f"accel-train: error: the config directory {CONFIG_DIR} is missing: this "
+            "installation of accel-train is incomplete (the configs ship inside the package). "
+            "Reinstall it: `pip install --force-reinstall --no-deps accel-train` (or `pip install "
+            ".` in the checkout).",
             file=sys.stderr,
         )
         sys.exit(2)
 
 
+# Groups picked with `+group=NAME` (they have no default in train.yaml).
+_ADDED_GROUPS = ("experiment", "debug")
+
+
+def config_groups_help() -> str:
+    """The config groups and their options for `accel-train --help`, the default starred.
+
+    Read from the packaged config dir rather than Hydra's $APP_CONFIG_GROUPS, which would also
+    list every option's typed schema (`mnist_cnn_schema`, ...) from the ConfigStore."""
+    defaults: dict[str, Any] = {}
+    for entry in OmegaConf.load(CONFIG_DIR / "train.yaml").get("defaults", []):
+        if isinstance(entry, DictConfig):
+            defaults.update(OmegaConf.to_container(entry))
+    lines = []
+    for group in sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name != "hydra"):
+        options = sorted(f.stem for f in group.glob("*.yaml"))
+        marked = [f"{o}*" if defaults.get(group.name) == o else o for o in options]
+        spelling = f"+{group.name}=" if group.name in _ADDED_GROUPS else f"{group.name}="
+        lines.append(f"  {spelling:<17} {', '.join(marked)}")
+    return "\n".join(lines)
+
+
 register_configs()
 register_resolvers()
+OmegaConf.register_new_resolver("accel_config_groups", config_groups_help, replace=True)
+
+
+def _print_help(config_file: str) -> None:
+    """`--help`: the `hydra.help.template` of our config, printed the way Hydra would, without
+    Hydra's own `--help` path, which composes the whole config and lists every config group with
+    every schema from the ConfigStore before it substitutes (seconds of CPU, thrown away)."""
+    node = OmegaConf.load(CONFIG_DIR / config_file)
+    template = node.hydra.help.template if "hydra" in node else node.help.template
+    print(string.Template(template).safe_substitute())
+
+
+def _wants_help(argv: list[str]) -> bool:
+    return any(a in ("--help", "-h") for a in argv)
+
+
+class FreshRunDir(Callback):
+    """Notes whether a single run's dir exists before Hydra creates it (it runs before the run
+    dir lock, configs/hydra/default.yaml), so that a refused config can take the dir it made
+    away again: a refused run leaves no run dir behind (see _remove_fresh_run_dir)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global _fresh_run_dir
+        run_dir = OmegaConf.select(config, "hydra.run.dir")
+        nodes = str(OmegaConf.select(config, "launcher.nnodes", default=1))
+        # A multi-node run's dir is shared with the other nodes' launchers: never removed.
+        if run_dir is not None and nodes == "1" and not Path(run_dir).exists():
+            log_dir = OmegaConf.select(config, "paths.log_dir", default=None)
+            _fresh_run_dir = (Path(run_dir).absolute(), Path(log_dir or run_dir).absolute())
+
+
+_fresh_run_dir: tuple[Path, Path] | None = None  # (the run dir, the log dir), when fresh
+# What a run dir holds before training writes anything: Hydra's files, the lock, the config.
+_START_UP_FILES = {".lock", "config.yaml", "config_tree.txt", "train.log"}
+
+
+def _remove_fresh_run_dir() -> None:
+    """After a refusal: remove the run dir this process created, if it holds only start-up
+    files, and the parents it leaves empty up to the log dir (outputs/)."""
+    if _fresh_run_dir is None or not _fresh_run_dir[0].is_dir():
+        return
+    run_dir, log_dir = _fresh_run_dir
+    names = {p.name for p in run_dir.iterdir()}
+    if any(n not in _START_UP_FILES and not n.startswith(".hydra") for n in names):
+        return  # something else was written: keep it for the user to see
+    shutil.rmtree(run_dir, ignore_errors=True)
+    parent = run_dir.parent
+    while parent == log_dir or log_dir in parent.parents:  # outputs/<name>/, outputs/ if empty
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+        parent = parent.parent
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
@@ -50,7 +132,11 @@ def _train(cfg: DictConfig):
 def _train_single(cfg: DictConfig):
     from accel_train.launch.launcher import launch  # deferred: see the module docstring
 
-    return launch(cfg)
+    try:
+        return launch(cfg)
+    except UserError:
+        _remove_fresh_run_dir()  # a refused config leaves no run dir behind
+        raise
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="eval")
@@ -63,6 +149,9 @@ def _evaluate(cfg: DictConfig):
 
 def train() -> None:
     _check_config_dir()
+    if _wants_help(sys.argv[1:]):
+        _print_help("hydra/default.yaml")
+        return
     report_user_errors(sweep_summary.check_plugins)(sys.argv[1:])
     try:
         _train()
@@ -85,4 +174,7 @@ def train() -> None:
 
 def evaluate() -> None:
     _check_config_dir()
+    if _wants_help(sys.argv[1:]):
+        _print_help("eval.yaml")
+        return
     _evaluate()

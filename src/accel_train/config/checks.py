@@ -3,13 +3,14 @@ names the key and the fix."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train.config.schema import OPTION_SCHEMAS
+from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS
 from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
@@ -24,7 +25,7 @@ def _warn(text: str) -> None:
 
 
 # Groups whose option is chosen by `name` (the others build user code by `_target_`).
-NAMED_GROUPS = ("precision", "strategy", "launcher", "loader", "optimizer", "scheduler", "logger")
+NAMED_GROUPS = ("precision", "strategy", "launcher", "loader", "optimizer", "scheduler")
 
 # Keys with a fixed set of values.
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -33,6 +34,49 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.progress": ("auto", "rich", "plain", "none"),
     "trainer.on_nonfinite": ("stop", "skip_step"),
 }
+
+
+# Loggers that are optional extras: the module each imports.
+TRACKER_MODULES = {"mlflow": "mlflow", "wandb": "wandb"}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules
+        return False
+
+
+def check_loggers(cfg: DictConfig) -> None:
+    """`logger` maps each chosen logger to its settings (logger=[csv,mlflow])."""
+    loggers = cfg.get("logger")
+    if loggers is None:  # `~logger` or logger=null: no logger besides metrics.jsonl
+        return
+    if not isinstance(loggers, DictConfig):
+        raise UserError(
+            f"logger={loggers!r}: pick loggers by option, e.g. `logger=csv` or "
+            f"`logger=[csv,tensorboard,mlflow]` (options: {', '.join(LOGGER_SCHEMAS)}, none)."
+        )
+    for name in loggers:
+        if name not in LOGGER_SCHEMAS:
+            raise UserError(
+                f"logger.{name} is not a logger accel-train knows: pick from "
+                f"{', '.join(LOGGER_SCHEMAS)} (several at once: `logger=[csv,mlflow]`), or "
+                "`logger=none`."
+            )
+        if name in TRACKER_MODULES and not _installed(TRACKER_MODULES[name]):
+            raise UserError(
+                f"logger={name} needs the {TRACKER_MODULES[name]} package, which is not "
+                f'installed. Install it with `pip install "accel-train[{name}]"` (or `pip '
+                f"install {TRACKER_MODULES[name]}`), or pick other loggers (e.g. `logger=csv`)."
+            )
+    mode = OmegaConf.select(cfg, "logger.wandb.mode")
+    if mode is not None and mode not in ("offline", "online", "disabled"):
+        raise UserError(
+            f"logger.wandb.mode={mode!r} is not one of offline, online, disabled (online needs "
+            "`wandb login` or $WANDB_API_KEY)."
+        )
+
 
 # summary.json keys a sweep may optimise (`objective`), with the direction that is better.
 OBJECTIVES: dict[str, str] = {
@@ -91,6 +135,7 @@ def validate(cfg: DictConfig) -> None:
                 f"{group}.name={cfg[group].name!r} is not one of {', '.join(allowed)}. "
                 f"Pick a {group} option, e.g. `{group}={allowed[0]}`."
             )
+    check_loggers(cfg)
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in allowed:

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.tree import Tree
 
-from accel_train.config.schema import OPTION_SCHEMAS, TrainConfig
+from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS, TrainConfig
 from accel_train.errors import UserError
 
 
@@ -38,6 +38,10 @@ def typed(tree: dict[str, Any]) -> DictConfig:
             cfg[group] = OmegaConf.structured(options[node["name"]])
             if group in OPEN_GROUPS:
                 OmegaConf.set_struct(cfg[group], False)
+    loggers = tree.get("logger")
+    for name in loggers if isinstance(loggers, dict) else ():
+        if name in LOGGER_SCHEMAS:  # each chosen logger by its own schema
+            cfg.logger[name] = OmegaConf.structured(LOGGER_SCHEMAS[name])
     merged = OmegaConf.merge(cfg, tree)
     assert isinstance(merged, DictConfig)
     return merged

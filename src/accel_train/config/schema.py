@@ -285,9 +285,43 @@ class EarlyStoppingConfig:
     min_delta: float = 0.0
 
 
+# Loggers: each option sits under its own key (`logger.csv`, `logger.mlflow`, ...), as in
+# lightning-hydra-template, so that several chosen at once (`logger=[csv,mlflow]`) do not
+# overwrite each other; `cfg.logger` maps each chosen logger to its settings.
+
+
 @dataclass
-class LoggerConfig:
-    name: str = MISSING
+class CsvLoggerConfig:
+    pass
+
+
+@dataclass
+class TensorboardLoggerConfig:
+    pass
+
+
+@dataclass
+class MlflowLoggerConfig:
+    tracking_uri: str | None = None
+    experiment_name: str = MISSING
+    run_name: str | None = None
+
+
+@dataclass
+class WandbLoggerConfig:
+    project: str = "accel-train"
+    entity: str | None = None
+    mode: str = "offline"
+    group: str | None = None
+    run_name: str | None = None
+
+
+LOGGER_SCHEMAS: dict[str, type] = {
+    "csv": CsvLoggerConfig,
+    "tensorboard": TensorboardLoggerConfig,
+    "mlflow": MlflowLoggerConfig,
+    "wandb": WandbLoggerConfig,
+}
 
 
 @dataclass
@@ -314,7 +348,10 @@ class TrainConfig:
     scheduler: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     early_stopping: Any = MISSING
-    logger: Any = MISSING
+    # The chosen loggers by name (LOGGER_SCHEMAS); {} = metrics.jsonl only.
+    logger: dict[str, Any] = field(default_factory=dict)
+    # Free-form labels of the run, recorded in every logger and in summary.json.
+    tags: list[str] = field(default_factory=list)
     paths: PathsConfig = field(default_factory=PathsConfig)
     # Loop hooks by _target_ (accel_train.techniques.Technique subclasses), by name.
     callbacks: dict[str, Any] = field(default_factory=dict)
@@ -370,7 +407,6 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "cosine": CosineSchedulerConfig,
         "onecycle": OneCycleSchedulerConfig,
     },
-    "logger": {n: LoggerConfig for n in ("csv", "tensorboard", "none")},
     "early_stopping": {"default": EarlyStoppingConfig},
 }
 
@@ -389,3 +425,5 @@ def register_configs() -> None:
     for group, options in OPTION_SCHEMAS.items():
         for schema in set(options.values()):
             cs.store(group=group, name=schema_name(schema), node=schema)
+    for name, schema in LOGGER_SCHEMAS.items():  # logger/csv.yaml: `defaults: [csv_schema]`
+        cs.store(group="logger", name=f"{name}_schema", node={name: schema})

@@ -118,7 +118,7 @@ class Loop:
         self.stop = StopRequest(env.rank, every_step=not env.distributed)
         self.stopping = False  # agreed by all ranks: checkpoint and leave at this step
         self.finish_reason: str | None = None  # set by finish(): training is over, early
-        self.metrics = MetricsLogger(self.run_dir, cfg.logger.name, enabled=env.is_main)
+        self.metrics = MetricsLogger(self.run_dir, cfg.logger, enabled=env.is_main, run_config=cfg)
         self.progress = Progress(cfg.trainer.progress, enabled=env.is_main)
 
     def _fire(self, hook: str, *args) -> None:
@@ -526,6 +526,7 @@ class Loop:
             "global_batch": self.parts.global_batch,
             "run_dir": str(self.run_dir),
             "finished_early": self.finish_reason,
+            "tags": list(self.cfg.get("tags") or []),
         }
         for technique in self.techniques:
             summary.update(technique.summary(self))

@@ -1,4 +1,7 @@
-"""Metrics sinks (metrics.jsonl always; CSV or TensorBoard by `logger=`) and progress display."""
+"""Metrics sinks and progress display: metrics.jsonl always, plus the loggers chosen with
+`logger=` (one or several: `logger=[csv,tensorboard,mlflow]`): CSV and TensorBoard files in the
+run dir, and the experiment trackers MLflow and Weights & Biases (loggers/mlflow_logger.py,
+loggers/wandb_logger.py), optional extras imported only when chosen."""
 
 from __future__ import annotations
 
@@ -10,10 +13,15 @@ import math
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from accel_train.errors import UserError
+from accel_train.loggers.mlflow_logger import MlflowTracker
+from accel_train.loggers.wandb_logger import WandbTracker
 
 log = logging.getLogger("accel_train")
 
@@ -43,8 +51,12 @@ def _write_error(run_dir: Path, err: OSError) -> UserError:
     )
 
 
+# Trackers: services with runs of their own, fed the same rows (see Tracker in mlflow_logger).
+TRACKERS = {"mlflow": MlflowTracker, "wandb": WandbTracker}
+
+
 class MetricsLogger:
-    """Appends one JSON object per call to metrics.jsonl, mirrored to the chosen logger.
+    """Appends one JSON object per call to metrics.jsonl, mirrored to the chosen loggers.
 
     Appending means a resumed run keeps the history of the run it continues. Two rules keep that
     history true:
@@ -55,8 +67,23 @@ class MetricsLogger:
       metric) appears twice. `position()` is what a checkpoint records to make that exact.
     """
 
-    def __init__(self, run_dir: Path, kind: str, enabled: bool = True):
-        self.run_dir, self.kind, self.enabled = Path(run_dir), kind, enabled
+    def __init__(
+        self,
+        run_dir: Path,
+        loggers: Mapping[str, Any] | str,
+        enabled: bool = True,
+        run_config: Mapping[str, Any] | None = None,
+    ):
+        """`loggers`: the run's `logger` config (each chosen logger's name -> its settings), or
+        one logger's name. `run_config`: the resolved run config, which trackers record."""
+        if isinstance(loggers, str):
+            loggers = {} if loggers == "none" else {loggers: {}}
+        self.run_dir, self.enabled = Path(run_dir), enabled
+        self.loggers = dict(loggers or {})
+        if isinstance(run_config, DictConfig):
+            run_config = OmegaConf.to_container(run_config, resolve=True)
+        self.run_config = run_config
+        self.trackers: list[Any] = []
         self.jsonl = self.csv_file = self.csv_writer = self.tb = None
         self.rows = {"jsonl": 0, "csv": 0}  # lines in each file (csv: with its header)
         self.purge_step: int | None = None  # TensorBoard hides its events from this step on
@@ -67,7 +94,7 @@ class MetricsLogger:
         path = self.run_dir / "metrics.jsonl"
         self.rows["jsonl"] = len(_jsonl_lines(path))
         self.jsonl = open(path, "a", buffering=1)  # noqa: SIM115
-        if self.kind == "csv":
+        if "csv" in self.loggers:
             path = self.run_dir / "metrics.csv"
             self.rows["csv"] = len(_csv_rows(path))
             self.csv_file = open(path, "a", newline="")  # noqa: SIM115
@@ -75,12 +102,18 @@ class MetricsLogger:
             if not self.rows["csv"]:
                 self.csv_writer.writerow(["step", "epoch", "metric", "value"])
                 self.rows["csv"] = 1
-        elif self.kind == "tensorboard":
+        if "tensorboard" in self.loggers:
+            # Imported here: tensorboard costs about a second of start-up to runs without it.
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(
                 log_dir=str(self.run_dir / "tensorboard"), purge_step=self.purge_step
             )
+        for name, tracker in TRACKERS.items():
+            if name in self.loggers:
+                self.trackers.append(
+                    tracker(self.loggers[name], self.run_dir, self.run_config or {})
+                )
 
     def log(self, metrics: dict[str, Any], step: int, epoch: int) -> None:
         if not self.enabled:
@@ -104,6 +137,8 @@ class MetricsLogger:
         if self.tb:
             for k, v in numbers.items():
                 self.tb.add_scalar(k, v, global_step=step)
+        for tracker in self.trackers:
+            tracker.log(numbers, step)
 
     def position(self) -> dict[str, int] | None:
         """The rows written so far, per file (None on ranks that log nothing)."""
@@ -151,11 +186,16 @@ class MetricsLogger:
             _replace(path, buffer.getvalue())
 
     def close(self) -> None:
+        """Close the files; trackers upload config.yaml and summary.json (written before this
+        is called) and end their run: finished with a summary, else stopped (preempted, failed)."""
         for f in (self.jsonl, self.csv_file):
             if f:
                 f.close()
         if self.tb:
             self.tb.close()
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
 
 
 def _jsonl_lines(path: Path) -> list[str]:
