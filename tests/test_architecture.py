@@ -37,6 +37,7 @@ LAYERS = [
         "accel_train.precision",
         "accel_train.parallel",
         "accel_train.loggers",
+        "accel_train.console",
         "accel_train.checkpoint",
         "accel_train.safe_load",
     ],

@@ -34,8 +34,9 @@ from omegaconf import DictConfig
 
 from accel_train import checkpoint as ckpt_io
 from accel_train.config.run_config import flatten, to_container, write_run_config
+from accel_train.console import Progress
 from accel_train.errors import UserError
-from accel_train.loggers import MetricsLogger, Progress, json_safe
+from accel_train.loggers import MetricsLogger, json_safe
 from accel_train.models import count_parameters
 from accel_train.parallel import DistEnv, process_group
 from accel_train.train.build import Components, build_components, make_loader
