@@ -278,6 +278,18 @@ class EarlyStoppingConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Which checkpoint files a run keeps (Lightning's ModelCheckpoint keys)."""
+
+    monitor: str = "val/acc"
+    mode: str = "max"
+    save_top_k: int = 1
+    filename: str | None = None
+    every_n_epochs: int = 1
+    save_last: bool = True
+
+
+@dataclass
 class LoggerConfig:
     name: str = MISSING
 
@@ -306,6 +318,7 @@ class TrainConfig:
     scheduler: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     early_stopping: Any = MISSING
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: Any = MISSING
     paths: PathsConfig = field(default_factory=PathsConfig)
     # Loop hooks by _target_ (accel_train.techniques.Technique subclasses), by name.

@@ -24,6 +24,9 @@ from accel_train.launch.lock import hold_run_dir
 from accel_train.launch.torchrun import run_torchrun
 from accel_train.launch.worker import run_worker
 from accel_train.parallel import resolve_device
+from accel_train.train.build import build_techniques
+from accel_train.train.checkpointing import check as check_checkpointing
+from accel_train.train.checkpointing import known_metrics
 from accel_train.train.resume import check_resume
 
 log = logging.getLogger("accel_train")
@@ -33,6 +36,8 @@ def launch(cfg: DictConfig) -> float | None:
     """The body of `accel-train`: returns the objective (best validation accuracy)."""
     validate(cfg)
     cfg = resolve(cfg)
+    # checkpoint.monitor names a metric validation logs: refused now, not after an epoch.
+    check_checkpointing(cfg.checkpoint, known_metrics(build_techniques(cfg)))
     run_dir = Path(cfg.paths.output_dir)
     hold_run_dir(cfg)  # before anything is written there: one live run per run dir
     # Before anything is written: a refused or unreadable resume leaves the run dir as it was,

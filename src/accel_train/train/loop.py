@@ -40,6 +40,7 @@ from accel_train.loggers import MetricsLogger, json_safe
 from accel_train.models import count_parameters
 from accel_train.parallel import DistEnv, process_group
 from accel_train.train.build import Components, build_components, make_loader
+from accel_train.train.checkpointing import Checkpointing, known_metrics
 from accel_train.train.evaluate import score
 from accel_train.train.resume import resume
 from accel_train.train.signals import Stopped, StopRequest, signal_name
@@ -103,6 +104,14 @@ class Loop:
         self.sharded = cfg.strategy.name == "fsdp" and env.distributed
         self.ckpt_suffix = ".dcp" if self.sharded else ".pt"
         self.accum = cfg.trainer.accumulate_grad_batches
+        # Which files are kept, named and ranked (checkpoint.*): train/checkpointing.py.
+        self.checkpoints = Checkpointing(
+            cfg.checkpoint,
+            self.ckpt_dir,
+            self.ckpt_suffix,
+            known_metrics(self.techniques),
+            env.is_main,
+        )
 
         self.epoch = self.step = self.batch_in_epoch = 0
         # Host-side counters the speed metrics read at logging steps (techniques/speed.py).
@@ -171,8 +180,9 @@ class Loop:
             finished = self.epoch >= p.max_epochs or self.step >= p.total_steps
             due = finished or (epoch_done and self.epoch % self.cfg.trainer.val_every_n_epochs == 0)
             if due and not self.finish_reason:  # (finished at a validation: it was this step's)
-                self._validate()
-            self._save("last")
+                self._validate(final=finished)
+            if self.cfg.checkpoint.save_last:
+                self._save("last")
         return train_time, samples
 
     def _train_epoch(self) -> int:
@@ -297,7 +307,7 @@ class Loop:
             shown["mfu"] = f"{metrics['train/mfu']:.1%}"
         self.progress.show(shown, self.step, self.epoch)
 
-    def _validate(self) -> None:
+    def _validate(self, final: bool = False) -> None:
         self._fire("on_validation_start")
         # HOST SYNC (validation): score() reads the summed loss and accuracy once at its end.
         loss, acc = score(
@@ -310,9 +320,13 @@ class Loop:
         self.progress.message(
             f"epoch {self.epoch} step {self.step}  val/loss={loss:.4f}  val/acc={acc:.4f}"
         )
-        if acc > self.best_val_acc:
-            self.best_val_acc = acc
-            self._save("best")
+        self.best_val_acc = max(self.best_val_acc, acc)  # summary.json's, whatever is monitored
+        epoch = self._trained_epoch()
+        plan = self.checkpoints.plan(metrics, epoch, self.step, self.checkpoints.due(epoch, final))
+        if plan is not None:
+            self._save(plan.name)
+            self.checkpoints.commit(plan)  # rank 0: best.pt, and the files out of the top k
+            self.env.barrier()
 
     def _test(self) -> dict[str, Any] | None:
         """Score the checkpoint selected on validation (best, else the final weights) once on
@@ -419,6 +433,7 @@ class Loop:
                 "step": self.step,
                 "batch_in_epoch": self.batch_in_epoch,
                 "best_val_acc": self.best_val_acc,
+                "checkpointing": self.checkpoints.state_dict(),  # checkpoint.monitor's best, top k
                 "last_val": list(self.last_val) if self.last_val else None,
                 # The run's length: a resume to another length rebuilds the lr schedule.
                 "total_steps": self.parts.total_steps,
@@ -444,6 +459,11 @@ class Loop:
         if self.env.is_main:
             ckpt_io.atomic_save(self._state(), path)
         self.env.barrier()
+
+    def _trained_epoch(self) -> int:
+        """The epoch the weights were last trained in (0-based, as the training lines show):
+        at an epoch end self.epoch already counts the next one."""
+        return self.epoch - 1 if self.batch_in_epoch == 0 and self.epoch > 0 else self.epoch
 
     def _load_weights(self, path: Path) -> None:
         if path.is_dir():
