@@ -247,7 +247,7 @@ class TrainerConfig:
     max_steps: int = -1
     accumulate_grad_batches: int = 1
     gradient_clip_val: float = 0.0
-    log_every_n_steps: int = 50
+    log_every_n_steps: int = 0
     val_every_n_epochs: int = 1
     limit_train_batches: Any = 0  # int: batches; float in (0, 1]: a fraction (Lightning's)
     limit_val_batches: Any = 0

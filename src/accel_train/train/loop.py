@@ -104,6 +104,11 @@ class Loop:
         self.sharded = cfg.strategy.name == "fsdp" and env.distributed
         self.ckpt_suffix = ".dcp" if self.sharded else ".pt"
         self.accum = cfg.trainer.accumulate_grad_batches
+        self.log_every = log_interval(cfg.trainer.log_every_n_steps, parts.steps_per_epoch)
+        # train/acc: correct predictions counted on the device by the base loss (no host sync),
+        # read with the loss at the logging step; `_acc_seen` counts the samples it scored.
+        self.train_correct = torch.zeros((), device=env.device)
+        self._acc_seen = 0
         # Which files are kept, named and ranked (checkpoint.*): train/checkpointing.py.
         self.checkpoints = Checkpointing(
             cfg.checkpoint,
@@ -193,7 +198,7 @@ class Loop:
         self.progress.start_epoch(self.epoch, order.num_batches, start_batch)
         loss_sum = torch.zeros((), device=self.env.device)  # sample-weighted, for logging
         loss_samples, samples = 0, 0
-        log_every = self.cfg.trainer.log_every_n_steps
+        log_every = self.log_every
         ckpt_every = self.cfg.trainer.ckpt_every_n_steps
         batches = self._timed(self.train_loader.epoch(self.epoch, start_batch))
         for b, (images, labels) in enumerate(batches, start_batch):
@@ -271,7 +276,12 @@ class Loop:
         return loss.detach()
 
     def _base_loss(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(self.model(x), labels)
+        logits = self.model(x)
+        if logits.dim() == 2 and labels.dim() == 1:  # class scores and class indices
+            with torch.no_grad():
+                self.train_correct.add_((logits.argmax(1) == labels).sum())
+            self._acc_seen += labels.shape[0]
+        return self.loss_fn(logits, labels)
 
     def _optimizer_step(self) -> None:
         clip = self.cfg.trainer.gradient_clip_val
@@ -286,19 +296,30 @@ class Loop:
         self.step += 1
 
     def _log_train(self, loss_sum, loss_samples) -> None:
-        counts = torch.tensor([loss_samples, self.stop.requested], dtype=torch.float32)
-        stats = torch.cat([loss_sum.float().view(1), counts.to(loss_sum.device)])
+        counts = torch.tensor(
+            [loss_samples, self._acc_seen, self.stop.requested], dtype=torch.float32
+        )
+        device = loss_sum.device
+        stats = torch.cat(
+            [loss_sum.float().view(1), self.train_correct.float().view(1), counts.to(device)]
+        )
         # HOST SYNC (logging step): the step's one wait for the device; the all-reduce also
         # tells every rank whether any rank was asked to stop.
-        loss_total, count, stop_votes = self.env.all_reduce_sum(stats).tolist()
+        loss_total, correct, count, seen, stop_votes = self.env.all_reduce_sum(stats).tolist()
+        self.train_correct.zero_()
+        self._acc_seen = 0
         self.stopping = stop_votes > 0
         metrics = {
             "train/loss": loss_total / max(count, 1),
+            **({"train/acc": correct / seen} if seen else {}),
             "train/lr": self.optimizer.param_groups[0]["lr"],
         }
         self._fire("on_log", metrics)  # techniques/speed.py adds samples/s, step time, ...
         self.metrics.log(metrics, self.step, self.epoch)
-        shown = {"loss": metrics["train/loss"], "lr": metrics["train/lr"]}
+        shown = {"loss": metrics["train/loss"]}
+        if "train/acc" in metrics:
+            shown["acc"] = metrics["train/acc"]
+        shown["lr"] = metrics["train/lr"]
         if "train/samples_per_s" in metrics:
             shown["samples/s"] = round(metrics["train/samples_per_s"])
             shown["data"] = f"{metrics['train/data_wait_share']:.0%}"
@@ -540,6 +561,14 @@ class Loop:
                 wall_s,
             )
         return summary
+
+
+def log_interval(log_every_n_steps: int, steps_per_epoch: int) -> int:
+    """trainer.log_every_n_steps, 0 = auto: 50 steps, or a quarter epoch when epochs are
+    shorter, so every epoch (the first too) logs train/loss a few times."""
+    if log_every_n_steps > 0:
+        return log_every_n_steps
+    return max(1, min(50, steps_per_epoch // 4))
 
 
 def _gradient_sync(model, enabled: bool):
