@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 
 from accel_train import checkpoint as ckpt_io
 from accel_train.config.run_config import flatten, to_container, write_run_config
-from accel_train.console import Progress
+from accel_train.console import Progress, plot_curves, summary_table
 from accel_train.errors import UserError
 from accel_train.loggers import MetricsLogger, json_safe
 from accel_train.models import count_parameters
@@ -158,10 +158,19 @@ class Loop:
             if self.finish_reason and self.env.is_main:
                 log.info("finished early: %s", self.finish_reason)
             test = self._test() if self.cfg.trainer.test_after_fit else None
+            self.progress.close()  # before the `done:` line, which would land on the bar
             summary = self._summary(samples / max(train_time, 1e-9), start, test)
-        self.progress.close()
         self.metrics.close()
+        if self.env.is_main:
+            self._report(summary)
         return summary
+
+    def _report(self, summary: dict[str, Any]) -> None:
+        """The end of a run on the console (a table) and curves.png in the run dir."""
+        if self.cfg.trainer.progress != "none":
+            table = summary_table(summary, self.ckpt_dir, self.checkpoints.monitor)
+            self.progress.console().print(table)
+        plot_curves(self.run_dir)
 
     def _train(self) -> tuple[float, int]:
         train_time, samples = 0.0, 0
@@ -339,7 +348,8 @@ class Loop:
         self._fire("on_validation_end", metrics)
         self.metrics.log(metrics, self.step, self.epoch)
         self.progress.message(
-            f"epoch {self.epoch} step {self.step}  val/loss={loss:.4f}  val/acc={acc:.4f}"
+            f"epoch {self._trained_epoch()} step {self.step}  val/loss={loss:.4f}  "
+            f"val/acc={acc:.4f}"
         )
         self.best_val_acc = max(self.best_val_acc, acc)  # summary.json's, whatever is monitored
         epoch = self._trained_epoch()
@@ -530,6 +540,8 @@ class Loop:
         wall_s = time.perf_counter() - start
         summary = {
             "best_val_acc": self.best_val_acc,
+            "monitor": self.checkpoints.monitor,
+            "best_score": self.checkpoints.best,  # the best checkpoint.monitor value
             "final_val_acc": self.last_val[1] if self.last_val else None,
             "final_val_loss": self.last_val[0] if self.last_val else None,
             **(test or {}),
@@ -543,6 +555,7 @@ class Loop:
             "global_batch": self.parts.global_batch,
             "run_dir": str(self.run_dir),
             "finished_early": self.finish_reason,
+            "checkpoints": str(self.ckpt_dir),
         }
         for technique in self.techniques:
             summary.update(technique.summary(self))
