@@ -51,8 +51,9 @@ def test_ddp_rank0_output_in_train_log_and_no_grad_stride_warning(run_cli, tmp_p
     run_dir = tmp_path / "run"
     proc = run_cli(
         [
-            *FAST,
             "model=mnist_cnn",
+            "dataset.num_train=256",
+            "dataset.num_test=64",
             "loader=device",
             "precision=amp",
             "dataset.random_shift=2",
