@@ -118,6 +118,10 @@ class Checkpointing:
             self.best = score
         if self.top_k == 0:
             return None
+        if self.pattern == "best" and self.top_k == 1 and not is_best:
+            # The one kept file is best.pt: only a new best replaces it (after a resume from
+            # another run dir the best is that run's, with no file of ours in `kept` yet).
+            return None
         worst = self.kept[-1]["score"] if self.kept else None
         if 0 < self.top_k <= len(self.kept) and not self.better(score, worst):
             return None

@@ -6,9 +6,10 @@
             loss = loss_fn(model(transform(x)), y)      # under autocast
             scale(loss * share of the step's samples).backward()
             on an accumulation boundary: clip, optimizer step, schedule step, techniques' hooks
-            every log_every_n_steps: ONE host sync (loss, stop votes), metrics, progress
+            every log_every_n_steps: ONE host sync (loss, train acc, stop votes), metrics
             every ckpt_every_n_steps: save last
-        validate (every val_every_n_epochs and at the end), save best by val/acc, save last
+        validate (every val_every_n_epochs and at the end); checkpoint.monitor ranks the
+            weights: keep the top k files and best (train/checkpointing.py); save last
     test the best checkpoint on the test split (trainer.test_after_fit), write summary.json
 
 Hot-path rule: the loss stays on the device (summed into a device tensor), and the host waits
