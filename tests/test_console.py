@@ -1,6 +1,7 @@
 """What a user sees: train/loss and train/acc from the first epoch with the default cadence, a
-short start-up config (the whole tree in config_tree.txt), the end-of-run table, curves.png;
-under torchrun rank 0's output in train.log and no DDP grad-stride warning."""
+short start-up config (the whole tree in config_tree.txt), the end-of-run table, curves.png, a
+profiler without kineto's GPU error on a CPU machine; under torchrun rank 0's output in
+train.log and no DDP grad-stride warning."""
 
 from __future__ import annotations
 
@@ -19,10 +20,15 @@ def test_default_cadence_logs_train_loss_and_acc_in_epoch_0(run_cli, tmp_path):
             "dataset.num_train=1100",
             "trainer.max_epochs=2",
             "trainer.progress=plain",
+            "trainer.profile=true",
+            "trainer.profile_steps=2",
             f"hydra.run.dir={run_dir}",
         ]
     )
     check_ok(proc)
+    # A CPU trace on a CUDA build of torch without a driver: no kineto GPU error.
+    assert list((run_dir / "profile").glob("*.pt.trace.json*"))
+    assert "gpuGetDeviceCount" not in proc.stdout + proc.stderr
     rows = read_jsonl(run_dir / "metrics.jsonl")
     train = [r for r in rows if "train/loss" in r]
     assert [r for r in train if r["epoch"] == 0], rows
