@@ -187,6 +187,12 @@ class Checkpointing:
             "kept": [dict(e) for e in self.kept],
         }
 
+    def carried_best(self) -> None:
+        """Resumed from another run dir, whose best.pt was linked into ours: when best.pt is
+        the one kept file, it is ours now (as in the uninterrupted run)."""
+        if self.pattern == "best" and self.top_k == 1 and self.best is not None:
+            self.kept = [{"name": "best", "score": self.best}]
+
     def load_state_dict(self, progress: dict[str, Any], own_dir: bool) -> None:
         """From a checkpoint's progress. Files kept by another run dir are not ours to delete:
         only the best value carries over from there."""

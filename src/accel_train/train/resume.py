@@ -566,6 +566,7 @@ def _carry_best(loop: Loop, path: Path, state: dict, wanted: str) -> None:
             )
         return
     dst = loop.ckpt_dir / f"best{loop.ckpt_suffix}"
+    loop.checkpoints.carried_best()
     if loop.env.is_main:
         link_or_copy(src, dst)
         log.info("best checkpoint (%s %.4f) carried over from %s to %s", monitor, best, src, dst)
