@@ -38,6 +38,7 @@ LAYERS = [
         "accel_train.parallel",
         "accel_train.pipeline",
         "accel_train.loggers",
+        "accel_train.console",
         "accel_train.checkpoint",
         "accel_train.safe_load",
     ],

@@ -94,7 +94,7 @@ MINIMUMS: dict[str, tuple[int, str]] = {
     "loader.eval_batch_size": (0, "0 means the same as loader.batch_size"),
     "loader.num_workers": (0, "0 loads in the main process"),
     "trainer.accumulate_grad_batches": (1, "1 means no accumulation"),
-    "trainer.log_every_n_steps": (1, "optimizer steps between metric lines"),
+    "trainer.log_every_n_steps": (0, "optimizer steps between metric lines; 0 = auto"),
     "trainer.val_every_n_epochs": (1, "epochs between validations"),
     "trainer.ckpt_every_n_steps": (0, "0 saves only at the end of each epoch"),
     "trainer.profile_steps": (1, "steps recorded by the profiler"),

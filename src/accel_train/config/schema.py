@@ -255,7 +255,7 @@ class TrainerConfig:
     max_steps: int = -1
     accumulate_grad_batches: int = 1
     gradient_clip_val: float = 0.0
-    log_every_n_steps: int = 50
+    log_every_n_steps: int = 0
     val_every_n_epochs: int = 1
     limit_train_batches: Any = 0  # int: batches; float in (0, 1]: a fraction (Lightning's)
     limit_val_batches: Any = 0
@@ -288,6 +288,18 @@ class EarlyStoppingConfig:
 # Loggers: each option sits under its own key (`logger.csv`, `logger.mlflow`, ...), as in
 # lightning-hydra-template, so that several chosen at once (`logger=[csv,mlflow]`) do not
 # overwrite each other; `cfg.logger` maps each chosen logger to its settings.
+
+
+@dataclass
+class CheckpointConfig:
+    """Which checkpoint files a run keeps (Lightning's ModelCheckpoint keys)."""
+
+    monitor: str = "val/acc"
+    mode: str = "max"
+    save_top_k: int = 1
+    filename: str | None = None
+    every_n_epochs: int = 1
+    save_last: bool = True
 
 
 @dataclass
@@ -352,6 +364,7 @@ class TrainConfig:
     logger: dict[str, Any] = field(default_factory=dict)
     # Free-form labels of the run, recorded in every logger and in summary.json.
     tags: list[str] = field(default_factory=list)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     # Loop hooks by _target_ (accel_train.techniques.Technique subclasses), by name.
     callbacks: dict[str, Any] = field(default_factory=dict)

@@ -40,7 +40,12 @@ class BatchTransform:
         self.shift, self.hflip = splits.random_shift, splits.random_hflip
         self.device_augment = splits.device_augment
         self.dtype, self.device = dtype, device
-        self.memory_format = torch.preserve_format
+        # Contiguous (NCHW) unless trainer.channels_last asks otherwise: the shift augmentation
+        # gathers NHWC and permutes, and with `preserve_format` that layout reached the convs,
+        # whose weight gradients then came out channels_last while the parameters (and DDP's
+        # gradient buckets) are contiguous: DDP's "Grad strides do not match bucket view
+        # strides" warning and a copy per gradient per step.
+        self.memory_format = torch.contiguous_format
         self.seed, self.rank = seed, rank
 
     def __call__(self, images: torch.Tensor, train: bool, epoch: int = 0, batch: int = 0):

@@ -12,11 +12,15 @@ import os
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
+from accel_train.config import CONFIG_DIR
 from accel_train.config.checks import validate
 from accel_train.config.run_config import config_tree, resolve, write_run_config
+from accel_train.console import flat_defaults, startup_tree
 from accel_train.environment import in_srun_step, inside_torchrun
 from accel_train.errors import UserError
 from accel_train.launch import slurm
@@ -25,6 +29,9 @@ from accel_train.launch.torchrun import run_torchrun
 from accel_train.launch.worker import run_worker
 from accel_train.parallel import resolve_device
 from accel_train.pipeline import check_pipeline, data_world
+from accel_train.train.build import build_techniques
+from accel_train.train.checkpointing import check as check_checkpointing
+from accel_train.train.checkpointing import known_metrics
 from accel_train.train.resume import check_resume
 
 log = logging.getLogger("accel_train")
@@ -34,6 +41,8 @@ def launch(cfg: DictConfig) -> float | None:
     """The body of `accel-train`: returns the objective (best validation accuracy)."""
     validate(cfg)
     cfg = resolve(cfg)
+    # checkpoint.monitor names a metric validation logs: refused now, not after an epoch.
+    check_checkpointing(cfg.checkpoint, known_metrics(build_techniques(cfg)))
     run_dir = Path(cfg.paths.output_dir)
     hold_run_dir(cfg)  # before anything is written there: one live run per run dir
     # Before anything is written: a refused or unreadable resume leaves the run dir as it was,
@@ -58,13 +67,32 @@ def launch(cfg: DictConfig) -> float | None:
     name = f"config.node{cfg.launcher.node_rank}.yaml" if multi_node else "config.yaml"
     path = write_run_config(cfg, run_dir, name)
     if cfg.trainer.progress != "none":
-        Console().print(config_tree(cfg))
+        Console().print(_startup_tree(cfg))
     log.info("run dir: %s", run_dir)
     if cfg.launcher.name != "torchrun" and nproc == 1 and not multi_node:
         return run_worker(cfg).get("best_val_acc")
     run_torchrun(cfg, path, nproc)
     summary = run_dir / "summary.json"  # written by global rank 0, possibly on another node
     return json.loads(summary.read_text()).get("best_val_acc") if summary.is_file() else None
+
+
+def _startup_tree(cfg: DictConfig):
+    """The chosen options and the values that differ from their defaults (the full tree is
+    config_tree.txt): the defaults are the chosen options composed again without overrides or
+    experiment. Outside a Hydra run (or if that compose fails), the full tree as before."""
+    try:
+        runtime = HydraConfig.get().runtime.choices
+        primary = OmegaConf.load(CONFIG_DIR / "train.yaml").defaults
+        default_choices = {
+            k: v for entry in primary if isinstance(entry, DictConfig) for k, v in entry.items()
+        }
+        groups = [g for g in default_choices if g not in ("hydra", "paths", "hparams_search")]
+        choices = {g: runtime[g] for g in groups if runtime.get(g)}
+        defaults = compose("train", overrides=[f"{g}={c}" for g, c in choices.items()])
+        flat = flat_defaults(OmegaConf.to_container(defaults, resolve=True))
+    except Exception:  # noqa: BLE001 - a display nicety: never fail a run on it
+        return config_tree(cfg)
+    return startup_tree(cfg, choices, default_choices, flat)
 
 
 def _launch_slurm(cfg: DictConfig, run_dir: Path) -> None:

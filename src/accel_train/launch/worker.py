@@ -55,6 +55,17 @@ def _write_error_file(err: UserError) -> None:
             json.dump({"message": str(err), "timestamp": int(time.time())}, f)
 
 
+def log_to_run_dir(run_dir: Path) -> None:
+    """Global rank 0 under torchrun: its log lines and Python warnings also go to
+    <run dir>/train.log, after the launcher's own lines (the launcher's process, not this one,
+    holds Hydra's handler on that file; both append). The other ranks' output stays in
+    torchrun's per-rank files under <run dir>/logs/ (launch/torchrun.py)."""
+    handler = logging.FileHandler(run_dir / "train.log", mode="a")
+    handler.setFormatter(logging.Formatter("[%(asctime)s][rank 0][%(levelname)s] - %(message)s"))
+    logging.getLogger().addHandler(handler)
+    logging.captureWarnings(True)  # e.g. torch's UserWarnings: to the file too, once each
+
+
 def _main(argv: list[str]) -> None:
     if len(argv) != 1:
         raise UserError("usage: python -m accel_train.worker <run_dir>/config.yaml")
@@ -66,6 +77,8 @@ def _main(argv: list[str]) -> None:
     if not os.path.isfile(argv[0]):
         raise UserError(f"config file {argv[0]!r} not found: pass the run dir's config.yaml.")
     cfg = load_run_config(argv[0])
+    if rank == "0":
+        log_to_run_dir(Path(cfg.paths.output_dir))
     hold_run_dir(cfg)  # join the launcher's run dir lock, or take it as global rank 0
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.resume is None:
         # torchrun restarted the group after a failure: continue, don't start over.

@@ -94,7 +94,7 @@ class NonFinite(Technique):
 
     def on_fit_start(self, loop: Any) -> None:
         self.loop = loop
-        size = min(loop.cfg.trainer.log_every_n_steps, MAX_WINDOW) + 1
+        size = min(loop.log_every, MAX_WINDOW) + 1  # (the loop's trainer.log_every_n_steps)
         self.size = size
         # float32 like the loss (autocast computes losses in fp32): no dtype conversion per add.
         self.buf = torch.zeros(3, size, dtype=torch.float32, device=loop.env.device)

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+import torch
+from torch.profiler import (
+    ProfilerActivity,
+    profile,
+    schedule,
+    supported_activities,
+    tensorboard_trace_handler,
+)
 
 from accel_train.techniques import Technique
 
@@ -24,8 +32,15 @@ class Profiler(Technique):
 
     def on_fit_start(self, loop: Any) -> None:
         activities = [ProfilerActivity.CPU]
-        if loop.env.device.type == "cuda":
+        if loop.env.device.type == "cuda" and ProfilerActivity.CUDA in supported_activities():
             activities.append(ProfilerActivity.CUDA)
+        if torch.version.cuda and not torch.cuda.is_available():
+            # A CUDA build of torch on a machine without a CUDA driver: kineto asks the driver
+            # for the GPUs' properties when it collects ANY trace (DeviceProperties.cpp, whatever
+            # the activities), and prints "ERROR: gpuGetDeviceCount failed with code 35" and
+            # USDT start/stop markers. Nothing is wrong with a CPU trace: keep kineto quiet
+            # here (unless the user set its level), and only here.
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         self.trace_dir = loop.run_dir / "profile"
         self.prof = profile(
             activities=activities,

@@ -6,9 +6,10 @@
             loss = loss_fn(model(transform(x)), y)      # under autocast
             scale(loss * share of the step's samples).backward()
             on an accumulation boundary: clip, optimizer step, schedule step, techniques' hooks
-            every log_every_n_steps: ONE host sync (loss, stop votes), metrics, progress
+            every log_every_n_steps: ONE host sync (loss, train acc, stop votes), metrics
             every ckpt_every_n_steps: save last
-        validate (every val_every_n_epochs and at the end), save best by val/acc, save last
+        validate (every val_every_n_epochs and at the end); checkpoint.monitor ranks the
+            weights: keep the top k files and best (train/checkpointing.py); save last
     test the best checkpoint on the test split (trainer.test_after_fit), write summary.json
 
 Hot-path rule: the loss stays on the device (summed into a device tensor), and the host waits
@@ -34,11 +35,13 @@ from omegaconf import DictConfig
 
 from accel_train import checkpoint as ckpt_io
 from accel_train.config.run_config import flatten, to_container, write_run_config
+from accel_train.console import Progress, plot_curves, summary_table
 from accel_train.errors import UserError
-from accel_train.loggers import MetricsLogger, Progress, json_safe
+from accel_train.loggers import MetricsLogger, json_safe
 from accel_train.models import count_parameters
 from accel_train.parallel import SHARDED_STRATEGIES, DistEnv, process_group
 from accel_train.train.build import Components, build_components, make_loader
+from accel_train.train.checkpointing import Checkpointing, known_metrics
 from accel_train.train.evaluate import score
 from accel_train.train.resume import resume
 from accel_train.train.signals import Stopped, StopRequest, signal_name
@@ -106,6 +109,19 @@ class Loop:
         # processes of one pipeline share a batch, so the data-parallel width is smaller.
         self.pipeline = parts.pipeline
         self.data_world = env.world_size // (self.pipeline.layout.stages if self.pipeline else 1)
+        self.log_every = log_interval(cfg.trainer.log_every_n_steps, parts.steps_per_epoch)
+        # train/acc: correct predictions counted on the device by the base loss (no host sync),
+        # read with the loss at the logging step; `_acc_seen` counts the samples it scored.
+        self.train_correct = torch.zeros((), device=env.device)
+        self._acc_seen = 0
+        # Which files are kept, named and ranked (checkpoint.*): train/checkpointing.py.
+        self.checkpoints = Checkpointing(
+            cfg.checkpoint,
+            self.ckpt_dir,
+            self.ckpt_suffix,
+            known_metrics(self.techniques),
+            env.is_main,
+        )
 
         self.epoch = self.step = self.batch_in_epoch = 0
         # Host-side counters the speed metrics read at logging steps (techniques/speed.py).
@@ -147,10 +163,19 @@ class Loop:
             if self.finish_reason and self.env.is_main:
                 log.info("finished early: %s", self.finish_reason)
             test = self._test() if self.cfg.trainer.test_after_fit else None
+            self.progress.close()  # before the `done:` line, which would land on the bar
             summary = self._summary(samples / max(train_time, 1e-9), start, test)
-        self.progress.close()
         self.metrics.close()
+        if self.env.is_main:
+            self._report(summary)
         return summary
+
+    def _report(self, summary: dict[str, Any]) -> None:
+        """The end of a run on the console (a table) and curves.png in the run dir."""
+        if self.cfg.trainer.progress != "none":
+            table = summary_table(summary, self.ckpt_dir, self.checkpoints.monitor)
+            self.progress.console().print(table)
+        plot_curves(self.run_dir)
 
     def _train(self) -> tuple[float, int]:
         train_time, samples = 0.0, 0
@@ -174,8 +199,9 @@ class Loop:
             finished = self.epoch >= p.max_epochs or self.step >= p.total_steps
             due = finished or (epoch_done and self.epoch % self.cfg.trainer.val_every_n_epochs == 0)
             if due and not self.finish_reason:  # (finished at a validation: it was this step's)
-                self._validate()
-            self._save("last")
+                self._validate(final=finished)
+            if self.cfg.checkpoint.save_last:
+                self._save("last")
         return train_time, samples
 
     def _train_epoch(self) -> int:
@@ -186,7 +212,7 @@ class Loop:
         self.progress.start_epoch(self.epoch, order.num_batches, start_batch)
         loss_sum = torch.zeros((), device=self.env.device)  # sample-weighted, for logging
         loss_samples, samples = 0, 0
-        log_every = self.cfg.trainer.log_every_n_steps
+        log_every = self.log_every
         ckpt_every = self.cfg.trainer.ckpt_every_n_steps
         batches = self._timed(self.train_loader.epoch(self.epoch, start_batch))
         for b, (images, labels) in enumerate(batches, start_batch):
@@ -266,7 +292,12 @@ class Loop:
         return loss.detach()
 
     def _base_loss(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(self.model(x), labels)
+        logits = self.model(x)
+        if logits.dim() == 2 and labels.dim() == 1:  # class scores and class indices
+            with torch.no_grad():
+                self.train_correct.add_((logits.argmax(1) == labels).sum())
+            self._acc_seen += labels.shape[0]
+        return self.loss_fn(logits, labels)
 
     def _optimizer_step(self) -> None:
         clip = self.cfg.trainer.gradient_clip_val
@@ -286,19 +317,30 @@ class Loop:
     def _log_train(self, loss_sum, loss_samples) -> None:
         if self.pipeline is not None:  # only the last stages hold a loss
             loss_samples = self.pipeline.counted(loss_samples)
-        counts = torch.tensor([loss_samples, self.stop.requested], dtype=torch.float32)
-        stats = torch.cat([loss_sum.float().view(1), counts.to(loss_sum.device)])
+        counts = torch.tensor(
+            [loss_samples, self._acc_seen, self.stop.requested], dtype=torch.float32
+        )
+        device = loss_sum.device
+        stats = torch.cat(
+            [loss_sum.float().view(1), self.train_correct.float().view(1), counts.to(device)]
+        )
         # HOST SYNC (logging step): the step's one wait for the device; the all-reduce also
         # tells every rank whether any rank was asked to stop.
-        loss_total, count, stop_votes = self.env.all_reduce_sum(stats).tolist()
+        loss_total, correct, count, seen, stop_votes = self.env.all_reduce_sum(stats).tolist()
+        self.train_correct.zero_()
+        self._acc_seen = 0
         self.stopping = stop_votes > 0
         metrics = {
             "train/loss": loss_total / max(count, 1),
+            **({"train/acc": correct / seen} if seen else {}),
             "train/lr": self.optimizer.param_groups[0]["lr"],
         }
         self._fire("on_log", metrics)  # techniques/speed.py adds samples/s, step time, ...
         self.metrics.log(metrics, self.step, self.epoch)
-        shown = {"loss": metrics["train/loss"], "lr": metrics["train/lr"]}
+        shown = {"loss": metrics["train/loss"]}
+        if "train/acc" in metrics:
+            shown["acc"] = metrics["train/acc"]
+        shown["lr"] = metrics["train/lr"]
         if "train/samples_per_s" in metrics:
             shown["samples/s"] = round(metrics["train/samples_per_s"])
             shown["data"] = f"{metrics['train/data_wait_share']:.0%}"
@@ -307,7 +349,7 @@ class Loop:
             shown["mfu"] = f"{metrics['train/mfu']:.1%}"
         self.progress.show(shown, self.step, self.epoch)
 
-    def _validate(self) -> None:
+    def _validate(self, final: bool = False) -> None:
         self._fire("on_validation_start")
         # HOST SYNC (validation): score() reads the summed loss and accuracy once at its end.
         loss, acc = score(
@@ -318,11 +360,16 @@ class Loop:
         self._fire("on_validation_end", metrics)
         self.metrics.log(metrics, self.step, self.epoch)
         self.progress.message(
-            f"epoch {self.epoch} step {self.step}  val/loss={loss:.4f}  val/acc={acc:.4f}"
+            f"epoch {self._trained_epoch()} step {self.step}  val/loss={loss:.4f}  "
+            f"val/acc={acc:.4f}"
         )
-        if acc > self.best_val_acc:
-            self.best_val_acc = acc
-            self._save("best")
+        self.best_val_acc = max(self.best_val_acc, acc)  # summary.json's, whatever is monitored
+        epoch = self._trained_epoch()
+        plan = self.checkpoints.plan(metrics, epoch, self.step, self.checkpoints.due(epoch, final))
+        if plan is not None:
+            self._save(plan.name)
+            self.checkpoints.commit(plan)  # rank 0: best.pt, and the files out of the top k
+            self.env.barrier()
 
     def _test(self) -> dict[str, Any] | None:
         """Score the checkpoint selected on validation (best, else the final weights) once on
@@ -429,6 +476,7 @@ class Loop:
                 "step": self.step,
                 "batch_in_epoch": self.batch_in_epoch,
                 "best_val_acc": self.best_val_acc,
+                "checkpointing": self.checkpoints.state_dict(),  # checkpoint.monitor's best, top k
                 "last_val": list(self.last_val) if self.last_val else None,
                 # The run's length: a resume to another length rebuilds the lr schedule.
                 "total_steps": self.parts.total_steps,
@@ -462,6 +510,11 @@ class Loop:
         if self.env.is_main:
             ckpt_io.atomic_save(self._state(), path)
         self.env.barrier()
+
+    def _trained_epoch(self) -> int:
+        """The epoch the weights were last trained in (0-based, as the training lines show):
+        at an epoch end self.epoch already counts the next one."""
+        return self.epoch - 1 if self.batch_in_epoch == 0 and self.epoch > 0 else self.epoch
 
     def _load_weights(self, path: Path) -> None:
         if path.is_dir():
@@ -513,6 +566,8 @@ class Loop:
         wall_s = time.perf_counter() - start
         summary = {
             "best_val_acc": self.best_val_acc,
+            "monitor": self.checkpoints.monitor,
+            "best_score": self.checkpoints.best,  # the best checkpoint.monitor value
             "final_val_acc": self.last_val[1] if self.last_val else None,
             "final_val_loss": self.last_val[0] if self.last_val else None,
             **(test or {}),
@@ -527,6 +582,7 @@ class Loop:
             "run_dir": str(self.run_dir),
             "finished_early": self.finish_reason,
             "tags": list(self.cfg.get("tags") or []),
+            "checkpoints": str(self.ckpt_dir),
         }
         for technique in self.techniques:
             summary.update(technique.summary(self))
@@ -545,6 +601,14 @@ class Loop:
                 wall_s,
             )
         return summary
+
+
+def log_interval(log_every_n_steps: int, steps_per_epoch: int) -> int:
+    """trainer.log_every_n_steps, 0 = auto: 50 steps, or a quarter epoch when epochs are
+    shorter, so every epoch (the first too) logs train/loss a few times."""
+    if log_every_n_steps > 0:
+        return log_every_n_steps
+    return max(1, min(50, steps_per_epoch // 4))
 
 
 def _gradient_sync(model, enabled: bool):

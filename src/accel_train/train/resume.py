@@ -59,8 +59,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +70,7 @@ from accel_train.config.run_config import flatten, to_container
 from accel_train.errors import UserError
 from accel_train.optim import build_scheduler
 from accel_train.parallel import SHARDED_STRATEGIES
+from accel_train.train.checkpointing import best_score, link_or_copy
 
 if TYPE_CHECKING:  # the loop calls this module; only the type is needed here
     from accel_train.train.loop import Loop
@@ -111,15 +110,19 @@ RULES: list[tuple[str, str | None]] = [
     ("trainer.limit_val_batches", "best_val_acc was measured on that validation set"),
     ("trainer", None),
     ("early_stopping", None),
+    ("checkpoint", None),  # but monitor/mode: _transition
     ("strategy", None),
     ("precision", None),
     ("launcher", None),
     ("logger", None),
+    ("tags", None),
     ("paths", None),
     ("callbacks", None),
 ]
 _NO_RULE = "accel-train has no rule saying it may change on resume"
 
+# checkpoint.* keys that rank checkpoints, with what checkpoints before them ranked by.
+CHECKPOINT_RANKING = {"checkpoint.monitor": "val/acc", "checkpoint.mode": "max"}
 # Optimizer config keys -> the param-group key the restored optimizer state would keep.
 HYPERPARAMETERS = {
     f"optimizer.{k}": k for k in ("weight_decay", "betas", "eps", "momentum", "nesterov", "fused")
@@ -170,6 +173,13 @@ def _transition(key: str, old: Any, new: Any) -> str | None:
             "bf16_true keeps the parameters themselves in bf16, so the weights would be rounded "
             "or the optimizer state retyped"
         )
+    if key in CHECKPOINT_RANKING:
+        default = CHECKPOINT_RANKING[key]  # a checkpoint from before checkpoint.*: val/acc, max
+        if (default if old is UNSET else old) != new:
+            return (
+                "the best value so far and the kept checkpoints were ranked by it (best.pt would "
+                "mix two rankings)"
+            )
     if key == "optimizer.momentum" and (old in (0, UNSET)) != (new in (0, UNSET)):
         return "SGD keeps momentum buffers only with momentum > 0: they would appear or vanish"
     return None
@@ -414,6 +424,7 @@ def resume(loop: Loop) -> Resumed | None:
     if finished and p.get("finished_early"):
         loop.finish_reason = p["finished_early"]  # only the test pass is left
     loop.best_val_acc = p["best_val_acc"]
+    loop.checkpoints.load_state_dict(p, own)
     loop.last_val = tuple(p["last_val"]) if p["last_val"] else None
     saved = state.get("techniques", {})
     for technique in loop.techniques:
@@ -532,11 +543,12 @@ def _carry_best(loop: Loop, path: Path, state: dict, wanted: str) -> None:
     across file systems), so that best.pt here is the best of the whole run whose
     best_val_acc this run continues. Checkpoints are only ever replaced by a rename, never
     written in place, so the two run dirs never write through each other's link."""
-    best_acc = state["progress"]["best_val_acc"]
+    best = best_score(state["progress"])
     src = path.parent / f"best{'.dcp' if path.is_dir() else '.pt'}"
-    if best_acc < 0 or not src.exists():
+    if best is None or not src.exists():
         return  # nothing validated yet: there is no best to carry
-    where = f"resume={wanted}: the best checkpoint so far (val/acc {best_acc:.4f}) is {src}"
+    monitor = loop.checkpoints.monitor
+    where = f"resume={wanted}: the best checkpoint so far ({monitor} {best:.4f}) is {src}"
     if src.suffix != loop.ckpt_suffix:
         if loop.env.is_main:
             log.warning(
@@ -549,49 +561,22 @@ def _carry_best(loop: Loop, path: Path, state: dict, wanted: str) -> None:
                 loop.ckpt_suffix,
             )
         return
-    src_acc = _read(src)["progress"]["best_val_acc"]
-    if src_acc != best_acc:
+    src_best = best_score(_read(src)["progress"])
+    if src_best != best:
         if loop.env.is_main:
             log.warning(
-                "%s but that file now holds val/acc %.4f (that run went on after the checkpoint "
-                "you resume from): not carried over; this run's best%s holds only bests above "
-                "%.4f.",
+                "%s but that file now holds %s %s (that run went on after the checkpoint you "
+                "resume from): not carried over; this run's best%s holds only bests beyond %.4f.",
                 where,
-                src_acc,
+                monitor,
+                src_best,
                 loop.ckpt_suffix,
-                best_acc,
+                best,
             )
         return
     dst = loop.ckpt_dir / f"best{loop.ckpt_suffix}"
+    loop.checkpoints.carried_best()
     if loop.env.is_main:
-        _link_or_copy(src, dst)
-        log.info("best checkpoint (val/acc %.4f) carried over from %s to %s", best_acc, src, dst)
+        link_or_copy(src, dst)
+        log.info("best checkpoint (%s %.4f) carried over from %s to %s", monitor, best, src, dst)
     loop.env.barrier()
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """Put `src` (a file or a .dcp directory) at `dst` atomically: built beside it, renamed. The
-    temp names are the ones checkpoint saves use, so a kill here leaves what the next start
-    already knows how to clear."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if src.is_file():
-        tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-        tmp.unlink(missing_ok=True)
-        _link_file(src, tmp)
-        os.replace(tmp, dst)
-        return
-    tmp, old = dst.with_name(f".{dst.name}.tmp"), dst.with_name(f".{dst.name}.old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, copy_function=_link_file)
-    shutil.rmtree(old, ignore_errors=True)
-    if dst.exists():
-        os.replace(dst, old)
-    os.replace(tmp, dst)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _link_file(src: str | Path, dst: str | Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # another file system, or links not supported
-        shutil.copy2(src, dst)

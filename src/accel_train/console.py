@@ -1,0 +1,219 @@
+"""What the user sees on the console while training: the progress bar (rich) or plain lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+log = logging.getLogger("accel_train")
+
+
+class Progress:
+    """A rich progress bar on a terminal, plain log lines otherwise (or nothing)."""
+
+    def __init__(self, mode: str, enabled: bool):
+        if mode == "auto":
+            mode = "rich" if sys.stdout.isatty() else "plain"
+        self.mode = mode if enabled else "none"
+        self.bar = self.task = None
+        if self.mode == "rich":
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as RichProgress
+
+            self.bar = RichProgress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[stats]}"),
+                transient=False,
+            )
+            self.bar.start()
+
+    def start_epoch(self, epoch: int, total: int, done: int = 0) -> None:
+        if self.bar:
+            if self.task is not None:
+                self.bar.remove_task(self.task)
+            self.task = self.bar.add_task(f"epoch {epoch}", total=total, completed=done, stats="")
+
+    def advance(self) -> None:
+        if self.bar:
+            self.bar.advance(self.task)
+
+    def show(self, metrics: dict[str, Any], step: int, epoch: int) -> None:
+        text = "  ".join(_fmt(k, v) for k, v in metrics.items())
+        if self.bar:
+            self.bar.update(self.task, stats=text)
+        elif self.mode == "plain":
+            log.info("epoch %d step %d  %s", epoch, step, text)
+
+    def message(self, text: str) -> None:
+        if self.bar:
+            self.bar.console.print(text)
+        elif self.mode == "plain":
+            log.info(text)
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.stop()
+            self.bar, self.mode = None, "plain"  # later messages: log lines, below the bar
+
+    def console(self) -> Console:
+        """Where rich output goes: the bar's console, or a plain one on stdout."""
+        return self.bar.console if self.bar else Console()
+
+
+def _fmt(key: str, value: Any) -> str:
+    if isinstance(value, float):
+        return f"{key}={value:.4g}" if "lr" in key else f"{key}={value:.4f}".rstrip("0")
+    return f"{key}={value}"
+
+
+# ---- start-up: what was chosen and changed -------------------------------------------------
+
+
+def startup_tree(
+    cfg: Any, choices: dict[str, str], default_choices: dict[str, str], defaults: dict[str, Any]
+) -> Tree:
+    """The config at start-up, short: each group's option (bold when not the default one) and
+    the values that differ from the chosen options' defaults (experiment files and overrides).
+    The whole tree is in <run dir>/config_tree.txt."""
+    tree = Tree(
+        f"[bold]config[/bold] [dim](all keys: {Path(cfg.paths.output_dir) / 'config_tree.txt'})",
+        guide_style="dim",
+    )
+    shown = []
+    for group, option in choices.items():
+        text = f"{group}={option}"
+        shown.append(f"[bold]{text}[/bold]" if default_choices.get(group) != option else text)
+    tree.add("options: " + "  ".join(shown))
+    changed = tree.add("changed from the defaults")
+    flat = _leaves(OmegaConf.to_container(cfg, resolve=True))
+    count = 0
+    for key, value in flat.items():
+        if key.split(".")[0] in ("paths", "hydra") or key.endswith(".name"):
+            continue
+        if key in defaults and defaults[key] != value:
+            changed.add(f"{key}: {value} [dim](default {defaults[key]})")
+            count += 1
+        elif key not in defaults and defaults:
+            changed.add(f"{key}: {value} [dim](added)")
+            count += 1
+    if not count:
+        changed.label = "changed from the defaults: nothing"
+    return tree
+
+
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            if isinstance(value, dict) and value:
+                flat.update(_leaves(value, f"{prefix}{key}."))
+            else:
+                flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def flat_defaults(tree: Any) -> dict[str, Any]:
+    """Dotted key -> value of a composed default config (see startup_tree)."""
+    return _leaves(tree)
+
+
+# ---- the end of a run: a summary table, curves.png -----------------------------------------
+
+
+def summary_table(summary: dict[str, Any], ckpt_dir: Path, monitor: str) -> Table:
+    table = Table(title="run summary", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+
+    def num(value: Any, digits: int = 4) -> str:
+        return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+    best = summary.get("best_score")
+    if best is not None and monitor != "val/acc":
+        table.add_row(f"best {monitor}", num(best))
+    table.add_row("best val/acc", num(summary.get("best_val_acc")))
+    table.add_row(
+        "final val/acc, val/loss",
+        f"{num(summary.get('final_val_acc'))}, {num(summary.get('final_val_loss'))}",
+    )
+    if "test_acc" in summary:
+        table.add_row(
+            f"test/acc, test/loss ({summary.get('test_ckpt')} weights)",
+            f"{num(summary['test_acc'])}, {num(summary.get('test_loss'))}",
+        )
+    table.add_row("steps, epochs", f"{summary.get('steps')}, {summary.get('epochs')}")
+    table.add_row("time", f"{summary.get('wall_s', 0.0):.1f} s")
+    table.add_row("train samples/s", f"{summary.get('train_samples_per_s', 0.0):,.0f}")
+    files = sorted(p.name for p in ckpt_dir.glob("*") if not p.name.startswith("."))
+    table.add_row("checkpoints", f"{ckpt_dir}/ ({', '.join(files) or 'none kept'})")
+    return table
+
+
+_said_no_matplotlib = False
+
+
+def plot_curves(run_dir: Path) -> Path | None:
+    """curves.png: loss and accuracy against the optimizer step, from metrics.jsonl. Needs the
+    `plot` extra (matplotlib); without it, one info line a process and nothing else."""
+    global _said_no_matplotlib
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display needed, none opened
+        logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font cache notes
+        import matplotlib.pyplot as plt
+    except ImportError:
+        if not _said_no_matplotlib:
+            _said_no_matplotlib = True
+            log.info("curves.png skipped: `pip install accel-train[plot]` (matplotlib) to get it")
+        return None
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        for key in ("train/loss", "val/loss", "train/acc", "val/acc"):
+            if isinstance(row.get(key), int | float):
+                steps, values = series.setdefault(key, ([], []))
+                steps.append(row["step"])
+                values.append(row[key])
+    if not series:
+        return None
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, kind in ((ax_loss, "loss"), (ax_acc, "acc")):
+        for split in ("train", "val"):
+            key = f"{split}/{kind}"
+            if key in series:
+                style = "-" if split == "train" else "o-"
+                ax.plot(*series[key], style, label=key)
+        ax.set_xlabel("optimizer step")
+        ax.set_title(kind)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path = run_dir / "curves.png"
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

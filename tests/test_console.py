@@ -1,0 +1,80 @@
+"""What a user sees: train/loss and train/acc from the first epoch with the default cadence, a
+short start-up config (the whole tree in config_tree.txt), the end-of-run table, curves.png, a
+profiler without kineto's GPU error on a CPU machine; under torchrun rank 0's output in
+train.log and no DDP grad-stride warning."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from helpers import FAST, check_ok, read_jsonl
+
+
+def test_default_cadence_logs_train_loss_and_acc_in_epoch_0(run_cli, tmp_path):
+    run_dir = tmp_path / "run"
+    # 1100 images: ~15 steps an epoch, fewer than the old fixed 50.
+    proc = run_cli(
+        [
+            *FAST,
+            "dataset.num_train=1100",
+            "trainer.max_epochs=2",
+            "trainer.progress=plain",
+            "trainer.profile=true",
+            "trainer.profile_steps=2",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
+    check_ok(proc)
+    # A CPU trace on a CUDA build of torch without a driver: no kineto GPU error.
+    assert list((run_dir / "profile").glob("*.pt.trace.json*"))
+    assert "gpuGetDeviceCount" not in proc.stdout + proc.stderr
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    train = [r for r in rows if "train/loss" in r]
+    assert [r for r in train if r["epoch"] == 0], rows
+    assert len(train) >= 4  # a few points an epoch, not one in the run
+    assert all(0.0 <= r["train/acc"] <= 1.0 for r in train)
+    csv = (run_dir / "metrics.csv").read_text()
+    assert ",train/loss," in csv and ",train/acc," in csv
+
+    out = proc.stdout + proc.stderr
+    # The start-up tree: chosen options and changed values; every key only in the file.
+    assert "model=mlp" in out and "dataset.num_train: 1100 (default 2048)" in out
+    assert "tune_malloc" not in out.split("run dir:")[0]
+    assert "tune_malloc: True" in (run_dir / "config_tree.txt").read_text()
+    # Validation lines number epochs as the training lines do (0-based).
+    assert "epoch 0 step" in out and "epoch 1 step" in out and "epoch 2 step" not in out
+    assert "run summary" in proc.stdout and "best val/acc" in proc.stdout
+    done = [line for line in out.splitlines() if "done:" in line]
+    assert done and all(line.split("]")[0].startswith("[") for line in done)
+    has_plot = importlib.util.find_spec("matplotlib") is not None
+    assert (run_dir / "curves.png").exists() == has_plot
+
+
+@pytest.mark.slow
+def test_ddp_rank0_output_in_train_log_and_no_grad_stride_warning(run_cli, tmp_path):
+    """mnist_amp's setting (CNN, device loader, random shift) under 2-process DDP."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        [
+            "model=mnist_cnn",
+            "dataset.num_train=256",
+            "dataset.num_test=64",
+            "loader=device",
+            "precision=amp",
+            "dataset.random_shift=2",
+            "strategy=ddp",
+            "launcher=torchrun",
+            "launcher.nproc_per_node=2",
+            "trainer.max_steps=3",
+            "trainer.log_every_n_steps=1",
+            "trainer.progress=plain",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
+    check_ok(proc)
+    assert "Grad strides" not in proc.stdout + proc.stderr
+    log = (run_dir / "train.log").read_text()
+    assert "torchrun" in log  # the launcher's lines
+    assert "[rank 0]" in log and "val/acc=" in log and "done:" in log  # and rank 0's
+    assert "[rank 1]" not in log
