@@ -33,6 +33,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.progress": ("auto", "rich", "plain", "none"),
     "trainer.on_nonfinite": ("stop", "skip_step"),
+    "prune.method": ("unstructured", "structured"),
+    "prune.scope": ("global", "layer"),
+    "prune.schedule.ramp": ("cubic", "linear"),
 }
 
 
@@ -105,6 +108,8 @@ MINIMUMS: dict[str, tuple[int, str]] = {
     "dataset.num_train": (1, "images generated for training and validation"),
     "dataset.num_test": (1, "images generated for the test split"),
     "dataset.in_channels": (1, "image channels"),
+    "prune.schedule.every_n_steps": (1, "optimizer steps between mask updates"),
+    "selective_backprop.interrupt": (0, "0 = never a full-batch step inside [start, end)"),
 }
 
 # A gradient norm clipped below this leaves (plain SGD) steps that barely move the weights.
@@ -165,6 +170,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"optimizer.lr={cfg.optimizer.lr} must be > 0, e.g. `optimizer.lr=1e-3`.")
     check_optimizer(cfg)
     check_scheduler(cfg)
+    check_compression(cfg)
     check_pointless(cfg)
     check_loop_intervals(cfg)
     if cfg.loader.name == "torch" and cfg.loader.prefetch_factor < 1:
@@ -299,6 +305,73 @@ def check_optimizer(cfg: DictConfig) -> None:
             raise UserError(
                 "optimizer.nesterov=true needs momentum, but optimizer.momentum=0. Set "
                 "`optimizer.momentum=0.9` or `optimizer.nesterov=false`."
+            )
+
+
+def check_compression(cfg: DictConfig) -> None:
+    """distill, prune and selective_backprop: value ranges, the teacher's file, combinations."""
+    d, p, sb = cfg.distill, cfg.prune, cfg.selective_backprop
+    if d.teacher is not None:
+        if not 0 <= d.alpha <= 1:
+            raise UserError(
+                f"distill.alpha={d.alpha} must be in [0, 1]: the weight of the hard-label loss "
+                "(the soft loss gets 1 - alpha), e.g. `distill.alpha=0.5`."
+            )
+        if d.temperature <= 0:
+            raise UserError(
+                f"distill.temperature={d.temperature} must be > 0 (logits are divided by it), "
+                "e.g. `distill.temperature=4`."
+            )
+        if isinstance(d.teacher, str):
+            teacher = Path(d.teacher).expanduser()
+            if not (teacher.is_file() or (teacher / "meta.pt").is_file()):
+                raise UserError(
+                    f"distill.teacher={d.teacher!r}: no such checkpoint. Give the path of a .pt "
+                    "file (or an FSDP .dcp directory) written by accel-train, e.g. "
+                    "`distill.teacher=outputs/<run>/checkpoints/best.pt`, or a model by "
+                    "`+distill.teacher._target_=pkg.module.make_teacher`."
+                )
+        elif not isinstance(d.teacher, DictConfig) or "_target_" not in d.teacher:
+            raise UserError(
+                f"distill.teacher={d.teacher!r} is neither a checkpoint path nor a model node "
+                "with a _target_. Use `distill.teacher=path/to/best.pt` or "
+                "`+distill.teacher._target_=pkg.module.make_teacher`."
+            )
+    if p.amount != 0:
+        if not 0 < p.amount < 1:
+            raise UserError(
+                f"prune.amount={p.amount} must be in [0, 1): the final share of pruned weights "
+                "(0 = off), e.g. `prune.amount=0.5`."
+            )
+        sch = p.schedule
+        if sch.start < 0 or sch.end <= sch.start:
+            raise UserError(
+                f"prune.schedule.start={sch.start} and prune.schedule.end={sch.end}: need 0 <= "
+                "start < end (fractions of the run if <= 1, else optimizer steps), e.g. "
+                "`prune.schedule.start=0.1 prune.schedule.end=0.7`."
+            )
+        if p.method == "structured" and p.scope == "global":
+            raise UserError(
+                "prune.method=structured with prune.scope=global: torch.nn.utils.prune ranks "
+                "channels only within a layer (ln_structured). Set `prune.scope=layer`."
+            )
+        if cfg.strategy.name == "fsdp":
+            raise UserError(
+                "prune with strategy=fsdp is not supported: torch.nn.utils.prune keeps a full "
+                "mask per weight, and FSDP shards the weights across ranks. Use "
+                "`strategy=ddp` (or single), or `prune.amount=0`."
+            )
+    if sb.keep != 1:
+        if not 0 < sb.keep < 1:
+            raise UserError(
+                f"selective_backprop.keep={sb.keep} must be in (0, 1]: the share of each batch "
+                "trained on (1 = off), e.g. `selective_backprop.keep=0.5`."
+            )
+        if not 0 <= sb.start < sb.end <= 1:
+            raise UserError(
+                f"selective_backprop.start={sb.start} and .end={sb.end} must be fractions of the "
+                "run with 0 <= start < end <= 1, e.g. `selective_backprop.start=0.5 "
+                "selective_backprop.end=0.9`."
             )
 
 

@@ -285,6 +285,41 @@ class EarlyStoppingConfig:
     min_delta: float = 0.0
 
 
+# ---- compression techniques: one typed group each, off at their neutral value -----------
+
+
+@dataclass
+class DistillConfig:
+    # A teacher checkpoint path (.pt, or an FSDP .dcp dir), or a model node with a _target_.
+    teacher: Any = None
+    alpha: float = 0.5
+    temperature: float = 4.0
+
+
+@dataclass
+class PruneScheduleConfig:
+    start: float = 0.0
+    end: float = 0.8
+    ramp: str = "cubic"
+    every_n_steps: int = 10
+
+
+@dataclass
+class PruneConfig:
+    amount: float = 0.0
+    method: str = "unstructured"
+    scope: str = "global"
+    schedule: PruneScheduleConfig = field(default_factory=PruneScheduleConfig)
+
+
+@dataclass
+class SelectiveBackpropConfig:
+    keep: float = 1.0
+    start: float = 0.5
+    end: float = 0.9
+    interrupt: int = 2
+
+
 # Loggers: each option sits under its own key (`logger.csv`, `logger.mlflow`, ...), as in
 # lightning-hydra-template, so that several chosen at once (`logger=[csv,mlflow]`) do not
 # overwrite each other; `cfg.logger` maps each chosen logger to its settings.
@@ -366,6 +401,9 @@ class TrainConfig:
     tags: list[str] = field(default_factory=list)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    prune: PruneConfig = field(default_factory=PruneConfig)
+    selective_backprop: SelectiveBackpropConfig = field(default_factory=SelectiveBackpropConfig)
     # Loop hooks by _target_ (accel_train.techniques.Technique subclasses), by name.
     callbacks: dict[str, Any] = field(default_factory=dict)
 

@@ -31,10 +31,13 @@ from accel_train.targets import build
 from accel_train.techniques import PARALLEL, BuildContext, Technique
 from accel_train.techniques.channels_last import ChannelsLast
 from accel_train.techniques.compile import Compile
+from accel_train.techniques.distill import Distill
 from accel_train.techniques.early_stopping import EarlyStopping, StopAtTarget
 from accel_train.techniques.malloc import TuneMalloc
 from accel_train.techniques.nonfinite import NonFinite
 from accel_train.techniques.profiler import Profiler
+from accel_train.techniques.prune import Prune
+from accel_train.techniques.selective_backprop import SelectiveBackprop
 from accel_train.techniques.speed import SpeedMetrics
 
 
@@ -50,6 +53,16 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
         chosen.append(Compile())
     if t.profile:
         chosen.append(Profiler(t.profile_steps))
+    # Selective backprop before distillation: its wrapper is outermost, so the teacher and the
+    # student's soft loss see the selected samples.
+    sb = cfg.selective_backprop
+    if sb.keep < 1:
+        chosen.append(SelectiveBackprop(sb.keep, sb.start, sb.end, sb.interrupt))
+    if cfg.distill.teacher is not None:
+        chosen.append(Distill(cfg.distill.teacher, cfg.distill.alpha, cfg.distill.temperature))
+    if cfg.prune.amount > 0:
+        p, s = cfg.prune, cfg.prune.schedule
+        chosen.append(Prune(p.amount, p.method, p.scope, s.start, s.end, s.ramp, s.every_n_steps))
     chosen.append(NonFinite(t.on_nonfinite))  # always on: `stop` costs one add per micro-batch
     chosen.append(SpeedMetrics(t.peak_flops))  # always on: host clocks read at logging steps
     es = cfg.early_stopping

@@ -118,6 +118,11 @@ RULES: list[tuple[str, str | None]] = [
     ("tags", None),
     ("paths", None),
     ("callbacks", None),
+    # Techniques: a new schedule or teacher applies from the resumed step (prune masks are in
+    # the checkpoint and only ever grow).
+    ("distill", None),
+    ("prune", None),
+    ("selective_backprop", None),
 ]
 _NO_RULE = "accel-train has no rule saying it may change on resume"
 
