@@ -176,6 +176,9 @@ def test_prune_refusals(tmp_path):
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "prune.method=structured with prune.scope=global" in proc.stderr
+    proc = run_cli([*TINY, "prune.amount=0.5", "strategy=fsdp", "hydra.run.dir=r"], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "prune with strategy=fsdp is not supported" in proc.stderr
 
 
 # ---- selective backprop -------------------------------------------------------------------
