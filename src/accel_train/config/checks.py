@@ -355,11 +355,12 @@ def check_compression(cfg: DictConfig) -> None:
                 "prune.method=structured with prune.scope=global: torch.nn.utils.prune ranks "
                 "channels only within a layer (ln_structured). Set `prune.scope=layer`."
             )
-        if cfg.strategy.name == "fsdp":
+        if cfg.strategy.name in ("fsdp", "pipeline"):
             raise UserError(
-                "prune with strategy=fsdp is not supported: torch.nn.utils.prune keeps a full "
-                "mask per weight, and FSDP shards the weights across ranks. Use "
-                "`strategy=ddp` (or single), or `prune.amount=0`."
+                f"prune with strategy={cfg.strategy.name} is not supported: torch.nn.utils.prune "
+                "keeps a full mask per weight and ranks the weights of the whole model, while "
+                f"{cfg.strategy.name} spreads the weights over the ranks. Use `strategy=ddp` (or "
+                "single), or `prune.amount=0`."
             )
     if sb.keep != 1:
         if not 0 < sb.keep < 1:
