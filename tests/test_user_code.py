@@ -29,8 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import check_ok, read_jsonl
 from omegaconf import OmegaConf
+
+from accel_train.targets import build
 
 RECORD = "user_code_calls.jsonl"
 
@@ -737,3 +740,16 @@ def test_ddp_two_processes_with_user_code(tmp_path, run_cli):
     assert len({r["pid"] for r in records(cwd, "WideCNN")}) >= 2
     assert len({r["pid"] for r in records(cwd, "FocalLoss.forward")}) >= 2
     assert os.path.isfile(run_dir / "checkpoints" / "last.pt")
+
+
+class LossWithoutInit(torch.nn.Module):
+    """A user loss that only defines forward: torch's Module.__init__ takes *args, **kwargs."""
+
+    def forward(self, logits, labels):
+        return torch.nn.functional.cross_entropy(logits, labels)
+
+
+def test_a_module_without_init_gets_no_runtime_arguments():
+    node = OmegaConf.create({"_target_": "test_user_code.LossWithoutInit"})
+    loss = build(node, "loss", runtime={"num_classes": 10})
+    assert isinstance(loss, LossWithoutInit)

@@ -133,6 +133,11 @@ _VAR = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 def _parameters(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    init = getattr(fn, "__init__", None) if isinstance(fn, type) else None
+    if init is object.__init__ or getattr(init, "__qualname__", "") == "Module.__init__":
+        # A class with no __init__ of its own (e.g. an nn.Module loss that only defines
+        # forward): torch's Module.__init__(*args, **kwargs) would look like it takes anything.
+        return {}
     try:
         return dict(inspect.signature(fn).parameters)
     except (TypeError, ValueError):  # some builtins have no signature: accept anything
