@@ -82,9 +82,8 @@ def test_activation_checkpointing_trains_the_same(run_cli, tmp_path):
             check_ok(proc)
             runs[mode] = run_dir
             if mode != "off":
-                what = (
-                    "2 of 4 nn.Sequential" if name == "mnist_cnn" else "8 of 8 blocks (BasicBlock)"
-                )
+                blocks = "8 of 8 blocks (BasicBlock)"
+                what = "2 of 4 nn.Sequential" if name == "mnist_cnn" else blocks
                 assert what in proc.stdout + proc.stderr
         off, on = runs.values()
         assert _losses(off) == _losses(on) and len(_losses(on)) == 3
