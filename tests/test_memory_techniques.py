@@ -10,13 +10,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import FAST, assert_same_weights, check_ok, read_jsonl
+from helpers import FAST, assert_same_weights, check_ok, count_host_reads, read_jsonl
 from omegaconf import OmegaConf
 from torch import nn
 
 from accel_train.checkpoint import load_checkpoint
+from accel_train.config.run_config import resolve
 from accel_train.errors import UserError
+from accel_train.parallel import process_group
+from accel_train.techniques import Technique
 from accel_train.techniques.activation_checkpointing import ActivationCheckpointing
+from accel_train.train.build import build_components
+from accel_train.train.loop import Loop
 
 # 256 samples, 10% validation -> 230 train / 32 per batch = 8 batches = 8 steps per epoch.
 EXACT = [
@@ -183,3 +188,44 @@ def test_fsdp_with_activation_checkpointing_and_ema(run_cli, tmp_path):
     assert after["progress"]["step"] == 3
     moved = after["techniques"]["ema"]["tensors"]["fc.weight"]
     assert not torch.equal(moved, average["fc.weight"])
+
+
+class _Marks(Technique):
+    """Records how many host reads had happened at each step's end."""
+
+    def __init__(self, calls):
+        self.calls, self.marks = calls, {}
+
+    def on_train_step_end(self, loop):
+        self.marks[loop.step] = len(self.calls)
+
+
+def test_ema_and_activation_checkpointing_never_sync_between_logging_steps(
+    compose_cfg, tmp_path, monkeypatch
+):
+    calls = count_host_reads(monkeypatch)
+    cfg = compose_cfg(
+        [
+            *FAST,
+            "loader.batch_size=16",
+            "trainer.max_steps=8",
+            "trainer.log_every_n_steps=4",
+            "trainer.limit_val_batches=1",
+            "trainer.test_after_fit=false",
+            "logger=none",
+            "ema.enabled=true",
+            "ema.start_step=2",
+            "activation_checkpointing.mode=selective",
+            f"paths.output_dir={tmp_path}",
+        ]
+    )
+    cfg = resolve(cfg)
+    with process_group("cpu") as env:
+        parts = build_components(cfg, env)
+        marks = _Marks(calls)
+        parts.techniques.append(marks)  # after ema: its count includes ema's update
+        Loop(cfg, env, parts).fit()
+    per_step = {s: marks.marks[s] - marks.marks[s - 1] for s in range(2, 9)}
+    # Step 4 logs (its sync shows in step 5's count); no other step reads the device.
+    assert all(n == 0 for s, n in per_step.items() if s != 5), (per_step, calls)
+    assert per_step[5] >= 1, "the counter must see the logging sync"
