@@ -127,7 +127,7 @@ def bench_ema(a: argparse.Namespace) -> None:
     n = sum(t.numel() for t in ema.average)
     print(f"resnet18 ({n:,} averaged values), {a.size} px, batch {a.batch}; {machine()}")
     print(f"load: {load_avg()}")
-    print(f"| training step CPU s | EMA update CPU s | overhead |\n|---|---|---|")
+    print("| training step CPU s | EMA update CPU s | overhead |\n|---|---|---|")
     print(f"| {step:.3f} | {update:.4f} | {update / step:+.1%} |")
 
 
