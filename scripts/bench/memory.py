@@ -6,16 +6,17 @@ python scripts/bench/memory.py ema --rounds 5
 python scripts/bench/memory.py auto                   # the CLI's probe table (mnist_cnn)
 
 `ac`: each variant runs in a fresh child process (alternating off/selective/full, `--rounds`
-times): 2 warm-up steps, then the peak RSS (VmHWM, reset after the warm-up) minus the RSS
-before the timed steps (the memory a step adds: activations, gradients' temporaries), and the
-median CPU seconds per step. `ema`: one process, the update (Ema.on_train_step_end) timed
-against the training step of the same model.
+times; glibc's mmap threshold fixed so freed activations leave the RSS): 1 warm-up step, then
+the peak RSS (VmHWM, reset after the warm-up) minus the RSS before the timed steps (the memory
+a step adds: activations, gradients' temporaries), and the median CPU seconds per step. `ema`:
+one process, the update (Ema.on_train_step_end) timed against the training step of the same model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -59,8 +60,7 @@ def _resnet_step(mode: str, batch: int, size: int, steps: int) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(2):
-        step()
+    step()  # warm-up: allocates the momentum buffers
     Path("/proc/self/clear_refs").write_text("5")
     base = _kib("VmRSS")
     cpu, wall = [], []
@@ -82,7 +82,11 @@ def bench_ac(a: argparse.Namespace) -> None:
     for r in range(a.rounds):
         for mode in results:
             cmd = [sys.executable, __file__, "child", mode, str(a.batch), str(a.size), str(a.steps)]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            # A fixed mmap threshold: glibc maps every large block and unmaps it when freed, so
+            # the RSS between steps drops back and the peak above it is the step's own memory
+            # (glibc's default raises the threshold and keeps freed blocks in the heap).
+            env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 << 10)}
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
             results[mode].append(json.loads(out.strip().splitlines()[-1]))
             print(f"round {r} {results[mode][-1]}  load {load_avg()}", flush=True)
     off = {k: statistics.median(x[k] for x in results["off"]) for k in ("step_peak_mib", "cpu_s")}
