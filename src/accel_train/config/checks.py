@@ -36,6 +36,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "prune.method": ("unstructured", "structured"),
     "prune.scope": ("global", "layer"),
     "prune.schedule.ramp": ("cubic", "linear"),
+    "activation_checkpointing.mode": ("off", "full", "selective"),
 }
 
 
@@ -95,6 +96,11 @@ OBJECTIVES: dict[str, str] = {
 MINIMUMS: dict[str, tuple[int, str]] = {
     "loader.batch_size": (1, "samples per device per micro-batch"),
     "loader.eval_batch_size": (0, "0 means the same as loader.batch_size"),
+    "loader.max_batch_size": (1, "the largest batch size loader.batch_size=auto probes"),
+    "trainer.global_batch_size": (0, "0 keeps trainer.accumulate_grad_batches as set"),
+    "ema.every_n_steps": (1, "optimizer steps between EMA updates"),
+    "ema.start_step": (0, "the optimizer step the EMA starts averaging at"),
+    "activation_checkpointing.every": (1, "with mode=selective, every n-th block"),
     "loader.num_workers": (0, "0 loads in the main process"),
     "trainer.accumulate_grad_batches": (1, "1 means no accumulation"),
     "trainer.log_every_n_steps": (0, "optimizer steps between metric lines; 0 = auto"),
@@ -156,6 +162,7 @@ def validate(cfg: DictConfig) -> None:
                 f"{group} has no _target_: every {group} option names the class or factory that "
                 f"builds it. Pick an option (`{group}=custom {group}._target_=my_pkg.module.Name`)."
             )
+    check_memory_techniques(cfg)
     t = cfg.trainer
     if t.max_epochs < 1 and t.max_steps < 1:
         raise UserError(
@@ -280,6 +287,39 @@ def check_loop_intervals(cfg: DictConfig) -> None:
                 f"early_stopping.patience={es.patience} must be >= 1 and "
                 f"early_stopping.min_delta={es.min_delta} >= 0."
             )
+
+
+def check_memory_techniques(cfg: DictConfig) -> None:
+    """loader.batch_size (an int or auto), EMA and the auto batch size's keys."""
+    bs, t = cfg.loader.batch_size, cfg.trainer
+    if bs != "auto" and (isinstance(bs, bool) or not isinstance(bs, int)):
+        raise UserError(
+            f"loader.batch_size={bs!r} is not a whole number or `auto`: give the samples per "
+            "device per micro-batch (e.g. `loader.batch_size=64`), or `loader.batch_size=auto` "
+            "to probe for one before training."
+        )
+    if t.global_batch_size and bs != "auto":
+        raise UserError(
+            f"trainer.global_batch_size={t.global_batch_size} only works with "
+            f"loader.batch_size=auto (it raises the accumulation to keep the global batch "
+            f"whatever size the probe picks); with loader.batch_size={bs} set "
+            "`trainer.accumulate_grad_batches` yourself, or `trainer.global_batch_size=0`."
+        )
+    if t.global_batch_size and t.accumulate_grad_batches != 1:
+        raise UserError(
+            f"trainer.global_batch_size={t.global_batch_size} sets the accumulation itself, but "
+            f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} was also given: drop one."
+        )
+    if not 0 < t.memory_fraction <= 1:
+        raise UserError(
+            f"trainer.memory_fraction={t.memory_fraction} must be in (0, 1]: the share of the "
+            "memory a probed batch size may use, e.g. `trainer.memory_fraction=0.9`."
+        )
+    if not 0 <= cfg.ema.decay < 1:
+        raise UserError(
+            f"ema.decay={cfg.ema.decay} must be in [0, 1) (ema = decay * ema + (1 - decay) * "
+            "weights; 1 would never move), e.g. `ema.decay=0.999`."
+        )
 
 
 def check_optimizer(cfg: DictConfig) -> None:

@@ -183,7 +183,10 @@ class SlurmLauncherConfig(LauncherConfig):
 @dataclass
 class LoaderConfig:
     name: str = MISSING
-    batch_size: int = 64
+    # An int >= 1, or "auto" (probed before training: train/auto_batch.py); checked in
+    # config/checks.py, since OmegaConf 2.3 has no int-or-str type.
+    batch_size: Any = 64
+    max_batch_size: int = 1024
     eval_batch_size: int = 0
     drop_last: bool = False
     shuffle: bool = True
@@ -274,6 +277,8 @@ class TrainerConfig:
     tune_malloc: bool = True
     on_nonfinite: str = "stop"
     peak_flops: float = 0.0
+    memory_fraction: float = 0.9
+    global_batch_size: int = 0
 
 
 @dataclass
@@ -372,6 +377,21 @@ LOGGER_SCHEMAS: dict[str, type] = {
 
 
 @dataclass
+class EmaConfig:
+    enabled: bool = False
+    decay: float = 0.999
+    every_n_steps: int = 1
+    start_step: int = 0
+
+
+@dataclass
+class ActivationCheckpointingConfig:
+    mode: str = "off"
+    every: int = 2
+    classes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class PathsConfig:
     data_dir: str = MISSING
     log_dir: str = MISSING
@@ -395,6 +415,10 @@ class TrainConfig:
     scheduler: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     early_stopping: Any = MISSING
+    ema: EmaConfig = field(default_factory=EmaConfig)
+    activation_checkpointing: ActivationCheckpointingConfig = field(
+        default_factory=ActivationCheckpointingConfig
+    )
     # The chosen loggers by name (LOGGER_SCHEMAS); {} = metrics.jsonl only.
     logger: dict[str, Any] = field(default_factory=dict)
     # Free-form labels of the run, recorded in every logger and in summary.json.

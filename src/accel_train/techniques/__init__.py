@@ -12,7 +12,8 @@ A technique may transform the model once at build time, hook into the loop, or b
             loss = compute(x, labels) under autocast, backward, optimizer step
             on_train_step_end(loop)             device tensors only: NO host sync here
             [every log_every_n_steps]  on_log(loop, metrics)        host sync allowed
-            [validation]  on_validation_start(loop) ... on_validation_end(loop, metrics)
+            [validation]  on_validation_start(loop) ... on_validation_end(loop, metrics),
+                          checkpoints saved, after_validation(loop)
             [checkpoint]  on_save(loop, name), then state_dict() saved under
                           checkpoint["techniques"][name]   host sync allowed
     on_fit_end(loop)                            always, also when the run stops early
@@ -90,6 +91,10 @@ class Technique:
 
     def on_validation_end(self, loop: Any, metrics: dict[str, float]) -> None:
         pass
+
+    def after_validation(self, loop: Any) -> None:
+        """After validation's checkpoint (best.pt, top k) was written: e.g. ema swaps the
+        training weights back in only here, so that checkpoint holds the validated weights."""
 
     def on_save(self, loop: Any, name: str) -> None:
         pass

@@ -29,10 +29,12 @@ from accel_train.pipeline import Pipeline, PipelineEval, build_pipeline, data_co
 from accel_train.precision import Precision, resolve_precision
 from accel_train.targets import build
 from accel_train.techniques import PARALLEL, BuildContext, Technique
+from accel_train.techniques.activation_checkpointing import ActivationCheckpointing
 from accel_train.techniques.channels_last import ChannelsLast
 from accel_train.techniques.compile import Compile
 from accel_train.techniques.distill import Distill
 from accel_train.techniques.early_stopping import EarlyStopping, StopAtTarget
+from accel_train.techniques.ema import Ema
 from accel_train.techniques.malloc import TuneMalloc
 from accel_train.techniques.nonfinite import NonFinite
 from accel_train.techniques.profiler import Profiler
@@ -47,6 +49,9 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
     chosen: list[Technique] = []
     if t.tune_malloc:
         chosen.append(TuneMalloc())
+    ac = cfg.activation_checkpointing
+    if ac.mode != "off":
+        chosen.append(ActivationCheckpointing(ac.mode, ac.every, list(ac.classes)))
     if t.channels_last:
         chosen.append(ChannelsLast())
     if t.compile:
@@ -63,6 +68,8 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
     if cfg.prune.amount > 0:
         p, s = cfg.prune, cfg.prune.schedule
         chosen.append(Prune(p.amount, p.method, p.scope, s.start, s.end, s.ramp, s.every_n_steps))
+    if cfg.ema.enabled:
+        chosen.append(Ema(cfg.ema.decay, cfg.ema.every_n_steps, cfg.ema.start_step))
     chosen.append(NonFinite(t.on_nonfinite))  # always on: `stop` costs one add per micro-batch
     chosen.append(SpeedMetrics(t.peak_flops))  # always on: host clocks read at logging steps
     es = cfg.early_stopping

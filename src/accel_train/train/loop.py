@@ -40,6 +40,7 @@ from accel_train.errors import UserError
 from accel_train.loggers import MetricsLogger, json_safe
 from accel_train.models import count_parameters
 from accel_train.parallel import SHARDED_STRATEGIES, DistEnv, process_group
+from accel_train.train.auto_batch import resolve_batch_size
 from accel_train.train.build import Components, build_components, make_loader
 from accel_train.train.checkpointing import Checkpointing, known_metrics
 from accel_train.train.evaluate import score
@@ -54,6 +55,7 @@ def run_training(cfg: DictConfig) -> dict[str, Any]:
     with process_group(cfg.trainer.device, cfg.strategy.backend) as env:
         if env.distributed:
             agree_on_config(cfg, env)
+        resolve_batch_size(cfg, env)  # loader.batch_size=auto: probed or taken from the resume
         return Loop(cfg, env, build_components(cfg, env)).fit()
 
 
@@ -370,6 +372,8 @@ class Loop:
             self._save(plan.name)
             self.checkpoints.commit(plan)  # rank 0: best.pt, and the files out of the top k
             self.env.barrier()
+        # The checkpoint above holds the weights validation scored (ema's average).
+        self._fire("after_validation")
 
     def _test(self) -> dict[str, Any] | None:
         """Score the checkpoint selected on validation (best, else the final weights) once on

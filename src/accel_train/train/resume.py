@@ -111,6 +111,8 @@ RULES: list[tuple[str, str | None]] = [
     ("trainer", None),
     ("early_stopping", None),
     ("checkpoint", None),  # but monitor/mode: _transition
+    ("ema", None),  # a new decay applies from the resumed step; switched on: averaging starts there
+    ("activation_checkpointing", None),  # recomputes the same values: the math is unchanged
     ("strategy", None),
     ("precision", None),
     ("launcher", None),
@@ -204,7 +206,7 @@ def config_changes(
     """The keys in which this run's config differs from the checkpoint's (first by group, a
     group's `name` first), all of which may change; raises the UserError of the first that may
     not."""
-    old, new = _leaves(old_cfg), _leaves(new_cfg)
+    old, new = _leaves(old_cfg), _leaves(with_recorded_batch(old_cfg, new_cfg))
     keys = list(new) + [k for k in old if k not in new]
     group_at: dict[str, int] = {}
     for i, key in enumerate(keys):
@@ -226,6 +228,21 @@ def config_changes(
         if reason:
             raise UserError(_refusal(change, reason, wanted, path))
     return changes
+
+
+def with_recorded_batch(old_cfg: dict[str, Any], new_cfg: dict[str, Any]) -> dict[str, Any]:
+    """`loader.batch_size=auto` on resume means the size the checkpoint's run probed (and the
+    accumulation it derived): never a new probe, whose answer could differ with the machine's
+    load and break the exact resume."""
+    if new_cfg.get("loader", {}).get("batch_size") != "auto":
+        return new_cfg
+    recorded = old_cfg.get("loader", {}).get("batch_size")
+    if recorded in (None, "auto"):
+        return new_cfg
+    loader = {**new_cfg["loader"], "batch_size": recorded}
+    trainer = dict(new_cfg["trainer"])
+    trainer["accumulate_grad_batches"] = old_cfg["trainer"]["accumulate_grad_batches"]
+    return {**new_cfg, "loader": loader, "trainer": trainer}
 
 
 def _leaves(cfg: dict[str, Any]) -> dict[str, Any]:

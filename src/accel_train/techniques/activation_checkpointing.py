@@ -1,0 +1,186 @@
+"""activation_checkpointing.mode: blocks keep only their inputs in the forward and recompute
+their activations in the backward (torch.utils.checkpoint, non-reentrant): less memory for
+about one more forward of compute.
+
+Which blocks (in this order):
+
+- `activation_checkpointing.classes=[pkg.mod.Block]`: the outermost modules of those classes;
+- else the model's repeated blocks: the outermost modules whose class occurs at least twice, that
+  hold parameters and have children, and that are not plain containers (Sequential, ModuleList):
+  torchvision ResNet's BasicBlocks/Bottlenecks, a transformer's layers;
+- else a model that is one flat nn.Sequential (mnist_cnn, mlp) is cut into segments, one per
+  layer with parameters plus the parameter-free layers after it (ReLU, pooling, dropout).
+
+`full` checkpoints every block, `selective` every `activation_checkpointing.every`-th one
+(blocks 0, every, 2 * every, ...). Blocks are wrapped with torch's `checkpoint_wrapper`, whose
+state_dict hooks drop the wrapper from the keys: checkpoints stay loadable with it off, and
+FSDP's shard units (strategy.wrap_classes, or the repeated blocks) still find the blocks.
+Segments are checkpointed by the Sequential's own forward (no module moves, same keys).
+
+Recomputing a block runs its forward twice, which would update BatchNorm's running statistics
+twice per step (validation would then see other statistics than without checkpointing): the
+recompute restores the block's buffers afterwards, so the run is the same with and without.
+torch.compile (trainer.compile) refuses such custom contexts, and does not need them: its
+recompute is inside the compiled graph, which updates the buffers once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections import Counter
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
+from torch.utils.checkpoint import checkpoint
+
+from accel_train.errors import UserError
+from accel_train.techniques import MEMORY, BuildContext, Technique
+
+log = logging.getLogger("accel_train")
+
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+@contextlib.contextmanager
+def _restoring(buffers: list[torch.Tensor]):
+    """Undo what a recompute does to the buffers (BatchNorm's running statistics)."""
+    saved = [b.clone() for b in buffers]
+    try:
+        yield
+    finally:
+        torch._foreach_copy_(buffers, saved)
+
+
+def _contexts(modules: list[nn.Module]):
+    """checkpoint's context_fn: nothing around the forward, buffers restored around the
+    recompute."""
+    buffers = [b for m in modules for b in m.buffers()]
+    return contextlib.nullcontext(), _restoring(buffers) if buffers else contextlib.nullcontext()
+
+
+class ActivationCheckpointing(Technique):
+    name = "activation_checkpointing"
+    order = MEMORY  # before DDP/FSDP wrap the blocks and before compile traces them
+
+    def __init__(self, mode: str, every: int = 2, classes: list[str] | None = None):
+        self.mode, self.every, self.classes = mode, every, list(classes or [])
+
+    def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
+        eager = not ctx.cfg.trainer.compile
+        blocks = find_blocks(model, self.classes)
+        if blocks:
+            chosen = blocks if self.mode == "full" else blocks[:: self.every]
+            for parent, name, block in chosen:
+                ctx_fn = functools.partial(_contexts, [block]) if eager else None
+                kwargs = {"context_fn": ctx_fn} if ctx_fn else {}
+                wrapped = checkpoint_wrapper(
+                    block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs
+                )
+                setattr(parent, name, wrapped)
+            what = f"{len(chosen)} of {len(blocks)} blocks ({type(blocks[0][2]).__name__})"
+        else:
+            segments = sequential_segments(model)
+            if len(segments) < 2:
+                found = sorted({type(m).__name__ for m in model.modules()})
+                raise UserError(
+                    f"activation_checkpointing.mode={self.mode}: the model "
+                    f"({type(model).__name__}) has no blocks to checkpoint: no class repeats as a "
+                    "block with parameters, and it is not a flat nn.Sequential of several layers. "
+                    "Name the block class(es) to checkpoint with `activation_checkpointing."
+                    f"classes=[pkg.module.Block]` (the model has: {', '.join(found)}), or set "
+                    "`activation_checkpointing.mode=off`."
+                )
+            step = 1 if self.mode == "full" else self.every
+            chosen_at = set(range(0, len(segments), step))
+            model.forward = functools.partial(  # type: ignore[method-assign]
+                _segmented_forward, model, segments, chosen_at, eager
+            )
+            what = f"{len(chosen_at)} of {len(segments)} nn.Sequential segments"
+        if ctx.env.is_main:
+            log.info("activation checkpointing (%s): %s", self.mode, what)
+        return model
+
+
+def find_blocks(model: nn.Module, classes: list[str]) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute name, block) of the blocks to checkpoint, in forward order."""
+    if classes:
+        names = set(classes) | {c.rsplit(".", 1)[-1] for c in classes}
+
+        def wanted(m: nn.Module) -> bool:
+            cls = type(m)
+            return cls.__name__ in names or f"{cls.__module__}.{cls.__qualname__}" in names
+
+        found = _outermost(model, wanted)
+        if not found:
+            present = sorted({type(m).__name__ for m in model.modules()})
+            raise UserError(
+                f"activation_checkpointing.classes={classes}: the model has no module of those "
+                f"classes (it has: {', '.join(present)}). Name classes from that list, or [] "
+                "for the model's repeated blocks."
+            )
+        return found
+    counts = Counter(type(m) for m in model.modules() if m is not model)
+
+    def is_block(m: nn.Module) -> bool:
+        return (
+            counts[type(m)] >= 2
+            and not isinstance(m, CONTAINERS)
+            and any(True for _ in m.children())
+            and any(True for _ in m.parameters())
+        )
+
+    return _outermost(model, is_block)
+
+
+def _outermost(model: nn.Module, wanted) -> list[tuple[nn.Module, str, nn.Module]]:
+    found: list[tuple[nn.Module, str, nn.Module]] = []
+
+    def visit(module: nn.Module) -> None:
+        for name, child in module.named_children():
+            if wanted(child):
+                found.append((module, name, child))
+            else:
+                visit(child)
+
+    visit(model)
+    return found
+
+
+def sequential_segments(model: nn.Module) -> list[list[nn.Module]]:
+    """A flat nn.Sequential cut before each layer with parameters but the first ([] for other
+    models)."""
+    if not isinstance(model, nn.Sequential):
+        return []
+    segments: list[list[nn.Module]] = [[]]
+    has_params = False  # the open segment has a layer with parameters
+    for layer in model:
+        if any(True for _ in layer.children()):
+            return []  # not flat: its sub-blocks would need a policy of their own
+        params = any(True for _ in layer.parameters(recurse=False))
+        if params and has_params:
+            segments.append([])
+        segments[-1].append(layer)
+        has_params = has_params or params
+    return [s for s in segments if s]
+
+
+def _run(layers: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    for layer in layers:
+        x = layer(x)
+    return x
+
+
+def _segmented_forward(model, segments, chosen_at, eager, x):
+    for i, layers in enumerate(segments):
+        if i in chosen_at and torch.is_grad_enabled():
+            kwargs = {"context_fn": functools.partial(_contexts, layers)} if eager else {}
+            x = checkpoint(_run, layers, x, use_reentrant=False, **kwargs)
+        else:
+            x = _run(layers, x)
+    return x

@@ -1,0 +1,319 @@
+"""loader.batch_size=auto: probe powers of two with real training steps before the loaders are
+built, then train with the chosen size (written into the run's config.yaml and so into every
+checkpoint).
+
+- The probe builds its own copy of the model (with the model transforms that change memory:
+  activation checkpointing, channels_last; not the DDP/FSDP wrap, not compile), loss, optimizer
+  and precision from the config, and runs forward + backward + optimizer step on real training
+  samples at 2, 4, 8, ... up to `loader.max_batch_size` (and the training samples per process).
+  The copy is dropped afterwards and the run is built from its seed as usual: the probe leaves
+  no trace (a run with `loader.batch_size=auto` trains exactly like one given the chosen size).
+- CUDA: the largest size whose peak reserved memory stays under `trainer.memory_fraction` of the
+  device. An out-of-memory error is caught and freed; the step has no collective (the model is
+  not wrapped), and every size ends with one all-reduce of (failed, seconds), so all ranks see
+  the same outcome and stop at the same size: no rank waits in a collective another rank
+  skipped. (This path cannot run on this project's CPU-only CI; it is guarded by the device.)
+- CPU: the size with the most samples/s whose peak RSS (VmHWM, reset per size) stays under
+  `trainer.memory_fraction` of what this process may use (its RSS plus its share of
+  MemAvailable); among sizes within 5% of the best, the smallest (timing noise on a shared
+  machine should not buy a bigger batch). Probing stops after two sizes without a gain.
+- `trainer.global_batch_size`: only sizes that divide it are probed, and
+  trainer.accumulate_grad_batches is set to keep batch x accumulation x processes at it (the
+  learning rate and its linear scaling stay those of that global batch).
+- The table goes to <run dir>/batch_size_probe.csv. A resume never probes: it takes the size
+  (and accumulation) recorded in the checkpoint's config.
+"""
+
+from __future__ import annotations
+
+import csv
+import gc
+import logging
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import default_collate
+
+from accel_train import checkpoint as ckpt_io
+from accel_train.config.run_config import write_run_config
+from accel_train.data.build import build_splits
+from accel_train.data.transform import BatchTransform
+from accel_train.errors import UserError
+from accel_train.losses import build_loss
+from accel_train.models import build_model
+from accel_train.optim import build_optimizer
+from accel_train.parallel import DistEnv
+from accel_train.precision import resolve_precision
+from accel_train.techniques import PARALLEL, BuildContext
+from accel_train.train.build import build_techniques, seed_everything
+from accel_train.train.resume import find_checkpoint
+
+log = logging.getLogger("accel_train")
+
+PROBE_NAME = "batch_size_probe.csv"
+WARMUP_STEPS, TIMED_STEPS = 1, 3  # per size: one untimed step (allocations), then the median
+NEAR_BEST = 0.95  # CPU: a size within 5% of the best samples/s counts as as fast
+PATIENCE = 2  # CPU: stop after this many sizes without a gain
+
+
+def resolve_batch_size(cfg: DictConfig, env: DistEnv) -> None:
+    """Replace loader.batch_size=auto in `cfg` (in place) by the recorded or probed size."""
+    if cfg.loader.batch_size != "auto":
+        return
+    recorded = _recorded(cfg)
+    if recorded is not None:
+        cfg.loader.batch_size, cfg.trainer.accumulate_grad_batches = recorded
+        if env.is_main:
+            log.info(
+                "loader.batch_size=auto: %d (x %d accumulation), as recorded in the checkpoint "
+                "resumed from (not probed again)",
+                *recorded,
+            )
+            write_run_config(cfg, Path(cfg.paths.output_dir))
+        return
+    rows, chosen = probe(cfg, env)
+    accum = cfg.trainer.accumulate_grad_batches
+    if cfg.trainer.global_batch_size:
+        accum = cfg.trainer.global_batch_size // (chosen * env.world_size)
+    cfg.loader.batch_size, cfg.trainer.accumulate_grad_batches = chosen, accum
+    if env.is_main:
+        run_dir = Path(cfg.paths.output_dir)
+        _write_table(rows, run_dir / PROBE_NAME)
+        write_run_config(cfg, run_dir)
+        log.info(
+            "loader.batch_size=auto: %d (x %d accumulation x %d process(es)); probe table in %s",
+            chosen,
+            accum,
+            env.world_size,
+            run_dir / PROBE_NAME,
+        )
+
+
+def _recorded(cfg: DictConfig) -> tuple[int, int] | None:
+    """(batch size, accumulation) of the checkpoint this run resumes from, if any."""
+    ckpt_dir = Path(cfg.paths.output_dir) / "checkpoints"
+    path = find_checkpoint(cfg.resume, ckpt_dir, ".dcp" if cfg.strategy.name == "fsdp" else ".pt")
+    if path is None:
+        return None
+    if path.is_dir():
+        state = ckpt_io.load_sharded_meta(path, key="resume")
+    else:
+        state = ckpt_io.load_checkpoint(path, key="resume")
+    old = state["config"]
+    size = old["loader"]["batch_size"]
+    return (size, old["trainer"]["accumulate_grad_batches"]) if size != "auto" else None
+
+
+# ---- the probe -------------------------------------------------------------------------------
+
+
+def candidates(cfg: DictConfig, num_train: int, world: int) -> list[int]:
+    """Powers of two from 2 up to loader.max_batch_size and the training samples per process
+    (dividing trainer.global_batch_size / processes when that is set)."""
+    cap = min(cfg.loader.max_batch_size, num_train // world)
+    sizes = [2**k for k in range(1, 31) if 2**k <= cap]
+    target = cfg.trainer.global_batch_size
+    if target:
+        sizes = [s for s in sizes if target % (s * world) == 0]
+    if not sizes:
+        why = f"trainer.global_batch_size={target} / {world} process(es)" if target else ""
+        raise UserError(
+            f"loader.batch_size=auto: no power of two from 2 to {cap} (loader.max_batch_size="
+            f"{cfg.loader.max_batch_size}, {num_train} training samples / {world} process(es))"
+            f"{' divides ' + why if why else ''}. Raise loader.max_batch_size"
+            f"{', or make trainer.global_batch_size a multiple of 2 x processes' if why else ''}"
+            ", or give `loader.batch_size` a number."
+        )
+    return sizes
+
+
+class _Probe:
+    """The model, loss, optimizer and precision a training step uses, built for the probe."""
+
+    def __init__(self, cfg: DictConfig, env: DistEnv):
+        t = cfg.trainer
+        self.env, self.device = env, env.device
+        techniques = build_techniques(cfg)
+        for technique in techniques:
+            technique.before_build()
+        seed_everything(t.seed, t.deterministic)
+        self.precision = resolve_precision(cfg.precision.name, env.device, cfg.precision.tf32)
+        self.splits = build_splits(cfg.dataset, cfg.paths.data_dir)
+        self.transform = BatchTransform(
+            cfg.dataset, self.splits, env.device, self.precision.param_dtype, seed=t.seed, rank=0
+        )
+        module = build_model(
+            cfg.model, self.splits.in_channels, self.splits.image_size, self.splits.num_classes
+        )
+        module = module.to(env.device, dtype=self.precision.param_dtype)
+        raw = default_collate([self.splits.train[i] for i in range(min(2, len(self.splits.train)))])
+        sample = self.transform(raw[0].to(env.device), train=True)
+        ctx = BuildContext(cfg, env, self.transform, sample)
+        for technique in sorted(techniques, key=lambda t: t.order):
+            if technique.order < PARALLEL:  # what changes memory; no wrap, no compile
+                module = technique.transform(module, ctx)
+        self.model = module.train()
+        self.loss_fn = build_loss(cfg.loss, self.splits.num_classes).to(env.device)
+        self.optimizer = build_optimizer(
+            module.parameters(), cfg.optimizer, cfg.optimizer.lr, env.device
+        )
+        self.scaler = self.precision.grad_scaler()
+
+    def batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.splits.train)
+        images, labels = default_collate([self.splits.train[i % n] for i in range(size)])
+        x = self.transform(images.to(self.device), train=True)
+        return x, labels.to(self.device)
+
+    def step(self, x: torch.Tensor, labels: torch.Tensor) -> None:
+        with self.precision.autocast():
+            loss = self.loss_fn(self.model(x), labels)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def probe(cfg: DictConfig, env: DistEnv) -> tuple[list[dict[str, Any]], int]:
+    """The probe table and the chosen size (the same on every rank)."""
+    p = _Probe(cfg, env)
+    sizes = candidates(cfg, len(p.splits.train), env.world_size)
+    cuda = env.device.type == "cuda"
+    budget = _cuda_budget(env.device, cfg) if cuda else _cpu_budget(cfg)
+    rows: list[dict[str, Any]] = []
+    try:
+        for size in sizes:
+            status, seconds, peak = "ok", 0.0, 0
+            try:
+                seconds, peak = _measure(p, size, cuda)
+                if peak > budget:
+                    status = "over_budget"
+            except torch.cuda.OutOfMemoryError:
+                status = "oom"
+                p.optimizer.zero_grad(set_to_none=True)
+            if cuda:
+                gc.collect()
+                torch.cuda.empty_cache()  # free what the failed or measured step held
+            # One all-reduce per size, and no other collective in the probe: every rank knows
+            # whether any rank failed before deciding to go on.
+            failed = float(status != "ok")
+            flags = torch.tensor([failed, seconds], dtype=torch.float64, device=env.device)
+            failed, seconds = env.all_reduce_sum(flags).tolist()  # HOST SYNC (probe)
+            seconds /= env.world_size
+            ok = failed == 0
+            if not ok and status == "ok":
+                status = "failed_on_another_rank"
+            rows.append(
+                {
+                    "batch_size": size,
+                    "status": status,
+                    "peak_mib": round(peak / 2**20, 1),
+                    "budget_mib": round(budget / 2**20, 1),
+                    "step_s": round(seconds, 5) if ok else None,
+                    "samples_per_s": round(size / seconds, 1) if ok and seconds else None,
+                }
+            )
+            if env.is_main:
+                log.info("batch size probe: %s", rows[-1])
+            if not ok or (not cuda and _saturated(rows)):
+                break
+    finally:
+        del p
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    fitting = [r for r in rows if r["status"] == "ok"]
+    if not fitting:
+        raise UserError(
+            f"loader.batch_size=auto: even a batch of {sizes[0]} does not fit under "
+            f"trainer.memory_fraction={cfg.trainer.memory_fraction} ({rows[0]['status']}, "
+            f"table in the log). Raise trainer.memory_fraction, make the model smaller, or "
+            "switch on activation_checkpointing.mode=full."
+        )
+    if cuda:
+        return rows, fitting[-1]["batch_size"]
+    best = max(r["samples_per_s"] for r in fitting)
+    return rows, min(r["batch_size"] for r in fitting if r["samples_per_s"] >= NEAR_BEST * best)
+
+
+def _measure(p: _Probe, size: int, cuda: bool) -> tuple[float, int]:
+    """Median seconds of a training step at `size`, and the step's peak memory in bytes."""
+    x, labels = p.batch(size)
+    if cuda:
+        torch.cuda.synchronize(p.device)
+        torch.cuda.reset_peak_memory_stats(p.device)
+    else:
+        _reset_peak_rss()
+    times = []
+    for i in range(WARMUP_STEPS + TIMED_STEPS):
+        start = time.perf_counter()
+        p.step(x, labels)
+        if cuda:
+            torch.cuda.synchronize(p.device)
+        if i >= WARMUP_STEPS:
+            times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_reserved(p.device) if cuda else _peak_rss()
+    return statistics.median(times), peak
+
+
+def _saturated(rows: list[dict[str, Any]]) -> bool:
+    """CPU: the last PATIENCE sizes were no faster than the best before them."""
+    speeds = [r["samples_per_s"] or 0.0 for r in rows]
+    if len(speeds) <= PATIENCE:
+        return False
+    return max(speeds[-PATIENCE:]) <= max(speeds[:-PATIENCE])
+
+
+def _cuda_budget(device: torch.device, cfg: DictConfig) -> int:
+    total = torch.cuda.get_device_properties(device).total_memory
+    return int(cfg.trainer.memory_fraction * total)
+
+
+def _cpu_budget(cfg: DictConfig) -> int:
+    """memory_fraction of what this process may use: its RSS plus its share (one of the
+    node's processes) of the memory available now."""
+    status, meminfo = _proc_kib("/proc/self/status"), _proc_kib("/proc/meminfo")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    usable = status.get("VmRSS", 0) + meminfo.get("MemAvailable", 0) // max(local, 1)
+    return int(cfg.trainer.memory_fraction * usable * 1024)
+
+
+def _reset_peak_rss() -> None:
+    """Linux: writing 5 to clear_refs resets VmHWM (the peak RSS) to the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # then the peak is the process's lifetime peak: conservative
+
+
+def _peak_rss() -> int:
+    return _proc_kib("/proc/self/status").get("VmHWM", 0) * 1024
+
+
+def _proc_kib(path: str) -> dict[str, int]:
+    """The `Key: <n> kB` lines of a /proc file, in KiB ({} where there is no /proc)."""
+    values: dict[str, int] = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if len(parts) == 2 and parts[1] == "kB":
+                    values[key] = int(parts[0])
+    except OSError:
+        pass
+    return values
+
+
+def _write_table(rows: list[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
