@@ -59,6 +59,9 @@ VARIANTS: dict[str, list[str]] = {
     "compile": ["trainer.compile=true"],
     "amp": ["precision=amp"],
     "bf16": ["precision=bf16"],
+    "ema": ["ema.enabled=true"],
+    "selective_backprop": ["selective_backprop.keep=0.5"],
+    "activation_checkpointing": ["activation_checkpointing.mode=full"],
 }
 # Variants that are alternatives to each other: a combination takes the best one of each set.
 EXCLUSIVE = [{"amp", "bf16"}]
