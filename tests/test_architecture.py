@@ -43,7 +43,7 @@ LAYERS = [
         "accel_train.safe_load",
     ],
     ["accel_train.techniques"],
-    ["accel_train.train"],
+    ["accel_train.train", "accel_train.export"],
     ["accel_train.launch", "accel_train.worker", "accel_train.node"],
     ["accel_train.cli"],
 ]

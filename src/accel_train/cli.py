@@ -1,5 +1,5 @@
-"""Console entry points `accel-train` and `accel-eval`: Hydra composes, errors are reported as
-one paragraph (accel_train.errors).
+"""Console entry points `accel-train`, `accel-eval` and `accel-export`: Hydra composes, errors
+are reported as one paragraph (accel_train.errors).
 
 Start-up speed: this module imports no torch. The launch and training packages (and torch,
 3-4 s to import here) are imported inside the Hydra task functions, after Hydra has composed
@@ -147,6 +147,14 @@ def _evaluate(cfg: DictConfig):
     evaluate_checkpoint(cfg)
 
 
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="export")
+@report_user_errors
+def _export(cfg: DictConfig):
+    from accel_train.export import export_checkpoint  # deferred: see the module docstring
+
+    export_checkpoint(cfg)
+
+
 def train() -> None:
     _check_config_dir()
     if _wants_help(sys.argv[1:]):
@@ -178,3 +186,8 @@ def evaluate() -> None:
         _print_help("eval.yaml")
         return
     _evaluate()
+
+
+def export() -> None:
+    _check_config_dir()
+    _export()

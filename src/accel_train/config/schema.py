@@ -249,6 +249,20 @@ class OneCycleSchedulerConfig(SchedulerConfig):
     pct_start: float = 0.3
 
 
+# ---- quant: quantization-aware training (techniques/qat.py) -----------------------------
+
+
+@dataclass
+class QuantConfig:
+    name: str = MISSING
+
+
+@dataclass
+class QatConfig(QuantConfig):
+    weight_bits: int = 8
+    group_size: int = 0
+
+
 # ---- trainer, logger, paths: one option each --------------------------------------------
 
 
@@ -424,6 +438,7 @@ class TrainConfig:
     # Free-form labels of the run, recorded in every logger and in summary.json.
     tags: list[str] = field(default_factory=list)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    quant: Any = MISSING
     paths: PathsConfig = field(default_factory=PathsConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     prune: PruneConfig = field(default_factory=PruneConfig)
@@ -439,6 +454,19 @@ class EvalConfig:
     data_dir: str | None = None
     batch_size: int = 0
     device: str = "auto"
+
+
+@dataclass
+class ExportConfig:
+    ckpt_path: str = MISSING
+    format: str = "onnx"
+    quantize: str = "none"
+    out_path: str | None = None
+    data_dir: str | None = None
+    batch_size: int = 0
+    verify_samples: int = 0
+    calib_batches: int = 8
+    min_agreement: float = 0.999
 
 
 # group -> option name -> schema. The option names are the YAML files' `name:` values; an
@@ -483,6 +511,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "onecycle": OneCycleSchedulerConfig,
     },
     "early_stopping": {"default": EarlyStoppingConfig},
+    "quant": {"none": QuantConfig, "qat": QatConfig},
 }
 
 
@@ -497,6 +526,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="eval_schema", node=EvalConfig)
+    cs.store(name="export_schema", node=ExportConfig)
     for group, options in OPTION_SCHEMAS.items():
         for schema in set(options.values()):
             cs.store(group=group, name=schema_name(schema), node=schema)

@@ -118,7 +118,8 @@ _TOOL: contextvars.ContextVar[str] = contextvars.ContextVar("tool", default="acc
 
 @contextlib.contextmanager
 def hints_for(tool: str):
-    """Within this block data errors name the keys of `tool` ("accel-train" or "accel-eval")."""
+    """Within this block data errors name the keys of `tool` ("accel-train", or "accel-eval" /
+    "accel-export", which read a checkpoint's config and take `data_dir=`)."""
     token = _TOOL.set(tool)
     try:
         yield
@@ -207,7 +208,7 @@ def _legacy_mnist(name: str, root: Path) -> bool:
 def _download(cls, name: str, root: Path, download: bool, train: bool, missing: list[Path]):
     if not download:
         reason = "dataset.download=false"
-        if _TOOL.get() == "accel-eval":
+        if _TOOL.get() != "accel-train":
             reason += " in the checkpoint's config"
         raise UserError(_missing_message(name, root, reason, missing))
     try:
@@ -368,9 +369,9 @@ def _cifar_corrupt(root: Path, train: bool) -> list[Path]:
 
 
 def _where_hint() -> str:
-    if _TOOL.get() == "accel-eval":
+    if _TOOL.get() != "accel-train":
         return (
-            " (accel-eval reads the data from the checkpoint's paths.data_dir unless "
+            f" ({_TOOL.get()} reads the data from the checkpoint's paths.data_dir unless "
             "`data_dir=...` is given.)"
         )
     return ""
@@ -388,10 +389,10 @@ def _missing_message(name: str, root: Path, reason: str, missing: list[Path] = (
     broken = [f for f in missing if f.is_symlink()]
     if broken:
         what += f" (a broken symbolic link: {broken[0].name} -> {os.readlink(broken[0])})"
-    if _TOOL.get() == "accel-eval":
+    if _TOOL.get() != "accel-train":
         fix = (
             "Put the files there, or point `data_dir=...` at the folder that holds them now "
-            "(accel-eval reads the data from the checkpoint's paths.data_dir by default)."
+            f"({_TOOL.get()} reads the data from the checkpoint's paths.data_dir by default)."
         )
     else:
         fix = (

@@ -39,6 +39,7 @@ from accel_train.techniques.malloc import TuneMalloc
 from accel_train.techniques.nonfinite import NonFinite
 from accel_train.techniques.profiler import Profiler
 from accel_train.techniques.prune import Prune
+from accel_train.techniques.qat import QAT
 from accel_train.techniques.selective_backprop import SelectiveBackprop
 from accel_train.techniques.speed import SpeedMetrics
 
@@ -54,6 +55,8 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
         chosen.append(ActivationCheckpointing(ac.mode, ac.every, list(ac.classes)))
     if t.channels_last:
         chosen.append(ChannelsLast())
+    if cfg.quant.name == "qat":
+        chosen.append(QAT(cfg.quant))
     if t.compile:
         chosen.append(Compile())
     if t.profile:

@@ -1,0 +1,515 @@
+"""`accel-export`: a checkpoint -> a deployable artifact (torch.export, ONNX or TorchScript),
+verified in its real consumer, with a JSON card beside it.
+
+The model is rebuilt from the checkpoint's own config (as `accel-eval` does, a user's
+``_target_`` model included), loaded with the project's safe loader (an FSDP ``.dcp`` directory
+is consolidated into one process's model), and exported in float32 with a dynamic batch
+dimension. A ``quant=qat`` checkpoint is prepared again and converted with torchao first, so
+its artifact holds int8 Linear weights. ``quantize=int8`` adds ONNX Runtime static
+quantization (QDQ, per-channel weights) calibrated on validation batches.
+
+Every artifact is loaded back by what a deployment would use (``torch.export.load``,
+``onnxruntime.InferenceSession``, ``torch.jit.load``) and run on real test batches next to the
+PyTorch model: the max abs difference of the logits and the argmax agreement are reported, and
+an agreement below ``min_agreement`` fails (for an int8 artifact, whose rounding is meant to
+change outputs, the accuracy before and after is reported instead).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
+from accel_train.config.run_config import typed
+from accel_train.data.build import build_splits
+from accel_train.data.builtin import hints_for
+from accel_train.data.loaders import build_loader
+from accel_train.data.splits import Splits
+from accel_train.data.transform import BatchTransform
+from accel_train.errors import UserError
+from accel_train.loggers import json_safe
+from accel_train.models import build_model, count_parameters
+from accel_train.techniques import qat
+from accel_train.train.evaluate import _load_weights
+
+log = logging.getLogger("accel_train")
+
+# format -> the artifact's suffix (beside the checkpoint: checkpoints/best<suffix>).
+FORMATS = {"torch_export": ".pt2", "onnx": ".onnx", "torchscript": ".torchscript.pt"}
+QUANTIZE = ("none", "int8")
+ONNX_EXTRA = "onnx"  # pip install 'accel-train[onnx]': onnx, onnxscript, onnxruntime
+CPU = torch.device("cpu")
+
+
+def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
+    """The body of `accel-export`. Returns the card (also written beside the artifact)."""
+    ckpt_path = _check_export_config(ecfg)
+    fmt, quantize = ecfg.format, ecfg.quantize
+    if fmt == "onnx" or quantize == "int8":
+        _onnx_modules()  # a missing extra fails before anything is loaded
+    sharded = ckpt_path.is_dir()  # an FSDP checkpoint (torch.distributed.checkpoint)
+    state = (
+        load_sharded_meta(ckpt_path, key="ckpt_path")
+        if sharded
+        else load_checkpoint(ckpt_path, key="ckpt_path")
+    )
+    cfg = _stored_config(state, ckpt_path)
+    quant = cfg.quant if "quant" in cfg and not OmegaConf.is_missing(cfg, "quant") else None
+    is_qat = quant is not None and quant.name == "qat"
+    if is_qat and quantize == "int8":
+        raise UserError(
+            f"ckpt_path={ckpt_path} was trained with quant=qat: its export is already int8 "
+            "(torchao's convert step runs first). Drop `quantize=int8`."
+        )
+    if is_qat and fmt == "torchscript":
+        raise UserError(
+            f"ckpt_path={ckpt_path} was trained with quant=qat, and TorchScript's tracer cannot "
+            "capture torchao's int8 weights. Use `format=torch_export` or `format=onnx`."
+        )
+    if ecfg.data_dir:
+        cfg.paths.data_dir = ecfg.data_dir
+    if ecfg.batch_size:
+        cfg.loader.eval_batch_size = ecfg.batch_size
+    with hints_for("accel-export"):  # data errors name `data_dir=`, not paths.data_dir
+        splits = build_splits(cfg.dataset, cfg.paths.data_dir)
+    if splits.test is None:
+        raise UserError(
+            f"ckpt_path={ckpt_path}: the checkpoint's data set ({cfg.dataset.get('name')}) has "
+            "no test split to verify the export on. Give it one (for dataset=custom: return "
+            "(train, val, test))."
+        )
+
+    model = build_model(cfg.model, splits.in_channels, splits.image_size, splits.num_classes)
+    model = model.to(CPU, dtype=torch.float32)  # artifacts are float32 whatever the training
+    if is_qat:
+        qat.prepare_qat(model, quant, cfg.model._target_)
+    if sharded:
+        load_sharded(model, None, ckpt_path)  # consolidated into this one process's model
+    else:
+        _load_weights(model, _permanent_masks(state["model"]), ckpt_path, cfg)
+    model.eval()
+    sparsity = _sparsity(model)
+    params = count_parameters(model)
+    if is_qat:
+        qat.convert_qat(model, quant)
+
+    transform = BatchTransform(cfg.dataset, splits, CPU, torch.float32, seed=0, rank=0)
+    test = _batches(splits.test, cfg, splits, transform, ecfg.verify_samples)
+    example = test[0][0][:2]
+    artifact = _artifact_path(ckpt_path, ecfg, FORMATS[fmt])
+    t0 = time.perf_counter()
+    _export(model, example, fmt, artifact)
+    export_s = time.perf_counter() - t0
+    run = _load_runner(fmt, artifact)
+    check = _compare(model, run, test)
+    log.info(
+        "%s -> %s (%s): max abs diff %.3g, argmax agreement %.4f%% on %d test samples; "
+        "test acc %.4f (PyTorch) / %.4f (artifact)",
+        ckpt_path,
+        artifact,
+        _size(artifact.stat().st_size),
+        check["max_abs_diff"],
+        100 * check["argmax_agreement"],
+        check["samples"],
+        check["pytorch_test_acc"],
+        check["artifact_test_acc"],
+    )
+    check["passed"] = check["argmax_agreement"] >= ecfg.min_agreement
+    card = _card(
+        ecfg, cfg, ckpt_path, state, splits, artifact, fmt, params, sparsity, check, export_s
+    )
+    card["quantization"] = qat.describe(quant) if is_qat else None
+    _write_card(card, artifact)
+    if not check["passed"]:
+        raise UserError(
+            f"the exported {artifact} disagrees with the PyTorch model: argmax agreement "
+            f"{100 * check['argmax_agreement']:.3f}% < min_agreement "
+            f"{100 * ecfg.min_agreement:.3f}% on {check['samples']} test samples (max abs diff "
+            f"{check['max_abs_diff']:.3g}). The artifact and its card are kept for inspection; "
+            f"try another format (one of {', '.join(FORMATS)})."
+        )
+    if quantize == "int8":
+        card = _int8(ecfg, cfg, splits, transform, artifact, card, model, test)
+    return card
+
+
+# ---- checks ------------------------------------------------------------------------------
+
+
+def _check_export_config(ecfg: DictConfig) -> Path:
+    if OmegaConf.is_missing(ecfg, "ckpt_path") or not ecfg.ckpt_path:
+        raise UserError(
+            "ckpt_path is required: the checkpoint to export, e.g. "
+            "`accel-export ckpt_path=outputs/<run>/checkpoints/best.pt format=onnx`."
+        )
+    if ecfg.format not in FORMATS:
+        raise UserError(
+            f"format={ecfg.format!r} is not one of {', '.join(FORMATS)}. E.g. `format=onnx` "
+            "(ONNX Runtime) or `format=torch_export` (torch.export.load / AOTInductor)."
+        )
+    if ecfg.quantize not in QUANTIZE:
+        raise UserError(
+            f"quantize={ecfg.quantize!r} is not one of {', '.join(QUANTIZE)}. "
+            "`quantize=int8` is ONNX Runtime static quantization (with format=onnx)."
+        )
+    if ecfg.quantize == "int8" and ecfg.format != "onnx":
+        raise UserError(
+            f"quantize=int8 is ONNX Runtime static quantization and needs format=onnx, not "
+            f"format={ecfg.format}. Use `format=onnx quantize=int8` (or train with quant=qat "
+            "for an int8 torch.export artifact)."
+        )
+    if ecfg.batch_size < 0 or ecfg.verify_samples < 0 or ecfg.calib_batches < 1:
+        raise UserError(
+            f"batch_size={ecfg.batch_size} and verify_samples={ecfg.verify_samples} must be "
+            f">= 0 and calib_batches={ecfg.calib_batches} >= 1."
+        )
+    if not 0.0 <= ecfg.min_agreement <= 1.0:
+        raise UserError(f"min_agreement={ecfg.min_agreement} is a fraction in [0, 1], e.g. 0.999.")
+    ckpt_path = Path(ecfg.ckpt_path).expanduser()
+    if ckpt_path.is_dir() and not (ckpt_path / "meta.pt").is_file():
+        raise UserError(
+            f"ckpt_path={ckpt_path} is a directory, not a checkpoint: give a .pt file written "
+            "by accel-train (e.g. outputs/<run>/checkpoints/best.pt) or an FSDP .dcp directory "
+            "(which holds meta.pt)."
+        )
+    return ckpt_path
+
+
+def _stored_config(state: dict[str, Any], ckpt_path: Path) -> DictConfig:
+    try:
+        return typed(state["config"])
+    except Exception as err:  # a config this version's schema does not know
+        raise UserError(
+            f"ckpt_path={ckpt_path}: its stored config does not fit this version of accel-train "
+            f"({type(err).__name__}: {' '.join(str(err).split())[:200]}). Export it with the "
+            "version that wrote it."
+        ) from None
+
+
+def _onnx_modules():
+    try:
+        import onnx  # noqa: F401  (torch.onnx.export writes through it)
+        import onnxruntime
+        import onnxscript  # noqa: F401  (torch.onnx's exporter translates with it)
+    except ImportError as err:
+        raise UserError(
+            f"format=onnx and quantize=int8 need onnx, onnxscript and onnxruntime ({err}). "
+            f"Install the extra: `pip install 'accel-train[{ONNX_EXTRA}]'`."
+        ) from None
+    return onnxruntime
+
+
+# ---- the model ----------------------------------------------------------------------------
+
+
+def _permanent_masks(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state_dict with torch.nn.utils.prune's reparametrisation still in it (`w_orig` and
+    `w_mask`) folded into plain `w = w_orig * w_mask`, as prune.remove would have."""
+    out = dict(weights)
+    for key in [k for k in weights if k.endswith("_orig")]:
+        mask_key = key.removesuffix("_orig") + "_mask"
+        if mask_key in weights:
+            out[key.removesuffix("_orig")] = weights[key] * weights[mask_key]
+            del out[key], out[mask_key]
+    return out
+
+
+def _sparsity(model: nn.Module) -> dict[str, Any]:
+    """Share of exact zeros in the conv / linear weights (what pruning leaves)."""
+    zeros = total = 0
+    for m in model.modules():
+        if isinstance(m, nn.Linear | nn.Conv1d | nn.Conv2d | nn.Conv3d):
+            w = m.weight.detach()
+            zeros += int((w == 0).sum())
+            total += w.numel()
+    return {"weight_zeros": zeros, "weights": total, "fraction": zeros / max(total, 1)}
+
+
+def _batches(split, cfg: DictConfig, splits: Splits, transform, limit: int):
+    """The first `limit` samples of a split (0 = all) as (normalised inputs, labels) batches."""
+    loader = build_loader(
+        split,
+        cfg.loader,
+        train=False,
+        device=CPU,
+        seed=0,
+        rank=0,
+        world=1,
+        limit=0,
+        num_classes=splits.num_classes,
+    )
+    out, n = [], 0
+    for images, labels in loader.epoch(0):
+        x = transform(images, train=False).contiguous()
+        if limit and n + len(x) > limit:
+            x, labels = x[: limit - n], labels[: limit - n]
+        out.append((x, labels))
+        n += len(x)
+        if limit and n >= limit:
+            break
+    return out
+
+
+# ---- exporting and loading back ------------------------------------------------------------
+
+
+def _artifact_path(ckpt_path: Path, ecfg: DictConfig, suffix: str) -> Path:
+    if ecfg.out_path:
+        return Path(ecfg.out_path).expanduser()
+    return ckpt_path.with_name(ckpt_path.name.split(".")[0] + suffix)
+
+
+def _export(model: nn.Module, example: torch.Tensor, fmt: str, path: Path) -> None:
+    """Write the artifact; a model the exporter cannot capture is a UserError naming it."""
+    batch = torch.export.Dim("batch", min=1)
+    for name in ("onnxscript", "onnx_ir"):  # the ONNX optimizer's per-pass INFO lines
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # exporters' deprecation chatter: not the user's
+            if fmt == "torch_export":
+                program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+                torch.export.save(program, path)
+            elif fmt == "onnx":
+                torch.onnx.export(
+                    model,
+                    (example,),
+                    path,
+                    input_names=["input"],
+                    output_names=["logits"],
+                    dynamic_shapes=({0: batch},),
+                    dynamo=True,
+                    external_data=False,  # one self-contained file (models under 2 GB)
+                    verbose=False,
+                )
+            else:  # torchscript: deprecated upstream, kept because tracing is cheap
+                with torch.no_grad():
+                    traced = torch.jit.trace(model, example)
+                torch.jit.save(traced, str(path))
+    except OSError as err:
+        raise UserError(
+            f"out_path={path}: the artifact could not be written ({err.strerror or err}). "
+            "Give a writable path with `out_path=...`."
+        ) from None
+    except Exception as err:  # the exporter could not capture the model
+        first = " ".join(str(err).split())[:300]
+        others = ", ".join(f for f in FORMATS if f != fmt)
+        raise UserError(
+            f"format={fmt}: the model could not be exported ({type(err).__name__}: {first}). "
+            f"Try another format ({others}) or make the model's forward traceable."
+        ) from None
+
+
+def _load_runner(fmt: str, path: Path):
+    """The artifact loaded by its real consumer: a function float32 NCHW array -> logits."""
+    if fmt == "torch_export":
+        module = torch.export.load(path).module()
+        return lambda x: module(torch.from_numpy(x)).detach().numpy()
+    if fmt == "torchscript":
+        module = torch.jit.load(str(path))
+        return lambda x: module(torch.from_numpy(x)).detach().numpy()
+    session = _session(path)
+    name = session.get_inputs()[0].name
+    return lambda x: session.run(None, {name: x})[0]
+
+
+def _session(path: Path):
+    ort = _onnx_modules()
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: not ORT's per-node warnings
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+@torch.no_grad()
+def _compare(model: nn.Module, run, batches) -> dict[str, Any]:
+    """Artifact vs PyTorch on the same batches: max abs diff, argmax agreement, accuracies."""
+    max_diff, agree, ref_correct, art_correct, n = 0.0, 0, 0, 0, 0
+    for x, labels in batches:
+        ref = model(x).float().numpy()
+        out = np.asarray(run(x.numpy()), dtype=np.float32)
+        max_diff = max(max_diff, float(np.abs(out - ref).max()))
+        a, b, y = ref.argmax(1), out.argmax(1), labels.numpy()
+        agree += int((a == b).sum())
+        ref_correct += int((a == y).sum())
+        art_correct += int((b == y).sum())
+        n += len(y)
+    return {
+        "samples": n,
+        "max_abs_diff": max_diff,
+        "argmax_agreement": agree / max(n, 1),
+        "pytorch_test_acc": ref_correct / max(n, 1),
+        "artifact_test_acc": art_correct / max(n, 1),
+    }
+
+
+# ---- int8: ONNX Runtime static quantization --------------------------------------------------
+
+
+def _int8(ecfg, cfg, splits, transform, fp32_path: Path, fp32_card, model, test):
+    """Calibrate on validation batches, quantize the fp32 ONNX file, verify, card it."""
+    _onnx_modules()
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quant_pre_process,
+        quantize_static,
+    )
+
+    calib = _batches(splits.val, cfg, splits, transform, 0)[: ecfg.calib_batches]
+    input_name = _session(fp32_path).get_inputs()[0].name
+
+    class ValBatches(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter(calib)
+
+        def get_next(self):
+            batch = next(self.batches, None)
+            return None if batch is None else {input_name: batch[0].numpy()}
+
+    out = fp32_path.with_name(fp32_path.name.removesuffix(".onnx") + ".int8.onnx")
+    pre = out.with_name(f".{out.name}.pre.onnx")
+    t0 = time.perf_counter()
+    try:
+        # Shape inference and graph clean-up first, as ONNX Runtime recommends for QDQ.
+        quant_pre_process(str(fp32_path), str(pre), skip_symbolic_shape=True)
+        quantize_static(
+            str(pre),
+            str(out),
+            ValBatches(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+        )
+    finally:
+        pre.unlink(missing_ok=True)
+    quantize_s = time.perf_counter() - t0
+    session = _session(out)
+    name = session.get_inputs()[0].name
+    check = _compare(model, lambda x: session.run(None, {name: x})[0], test)
+    before, after = check["pytorch_test_acc"], check["artifact_test_acc"]
+    log.info(
+        "int8 -> %s (%s, fp32 %s): test acc %.4f -> %.4f (%+.4f) on %d samples; argmax "
+        "agreement with fp32 %.4f%%, max abs diff %.3g; calibrated on %d validation batches",
+        out,
+        _size(out.stat().st_size),
+        _size(fp32_path.stat().st_size),
+        before,
+        after,
+        after - before,
+        check["samples"],
+        100 * check["argmax_agreement"],
+        check["max_abs_diff"],
+        len(calib),
+    )
+    card = {
+        **fp32_card,
+        "artifact": str(out),
+        "file_bytes": out.stat().st_size,
+        "export_s": fp32_card["export_s"] + quantize_s,
+        "verification": {**check, "consumer": "onnxruntime.InferenceSession (CPU)"},
+        "quantization": {
+            "method": "onnxruntime.quantization.quantize_static (QDQ)",
+            "weights": "int8 symmetric, per output channel",
+            "activations": "uint8 asymmetric, per tensor, static (MinMax calibration)",
+            "calibration": f"{len(calib)} validation batches ({sum(len(b[0]) for b in calib)} "
+            "samples)",
+            "fp32_artifact": str(fp32_path),
+            "test_acc_before": before,
+            "test_acc_after": after,
+        },
+    }
+    _write_card(card, out)
+    return card
+
+
+# ---- the card --------------------------------------------------------------------------------
+
+
+def _card(ecfg, cfg, ckpt_path, state, splits, artifact, fmt, params, sparsity, check, export_s):
+    run_dir = ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else None
+    summary = _read_summary(run_dir)
+    consumer = {
+        "torch_export": "torch.export.load(path).module()",
+        "onnx": "onnxruntime.InferenceSession (CPU)",
+        "torchscript": "torch.jit.load(path)",
+    }[fmt]
+    config_file = run_dir / "config.yaml" if run_dir else None
+    return {
+        "artifact": str(artifact),
+        "format": fmt,
+        "file_bytes": artifact.stat().st_size,
+        "export_s": export_s,
+        "input": {
+            "name": "input",
+            "shape": ["batch", splits.in_channels, splits.image_size, splits.image_size],
+            "dtype": "float32",
+            "layout": "NCHW, contiguous",
+        },
+        "normalisation": {
+            "formula": "x = (uint8_pixels / 255 - mean) / std, per channel",
+            "mean": list(cfg.dataset.mean),
+            "std": list(cfg.dataset.std),
+        },
+        "output": {"name": "logits", "shape": ["batch", splits.num_classes]},
+        "classes": splits.num_classes,
+        "dataset": cfg.dataset.get("name", "custom"),
+        "model": {"_target_": cfg.model._target_, "parameters": params},
+        "accuracy_in_run_summary": {
+            k: summary[k] for k in ("test_acc", "best_val_acc", "test_ckpt") if k in summary
+        },
+        "sparsity": sparsity,
+        "quantization": None,
+        "verification": {**check, "consumer": consumer},
+        "source": {
+            "checkpoint": str(ckpt_path),
+            "checkpoint_sha256": _sha256(ckpt_path),
+            "config": str(config_file) if config_file and config_file.is_file() else None,
+            "step": state["progress"]["step"],
+            "epoch": state["progress"]["epoch"],
+        },
+        "versions": {"torch": torch.__version__},
+    }
+
+
+def _read_summary(run_dir: Path | None) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "summary.json").read_text()) if run_dir else {}
+    except (OSError, ValueError):
+        return {}  # no summary (a run that stopped early): the card says nothing about it
+
+
+def _sha256(path: Path) -> str:
+    """Of the file, or of a .dcp directory's files in name order."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        with open(file, "rb") as f:
+            for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_card(card: dict[str, Any], artifact: Path) -> Path:
+    path = artifact.with_name(artifact.name + ".json")
+    path.write_text(json.dumps(json_safe(card), indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
