@@ -221,3 +221,5 @@ def test_qat_refuses_impossible_combinations(run_cli, tmp_path):
     assert "quant=qat" in err and "no nn.Linear layer" in err
     err = _errors(run_cli([*TINY, "quant=qat", "quant.weight_bits=1", "hydra.run.dir=r2"]))
     assert "quant.weight_bits=1" in err
+    err = _errors(run_cli([*TINY, "quant=qat", "strategy=fsdp", "hydra.run.dir=r3"]))
+    assert "quant=qat with strategy=fsdp" in err

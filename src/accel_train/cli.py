@@ -21,6 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from accel_train.config import CONFIG_DIR
+from accel_train.config.checks import check_export_config
 from accel_train.config.schema import register_configs
 from accel_train.environment import register_resolvers
 from accel_train.errors import UserError, report_user_errors
@@ -150,6 +151,7 @@ def _evaluate(cfg: DictConfig):
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="export")
 @report_user_errors
 def _export(cfg: DictConfig):
+    check_export_config(cfg)  # a wrong key fails before torch is imported
     from accel_train.export import export_checkpoint  # deferred: see the module docstring
 
     export_checkpoint(cfg)

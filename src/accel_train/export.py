@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
+from accel_train.config.checks import EXPORT_FORMATS, check_export_config
 from accel_train.config.run_config import typed
 from accel_train.data.build import build_splits
 from accel_train.data.builtin import hints_for
@@ -45,9 +46,7 @@ from accel_train.train.evaluate import _load_weights
 
 log = logging.getLogger("accel_train")
 
-# format -> the artifact's suffix (beside the checkpoint: checkpoints/best<suffix>).
-FORMATS = {"torch_export": ".pt2", "onnx": ".onnx", "torchscript": ".torchscript.pt"}
-QUANTIZE = ("none", "int8")
+FORMATS = EXPORT_FORMATS  # format -> the artifact's suffix
 ONNX_EXTRA = "onnx"  # pip install 'accel-train[onnx]': onnx, onnxscript, onnxruntime
 CPU = torch.device("cpu")
 
@@ -106,7 +105,8 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
 
     transform = BatchTransform(cfg.dataset, splits, CPU, torch.float32, seed=0, rank=0)
     test = _batches(splits.test, cfg, splits, transform, ecfg.verify_samples)
-    example = test[0][0][:2]
+    # Two samples: torch.export specialises a dimension whose example size is 0 or 1.
+    example = torch.cat([test[0][0], test[0][0]])[:2]
     artifact = _artifact_path(ckpt_path, ecfg, FORMATS[fmt])
     t0 = time.perf_counter()
     _export(model, example, fmt, artifact)
@@ -148,42 +148,8 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
 
 
 def _check_export_config(ecfg: DictConfig) -> Path:
-    if OmegaConf.is_missing(ecfg, "ckpt_path") or not ecfg.ckpt_path:
-        raise UserError(
-            "ckpt_path is required: the checkpoint to export, e.g. "
-            "`accel-export ckpt_path=outputs/<run>/checkpoints/best.pt format=onnx`."
-        )
-    if ecfg.format not in FORMATS:
-        raise UserError(
-            f"format={ecfg.format!r} is not one of {', '.join(FORMATS)}. E.g. `format=onnx` "
-            "(ONNX Runtime) or `format=torch_export` (torch.export.load / AOTInductor)."
-        )
-    if ecfg.quantize not in QUANTIZE:
-        raise UserError(
-            f"quantize={ecfg.quantize!r} is not one of {', '.join(QUANTIZE)}. "
-            "`quantize=int8` is ONNX Runtime static quantization (with format=onnx)."
-        )
-    if ecfg.quantize == "int8" and ecfg.format != "onnx":
-        raise UserError(
-            f"quantize=int8 is ONNX Runtime static quantization and needs format=onnx, not "
-            f"format={ecfg.format}. Use `format=onnx quantize=int8` (or train with quant=qat "
-            "for an int8 torch.export artifact)."
-        )
-    if ecfg.batch_size < 0 or ecfg.verify_samples < 0 or ecfg.calib_batches < 1:
-        raise UserError(
-            f"batch_size={ecfg.batch_size} and verify_samples={ecfg.verify_samples} must be "
-            f">= 0 and calib_batches={ecfg.calib_batches} >= 1."
-        )
-    if not 0.0 <= ecfg.min_agreement <= 1.0:
-        raise UserError(f"min_agreement={ecfg.min_agreement} is a fraction in [0, 1], e.g. 0.999.")
-    ckpt_path = Path(ecfg.ckpt_path).expanduser()
-    if ckpt_path.is_dir() and not (ckpt_path / "meta.pt").is_file():
-        raise UserError(
-            f"ckpt_path={ckpt_path} is a directory, not a checkpoint: give a .pt file written "
-            "by accel-train (e.g. outputs/<run>/checkpoints/best.pt) or an FSDP .dcp directory "
-            "(which holds meta.pt)."
-        )
-    return ckpt_path
+    check_export_config(ecfg)  # (the CLI ran it already, before importing torch)
+    return Path(ecfg.ckpt_path).expanduser()
 
 
 def _stored_config(state: dict[str, Any], ckpt_path: Path) -> DictConfig:

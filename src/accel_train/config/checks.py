@@ -579,3 +579,48 @@ def check_data_sizes(
     if warn:
         for text in warnings:
             _warn(text)
+
+
+# accel-export: format -> the artifact's suffix (beside the checkpoint: checkpoints/best.onnx).
+EXPORT_FORMATS = {"torch_export": ".pt2", "onnx": ".onnx", "torchscript": ".torchscript.pt"}
+EXPORT_QUANTIZE = ("none", "int8")
+
+
+def check_export_config(ecfg: DictConfig) -> None:
+    """accel-export's own keys, before anything (torch included) is loaded."""
+    formats, quantize = EXPORT_FORMATS, EXPORT_QUANTIZE
+    if OmegaConf.is_missing(ecfg, "ckpt_path") or not ecfg.ckpt_path:
+        raise UserError(
+            "ckpt_path is required: the checkpoint to export, e.g. "
+            "`accel-export ckpt_path=outputs/<run>/checkpoints/best.pt format=onnx`."
+        )
+    if ecfg.format not in formats:
+        raise UserError(
+            f"format={ecfg.format!r} is not one of {', '.join(formats)}. E.g. `format=onnx` "
+            "(ONNX Runtime) or `format=torch_export` (torch.export.load / AOTInductor)."
+        )
+    if ecfg.quantize not in quantize:
+        raise UserError(
+            f"quantize={ecfg.quantize!r} is not one of {', '.join(quantize)}. "
+            "`quantize=int8` is ONNX Runtime static quantization (with format=onnx)."
+        )
+    if ecfg.quantize == "int8" and ecfg.format != "onnx":
+        raise UserError(
+            f"quantize=int8 is ONNX Runtime static quantization and needs format=onnx, not "
+            f"format={ecfg.format}. Use `format=onnx quantize=int8` (or train with quant=qat "
+            "for an int8 torch.export artifact)."
+        )
+    if ecfg.batch_size < 0 or ecfg.verify_samples < 0 or ecfg.calib_batches < 1:
+        raise UserError(
+            f"batch_size={ecfg.batch_size} and verify_samples={ecfg.verify_samples} must be "
+            f">= 0 and calib_batches={ecfg.calib_batches} >= 1."
+        )
+    if not 0.0 <= ecfg.min_agreement <= 1.0:
+        raise UserError(f"min_agreement={ecfg.min_agreement} is a fraction in [0, 1], e.g. 0.999.")
+    ckpt_path = Path(ecfg.ckpt_path).expanduser()
+    if ckpt_path.is_dir() and not (ckpt_path / "meta.pt").is_file():
+        raise UserError(
+            f"ckpt_path={ckpt_path} is a directory, not a checkpoint: give a .pt file written "
+            "by accel-train (e.g. outputs/<run>/checkpoints/best.pt) or an FSDP .dcp directory "
+            "(which holds meta.pt)."
+        )
