@@ -192,4 +192,7 @@ def evaluate() -> None:
 
 def export() -> None:
     _check_config_dir()
+    if _wants_help(sys.argv[1:]):
+        _print_help("export.yaml")
+        return
     _export()
