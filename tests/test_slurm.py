@@ -19,6 +19,9 @@ from omegaconf import OmegaConf
 from accel_train.config.run_config import typed
 from accel_train.launch.slurm import render_sbatch
 
+# One test process for all of them: they share the local cluster's queue (pytest-xdist).
+pytestmark = pytest.mark.xdist_group("slurm")
+
 
 def _cfg(tmp_path: Path, **launcher) -> OmegaConf:
     return typed(
