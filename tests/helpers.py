@@ -39,8 +39,12 @@ def run_cli(
     full_env["ACCEL_TRAIN_DATA_DIR"] = str(Path(cwd) / "no-data-here")
     full_env["PYTHONUNBUFFERED"] = "1"
     full_env.update(env or {})
+    args = [str(a) for a in args]
+    if prog == "accel-train" and not any("plot_curves" in a or a == "--help" for a in args):
+        # matplotlib's import and a plot cost ~1 CPU s a run: only the tests of curves.png plot.
+        args.append("trainer.plot_curves=false")
     return subprocess.run(
-        [str(BIN / prog), *map(str, args)],
+        [str(BIN / prog), *args],
         cwd=cwd,
         env=full_env,
         capture_output=True,

@@ -22,6 +22,7 @@ def test_default_cadence_logs_train_loss_and_acc_in_epoch_0(run_cli, tmp_path):
             "trainer.progress=plain",
             "trainer.profile=true",
             "trainer.profile_steps=2",
+            "trainer.plot_curves=true",
             f"hydra.run.dir={run_dir}",
         ]
     )

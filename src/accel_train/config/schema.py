@@ -291,6 +291,7 @@ class TrainerConfig:
     tune_malloc: bool = True
     on_nonfinite: str = "stop"
     peak_flops: float = 0.0
+    plot_curves: bool = True
     memory_fraction: float = 0.9
     global_batch_size: int = 0
 

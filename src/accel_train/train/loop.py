@@ -177,7 +177,8 @@ class Loop:
         if self.cfg.trainer.progress != "none":
             table = summary_table(summary, self.ckpt_dir, self.checkpoints.monitor)
             self.progress.console().print(table)
-        plot_curves(self.run_dir)
+        if self.cfg.trainer.plot_curves:
+            plot_curves(self.run_dir)
 
     def _train(self) -> tuple[float, int]:
         train_time, samples = 0.0, 0
