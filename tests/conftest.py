@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,13 @@ from omegaconf import DictConfig
 from accel_train.config import CONFIG_DIR
 from accel_train.config.schema import register_configs
 from accel_train.environment import register_resolvers
+
+
+def pytest_configure(config):
+    # The CLI runs the tests start get one CPU thread each: the suite runs in two processes
+    # (pytest-xdist) on machines as small as 2 cores, and tiny models gain nothing from more
+    # threads, while OpenMP threads of two runs spinning on the same cores slow both.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
