@@ -136,6 +136,7 @@ def test_a_wheel_installs_and_runs_outside_the_checkout(tmp_path):
         "model=tiny",
         *FAST[1:],
         "+debug=fast_dev_run",
+        "checkpoint.save_last=true",  # fast_dev_run keeps none; accel-eval below reads last.pt
         "hydra.run.dir=run",
     )
     check_ok(proc)

@@ -36,6 +36,7 @@ def test_precision_trains_on_cpu(precision, compose_cfg, tmp_path, caplog):
             "model=mnist_cnn",  # convolutions, pooling and linears under autocast
             "loader.batch_size=32",
             "+debug=fast_dev_run",
+            "checkpoint.save_last=true",  # fast_dev_run keeps none; this test reads last.pt
             "trainer.limit_train_batches=3",
             f"precision={precision}",
             "logger=none",

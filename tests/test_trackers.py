@@ -14,7 +14,8 @@ from helpers import FAST, check_ok, read_jsonl
 from accel_train.config.checks import validate
 from accel_train.errors import UserError
 
-TINY = [*FAST, "+debug=fast_dev_run", "trainer.deterministic=true"]
+# fast_dev_run keeps no checkpoint; these tests check that trackers record best.pt.
+TINY = [*FAST, "+debug=fast_dev_run", "checkpoint.save_top_k=1", "trainer.deterministic=true"]
 
 
 @pytest.mark.slow

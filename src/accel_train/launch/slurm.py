@@ -89,7 +89,9 @@ def render_sbatch(cfg: DictConfig, config_path: Path) -> str:
         "",
         "set -eo pipefail",
         *[str(line) for line in lc.setup],
-        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        # sed reads every line: `head -n 1` exits early and, under pipefail, scontrol's
+        # SIGPIPE (exit 141) would fail the job.
+        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         f"RDZV_PORT=$(( {BASE_PORT} + SLURM_JOB_ID % 10000 ))",
         'echo "accel-train: job $SLURM_JOB_ID (requeue ${SLURM_RESTART_COUNT:-0}) on '
         '$SLURM_JOB_NODELIST, rendezvous $HEAD_NODE:$RDZV_PORT"',
