@@ -12,6 +12,9 @@ import pytest
 import torch
 from helpers import check_ok, read_jsonl, run_cli
 
+# Minutes of CLI runs: left out of the default run (and CI) for time; `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 # Tiny: an MLP with small hidden layers on 128 synthetic images (115 train / 13 val), batch 32.
 TINY = [
     "model=mlp",

@@ -17,6 +17,9 @@ from torch.nn.utils import prune
 
 from accel_train.models import mlp
 
+# Minutes of CLI runs: left out of the default run (and CI) for time; `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 # A tiny MLP on tiny synthetic data: 2 optimizer steps.
 TINY = [
     "model=mlp",

@@ -23,6 +23,9 @@ from accel_train.techniques.activation_checkpointing import ActivationCheckpoint
 from accel_train.train.build import build_components
 from accel_train.train.loop import Loop
 
+# Minutes of CLI runs: left out of the default run (and CI) for time; `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 # 256 samples, 10% validation -> 230 train / 32 per batch = 8 batches = 8 steps per epoch.
 EXACT = [
     *FAST,
