@@ -6,6 +6,8 @@ import json
 import logging
 import os
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,9 +172,16 @@ def summary_table(summary: dict[str, Any], ckpt_dir: Path, monitor: str) -> Tabl
 
 _said_no_matplotlib = False
 
+CURVES = ("train/loss", "val/loss", "train/acc", "val/acc")
 
-def plot_curves(run_dir: Path) -> Path | None:
-    """curves.png: loss and accuracy against the optimizer step, from metrics.jsonl. Needs the
+
+def start_curves_plot(run_dir: Path) -> Callable[[], Path | None]:
+    """Start drawing curves.png (loss and accuracy against the optimizer step, from
+    metrics.jsonl) in a background thread; the returned function waits for it and gives its path.
+
+    Called when training ends, so the drawing (~1 s of matplotlib, most of it holding the GIL)
+    overlaps the test pass (torch kernels, which release the GIL). The series are read here, in
+    the caller's thread: the test pass appends to metrics.jsonl while the thread draws. Needs the
     `plot` extra (matplotlib); without it, one info line a process and nothing else."""
     global _said_no_matplotlib
     try:
@@ -180,26 +189,50 @@ def plot_curves(run_dir: Path) -> Path | None:
 
         matplotlib.use("Agg")  # files only: no display needed, none opened
         logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font cache notes
-        import matplotlib.pyplot as plt
     except ImportError:
         if not _said_no_matplotlib:
             _said_no_matplotlib = True
             log.info("curves.png skipped: `pip install accel-train[plot]` (matplotlib) to get it")
-        return None
+        return lambda: None
     series: dict[str, tuple[list[int], list[float]]] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        for key in ("train/loss", "val/loss", "train/acc", "val/acc"):
+        for key in CURVES:
             if isinstance(row.get(key), int | float):
                 steps, values = series.setdefault(key, ([], []))
                 steps.append(row["step"])
                 values.append(row[key])
     if not series:
-        return None
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+        return lambda: None
+    result: list[Path | BaseException] = []
+
+    def draw() -> None:
+        try:
+            result.append(_draw_curves(series, run_dir / "curves.png"))
+        except BaseException as e:  # re-raised in the caller's thread by wait()
+            result.append(e)
+
+    thread = threading.Thread(target=draw, name="curves.png", daemon=True)
+    thread.start()
+
+    def wait() -> Path | None:
+        thread.join()
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        return result[0]
+
+    return wait
+
+
+def _draw_curves(series: dict[str, tuple[list[int], list[float]]], path: Path) -> Path:
+    # matplotlib's object API, not pyplot: no global figure registry shared across threads.
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4))
+    ax_loss, ax_acc = fig.subplots(1, 2)
     for ax, kind in ((ax_loss, "loss"), (ax_acc, "acc")):
         for split in ("train", "val"):
             key = f"{split}/{kind}"
@@ -211,9 +244,7 @@ def plot_curves(run_dir: Path) -> Path | None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    path = run_dir / "curves.png"
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
     fig.savefig(tmp, dpi=100)
-    plt.close(fig)
     os.replace(tmp, path)
     return path

@@ -244,7 +244,7 @@ def parse_target(text: str) -> tuple[str, str, float]:
 def check_loop_intervals(cfg: DictConfig) -> None:
     """Batch limits, the validation interval, the stop target and early stopping."""
     t = cfg.trainer
-    for key in ("limit_train_batches", "limit_val_batches"):
+    for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
         value = t[key]
         if not (isinstance(value, int) and value >= 0) and not _is_fraction(value):
             raise UserError(

@@ -276,6 +276,7 @@ class TrainerConfig:
     val_every_n_epochs: int = 1
     limit_train_batches: Any = 0  # int: batches; float in (0, 1]: a fraction (Lightning's)
     limit_val_batches: Any = 0
+    limit_test_batches: Any = 0
     val_check_interval: Any = 1.0  # float in (0, 1]: fraction of an epoch; int: optimizer steps
     stop_at: str | None = None
     test_after_fit: bool = True

@@ -35,7 +35,7 @@ from omegaconf import DictConfig
 
 from accel_train import checkpoint as ckpt_io
 from accel_train.config.run_config import flatten, to_container, write_run_config
-from accel_train.console import Progress, plot_curves, summary_table
+from accel_train.console import Progress, start_curves_plot, summary_table
 from accel_train.errors import UserError
 from accel_train.loggers import MetricsLogger, json_safe
 from accel_train.models import count_parameters
@@ -164,21 +164,22 @@ class Loop:
                 return self._stopped()
             if self.finish_reason and self.env.is_main:
                 log.info("finished early: %s", self.finish_reason)
+            # curves.png is drawn in a thread while the test pass runs (console.py says why).
+            plotted = (
+                start_curves_plot(self.run_dir)
+                if self.cfg.trainer.plot_curves and self.env.is_main
+                else None
+            )
             test = self._test() if self.cfg.trainer.test_after_fit else None
             self.progress.close()  # before the `done:` line, which would land on the bar
             summary = self._summary(samples / max(train_time, 1e-9), start, test)
+            if plotted is not None:
+                plotted()
         self.metrics.close()
-        if self.env.is_main:
-            self._report(summary)
-        return summary
-
-    def _report(self, summary: dict[str, Any]) -> None:
-        """The end of a run on the console (a table) and curves.png in the run dir."""
-        if self.cfg.trainer.progress != "none":
+        if self.env.is_main and self.cfg.trainer.progress != "none":
             table = summary_table(summary, self.ckpt_dir, self.checkpoints.monitor)
-            self.progress.console().print(table)
-        if self.cfg.trainer.plot_curves:
-            plot_curves(self.run_dir)
+            self.progress.console().print(table)  # the end of a run on the console
+        return summary
 
     def _train(self) -> tuple[float, int]:
         train_time, samples = 0.0, 0
@@ -387,7 +388,14 @@ class Loop:
         which = "best" if best.exists() else "last"
         if which == "best":
             self._load_weights(best)
-        loader = make_loader(p.splits.test, self.cfg, self.env, p.splits, train=False)
+        loader = make_loader(
+            p.splits.test,
+            self.cfg,
+            self.env,
+            p.splits,
+            train=False,
+            limit=self.cfg.trainer.limit_test_batches,
+        )
         # HOST SYNC (test): one read at the end of the pass.
         loss, acc = score(
             self.eval_model, loader, self.transform, self.precision, self.loss_fn, self.env
