@@ -111,6 +111,31 @@ def test_stop_at_a_target_records_time_and_steps_and_stays_finished(run_cli, tmp
     assert _summary(run_dir) == summary
 
 
+def test_a_target_is_recorded_while_training_goes_on(run_cli, tmp_path):
+    """trainer.target records time and steps to the target like stop_at, and trains on; the
+    fast_dev_run's limit_test_batches scores two test batches."""
+    run_dir = tmp_path / "run"
+    args = [
+        *BASE,
+        "trainer.max_epochs=2",
+        "trainer.val_check_interval=0.5",
+        "trainer.target='val/acc>=0.5'",
+        "trainer.limit_test_batches=2",
+        "loader.eval_batch_size=5",
+        f"hydra.run.dir={run_dir}",
+    ]
+    proc = run_cli(args)
+    check_ok(proc)
+    summary = _summary(run_dir)
+    assert summary["target"] == "val/acc>=0.5" and summary["finished_early"] is None
+    first = next(r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("val/acc", 0) >= 0.5)
+    assert summary["steps_to_target"] == first["step"] < summary["steps"] == 30
+    assert summary["time_to_target_s"] > 0
+    assert "trainer.target: training goes on" in proc.stdout + proc.stderr
+    # 2 test batches of 5: a multiple of 0.1 (all 64 test samples would give one of 1/64)
+    assert summary["test_acc"] * 10 == pytest.approx(round(summary["test_acc"] * 10))
+
+
 def test_early_stopping_after_patience_validations_without_improvement(run_cli, tmp_path):
     """An lr too small to move val/loss by min_delta: stops after `patience` validations past
     the first."""
@@ -146,6 +171,12 @@ def test_a_bad_target_is_one_paragraph_naming_the_key(run_cli):
     ("overrides", "message"),
     [
         (["trainer.stop_at=val/acc"], "is not METRIC OP VALUE"),
+        (["trainer.target=val/acc"], "trainer.target='val/acc' is not METRIC OP VALUE"),
+        (
+            ["trainer.stop_at='val/acc>=0.9'", "trainer.target='val/acc>=0.5'"],
+            "trainer.stop_at='val/acc>=0.9' and trainer.target='val/acc>=0.5' differ",
+        ),
+        (["trainer.limit_test_batches=-2"], "trainer.limit_test_batches=-2 must be"),
         (["trainer.val_check_interval=1.5"], "trainer.val_check_interval=1.5 must be"),
         (["trainer.val_check_interval=0"], "trainer.val_check_interval=0 must be"),
         (["trainer.limit_train_batches=2.5"], "trainer.limit_train_batches=2.5 must be"),

@@ -226,8 +226,8 @@ def _is_fraction(value) -> bool:
     return isinstance(value, float) and 0 < value <= 1
 
 
-def parse_target(text: str) -> tuple[str, str, float]:
-    """`trainer.stop_at`, e.g. 'val/acc>=0.985' -> ('val/acc', '>=', 0.985)."""
+def parse_target(text: str, key: str = "trainer.stop_at") -> tuple[str, str, float]:
+    """`trainer.stop_at` or `trainer.target`, e.g. 'val/acc>=0.985' -> ('val/acc', '>=', 0.985)."""
     for op in _COMPARISONS:
         metric, found, value = str(text).partition(op)
         if found:
@@ -236,8 +236,8 @@ def parse_target(text: str) -> tuple[str, str, float]:
             except ValueError:
                 break
     raise UserError(
-        f"trainer.stop_at={text!r} is not METRIC OP VALUE: write e.g. "
-        "`trainer.stop_at='val/acc>=0.985'` or `trainer.stop_at='val/loss<=0.05'` (quoted)."
+        f"{key}={text!r} is not METRIC OP VALUE: write e.g. "
+        f"`{key}='val/acc>=0.985'` or `{key}='val/loss<=0.05'` (quoted)."
     )
 
 
@@ -260,11 +260,21 @@ def check_loop_intervals(cfg: DictConfig) -> None:
             "int >= 1)."
         )
     known = ", ".join(VALIDATION_METRICS)
-    if t.stop_at is not None:
-        metric, _, _ = parse_target(t.stop_at)
+    if t.stop_at is not None and t.target is not None and t.stop_at != t.target:
+        # (Equal ones are one target: stop_at records it too. An experiment may set a target
+        # that a user's stop_at then takes over.)
+        raise UserError(
+            f"trainer.stop_at={t.stop_at!r} and trainer.target={t.target!r} differ: stop_at "
+            "records the time to its target and stops there, target only records it. Keep one "
+            "(e.g. `trainer.target=null`)."
+        )
+    for key in ("stop_at", "target"):
+        if t[key] is None:
+            continue
+        metric, _, _ = parse_target(t[key], f"trainer.{key}")
         if metric not in VALIDATION_METRICS:
             raise UserError(
-                f"trainer.stop_at={t.stop_at!r} watches {metric!r}, which validation does not "
+                f"trainer.{key}={t[key]!r} watches {metric!r}, which validation does not "
                 f"log: name one of {known}."
             )
     es = cfg.early_stopping

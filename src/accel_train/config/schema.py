@@ -279,6 +279,7 @@ class TrainerConfig:
     limit_test_batches: Any = 0
     val_check_interval: Any = 1.0  # float in (0, 1]: fraction of an epoch; int: optimizer steps
     stop_at: str | None = None
+    target: str | None = None
     test_after_fit: bool = True
     seed: int = 42
     deterministic: bool = False

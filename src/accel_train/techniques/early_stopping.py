@@ -69,11 +69,13 @@ class EarlyStopping(Technique):
 
 
 class StopAtTarget(Technique):
-    name = "stop_at"
+    """Records the time and steps to a validation target (`trainer.target`), and with
+    `stop=True` also ends training there (`trainer.stop_at`)."""
 
-    def __init__(self, target: str):
-        self.target = target
-        self.metric, op, self.value = parse_target(target)
+    def __init__(self, target: str, stop: bool = True):
+        self.name = "stop_at" if stop else "target"  # the summary key and checkpoint state key
+        self.target, self.stop = target, stop
+        self.metric, op, self.value = parse_target(target, f"trainer.{self.name}")
         self.reached = _OPS[op]
         self.trained_s = 0.0  # wall seconds of this target's run before a resume
         self.started = time.perf_counter()
@@ -89,14 +91,18 @@ class StopAtTarget(Technique):
         # From the loop's start (after building), validations included; start-up is in wall_s.
         self.time_to_target_s = self.trained_s + time.perf_counter() - self.started
         self.steps_to_target = loop.step
-        loop.finish(
+        reached = (
             f"target {self.target} reached ({self.metric}={metrics[self.metric]:.4f}) at step "
             f"{loop.step}, {self.time_to_target_s:.1f} s"
         )
+        if self.stop:
+            loop.finish(reached)
+        elif loop.env.is_main:
+            log.info("%s (trainer.target: training goes on)", reached)
 
     def summary(self, loop: Any) -> dict[str, Any]:
         return {
-            "stop_at": self.target,
+            self.name: self.target,
             "time_to_target_s": self.time_to_target_s,
             "steps_to_target": self.steps_to_target,
         }

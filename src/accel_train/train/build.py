@@ -80,6 +80,8 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
         chosen.append(EarlyStopping(es.monitor, es.mode, es.patience, es.min_delta))
     if t.stop_at is not None:
         chosen.append(StopAtTarget(t.stop_at))
+    if t.target is not None and t.target != t.stop_at:  # (an equal stop_at records it)
+        chosen.append(StopAtTarget(t.target, stop=False))
     for name, node in cfg.callbacks.items():
         callback = build(node, f"callbacks.{name}", exclude=())
         if not isinstance(callback, Technique):
