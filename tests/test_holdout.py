@@ -66,6 +66,16 @@ def test_held_out_indices_stratified_by_label():
     assert len(val) == 5 + 3 + 2 + 10
 
 
+def test_held_out_indices_of_class_ordered_data_come_mixed():
+    """Data stored by class (an ImageFolder tree): validation's first batch, all that
+    `trainer.limit_val_batches=1` reads, must not be one class."""
+    from accel_train.data.splits import held_out_indices
+
+    labels = torch.arange(10).repeat_interleave(100)  # 0 x100, 1 x100, ...: sorted by class
+    _, val = held_out_indices(1000, 0.1, seed=0, labels=labels)
+    assert len(set(labels[val[:16]].tolist())) >= 5
+
+
 # ---- build_splits on the tiny IDX MNIST --------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ import csv
 import pytest
 from helpers import FAST, check_ok
 
-from accel_train.launch.report import plan
+from accel_train.launch.report import Run, combination, plan
 
 TINY = [*FAST, "trainer.max_epochs=1", "trainer.log_every_n_steps=1", "logger=csv"]
 
@@ -65,3 +65,15 @@ def test_bad_report_arguments_are_one_paragraph(run_cli):
     proc = run_cli(["--repeats", "1", "model=no_such_model"], prog="accel-report")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "model=no_such_model" in proc.stderr
+
+
+def test_the_combination_guards_accuracy_with_val_when_there_is_no_test_split(tmp_path):
+    """Without test accuracy (an image_folder tree with no test folder) a switch that is faster
+    but loses validation accuracy is not combined; one that keeps it is."""
+
+    def run(variant: str, speed: float, val: float) -> Run:
+        values = {"samples_per_s": speed, "best_val_acc": val, "test_acc": None}
+        return Run(variant, 0, 1, tmp_path, 0.0, "done", values)
+
+    runs = [run("baseline", 10, 0.80), run("channels_last", 12, 0.80), run("ema", 13, 0.10)]
+    assert combination(runs, ["baseline", "channels_last", "ema"], 1.02, 0.005) == ["channels_last"]

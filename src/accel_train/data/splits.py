@@ -67,18 +67,23 @@ def held_out_indices(
 
     With ``labels`` the split is stratified: each class gives the same share (rounded), so a
     class-balanced set stays balanced in both parts. The same (n, fraction, seed, labels) always
-    gives the same split, whatever ``trainer.seed`` is."""
+    gives the same split, whatever ``trainer.seed`` is.
+
+    The validation indices come in a seeded random order, not sorted: validation reads them in
+    order, and `trainer.limit_val_batches` takes the first batches, which for data stored by
+    class (an ImageFolder tree) would otherwise be one or two classes."""
     gen = torch.Generator().manual_seed(seed)
     if labels is None:
         order = torch.randperm(n, generator=gen)
         k = round(n * fraction)
-        return order[k:].sort().values, order[:k].sort().values
+        return order[k:].sort().values, order[:k]
     val_parts = []
     for c in labels.unique().tolist():
         members = (labels == c).nonzero().flatten()
         members = members[torch.randperm(len(members), generator=gen)]
         val_parts.append(members[: round(len(members) * fraction)])
-    val = torch.cat(val_parts).sort().values if val_parts else torch.empty(0, dtype=torch.long)
+    val = torch.cat(val_parts) if val_parts else torch.empty(0, dtype=torch.long)
+    val = val[torch.randperm(len(val), generator=gen)]
     keep = torch.ones(n, dtype=torch.bool)
     keep[val] = False
     return keep.nonzero().flatten(), val

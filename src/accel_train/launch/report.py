@@ -18,7 +18,8 @@ drifts affects every variant alike; each row reports median and min-max over its
 the ratio to the baseline is the median of per-repeat ratios (each against the baseline of the
 same round). The load average before each run is recorded. Phase 2 runs the combination of the
 variants whose median throughput ratio was above `--min-gain` and whose median test accuracy
-stayed within `--max-acc-drop` of the baseline, alternating with the baseline again.
+(best validation accuracy without a test split) stayed within `--max-acc-drop` of the
+baseline, alternating with the baseline again.
 """
 
 from __future__ import annotations
@@ -111,7 +112,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--no-combine", action="store_true", help="skip the combination phase")
     parser.add_argument("--min-gain", type=float, default=1.02, help="throughput ratio to count")
     parser.add_argument(
-        "--max-acc-drop", type=float, default=0.005, help="test accuracy a switch may lose"
+        "--max-acc-drop",
+        type=float,
+        default=0.005,
+        help="test accuracy (best val accuracy without a test split) a switch may lose",
     )
     return parser.parse_known_args(argv)
 
@@ -242,14 +246,17 @@ def ratio_to_baseline(runs: list[Run], name: str, phase: int) -> list[float]:
 
 
 def combination(runs: list[Run], kept: list[str], min_gain: float, max_drop: float) -> list[str]:
-    """The switches that helped on their own, at most one of each exclusive set."""
-    base_acc = _values(runs, "baseline", "test_acc", 1)
+    """The switches that helped on their own, at most one of each exclusive set. The accuracy
+    guard compares test accuracy, or the best validation accuracy when the data set has no test
+    split (a switch must not buy its speed with accuracy in either case)."""
+    judged = "test_acc" if _values(runs, "baseline", "test_acc", 1) else "best_val_acc"
+    base_acc = _values(runs, "baseline", judged, 1)
     winners = {}
     for name in kept:
         if name == "baseline":
             continue
         ratios = ratio_to_baseline(runs, name, 1)
-        accs = _values(runs, name, "test_acc", 1)
+        accs = _values(runs, name, judged, 1)
         if not ratios or statistics.median(ratios) < min_gain:
             continue
         if base_acc and accs and statistics.median(accs) < statistics.median(base_acc) - max_drop:
