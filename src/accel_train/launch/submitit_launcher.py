@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from hydra.core.utils import JobReturn
-from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from accel_train.errors import UserError, report_user_errors
 
@@ -52,6 +51,9 @@ class ReportErrors:
                 "this machine, and `hydra/launcher=submitit_local` runs the jobs as local "
                 "processes instead."
             )
+        # Imported here, as the plugin does: Hydra imports this module at every start-up.
+        from submitit.core.utils import FailedJobError, UncompletedJobError
+
         sweep_dir = self.config.hydra.sweep.dir if self.config is not None else "<sweep dir>"
         try:
             return super().launch(job_overrides, initial_job_idx)
