@@ -1,7 +1,7 @@
 """`hydra/launcher=submitit_slurm` (Hydra's submitit plugin) on the real localhost SLURM that
-scripts/slurm/local-cluster.sh starts: a two-job sweep, a preempted job that submitit requeues
-and that resumes exactly from its last.pt, and the errors a user can cause. The signal rules
-and the hand-over to submitit's handler are checked in-process."""
+scripts/slurm/local-cluster.sh starts: a two-job sweep and preempted jobs that submitit requeues
+and that resume exactly from their last.pt (slow: `pytest -m slow`), and the errors a user can
+cause. The signal rules and the hand-over to submitit's handler are checked in-process."""
 
 from __future__ import annotations
 
@@ -97,6 +97,7 @@ def _wait(predicate, timeout: float, what: str) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.slow  # 30 s (load 4) to 140 s (load 7) on 2 cores, most of it the jobs' start-up
 @slurm_cluster
 def test_two_job_sweep_runs_on_slurm(tmp_path):
     sweep_dir = tmp_path / "sweep"
@@ -132,7 +133,7 @@ def test_two_job_sweep_runs_on_slurm(tmp_path):
     assert "--cpus-per-task=1" in script and "--signal=USR2@" in script
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 110 s (load 7) to 250 s: three jobs, two of them started twice
 @slurm_cluster
 def test_preempted_jobs_are_requeued_and_resume_exactly(tmp_path):
     """Two of three identical jobs are interrupted mid-run: job 0 by SIGUSR2 alone (submitit's
