@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
 from omegaconf import MISSING
 
 # ---- model: a class or factory by _target_; the data shape is passed where accepted -------
@@ -518,6 +519,28 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
 }
 
 
+# ---- hydra/launcher=submitit_slurm: Hydra's submitit plugin (the `slurm` extra) -------------
+
+try:
+    from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
+except ImportError:  # not installed: launch/sweep_summary.check_plugins names the extra
+    SlurmQueueConf = None
+
+if SlurmQueueConf is not None:
+
+    @dataclass
+    class SubmititSlurmConfig(SlurmQueueConf):
+        """The plugin's `submitit_slurm` option with two changes (every other key and default is
+        the plugin's): its SlurmLauncher with errors that name the key to set, and requeues
+        after the time limit, since every sweep job resumes from its last.pt when requeued."""
+
+        # the plugin's SlurmLauncher, reporting refused submissions and lost jobs as UserErrors
+        _target_: str = "hydra_plugins.accel_train_submitit.SlurmLauncher"
+        # requeues after reaching the time limit (the plugin's 0 ends a timed-out job; a
+        # preempted job is always requeued), as launcher=slurm's max_requeues
+        max_num_timeout: int = 3
+
+
 def schema_name(schema: type) -> str:
     """The ConfigStore name an option's YAML lists in its defaults, e.g. `ddp_config`."""
     name = schema.__name__.removesuffix("Config")
@@ -535,3 +558,14 @@ def register_configs() -> None:
             cs.store(group=group, name=schema_name(schema), node=schema)
     for name, schema in LOGGER_SCHEMAS.items():  # logger/csv.yaml: `defaults: [csv_schema]`
         cs.store(group="logger", name=f"{name}_schema", node={name: schema})
+    if SlurmQueueConf is not None:
+        # Replaces the plugin's own node. Hydra's plugin scan runs the plugin's config module
+        # again (storing its node again), so it runs first: Hydra does it at start-up anyway and
+        # keeps the result (a singleton), ~50 ms.
+        Plugins.instance()
+        cs.store(
+            group="hydra/launcher",
+            name="submitit_slurm",
+            node=SubmititSlurmConfig,
+            provider="accel_train",
+        )

@@ -4,6 +4,13 @@ The parent (on the login node) writes <run_dir>/submit.sbatch and calls `sbatch`
 `srun` starts one `python -m accel_train.node` per node: a torchrun agent whose rendezvous is
 on the allocation's first host. A requeued job runs the same script into the same run dir and
 resumes from checkpoints/last.pt.
+
+In a job of Hydra's submitit launcher (`hydra/launcher=submitit_slurm`, sweep jobs) submitit
+owns the requeue: after the preemption checkpoint, `requeue_or_stop` calls submitit's own
+handler of its preemption signal, which asks the launcher's `checkpoint()` for the same job
+again, counts the time-limit requeues (hydra.launcher.max_num_timeout) and runs
+`scontrol requeue`. The requeued job runs the same Hydra job, which resumes from last.pt
+(`launch/sweep.py`).
 """
 
 from __future__ import annotations
@@ -12,14 +19,17 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from accel_train.environment import in_allocation, in_srun_step
 from accel_train.errors import UserError
+from accel_train.train.signals import submitit_preempt_signal, submitit_signal_received
 
 log = logging.getLogger("accel_train")
 
@@ -159,6 +169,8 @@ def requeue_or_stop(max_requeues: int, checkpoint: Path) -> None:
     if job_id is None:
         log.warning("stopped on request; the run resumes with `resume=auto` from %s", checkpoint)
         return
+    if _requeue_through_submitit(job_id, checkpoint):
+        return
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     if restarts >= max_requeues:
         raise UserError(
@@ -173,3 +185,92 @@ def requeue_or_stop(max_requeues: int, checkpoint: Path) -> None:
             f"checkpoint {checkpoint} is safe: resubmit the run's submit.sbatch to continue."
         )
     log.info("requeued SLURM job %s (requeue %d of %d)", job_id, restarts + 1, max_requeues)
+
+
+# ---- jobs of Hydra's submitit launcher ---------------------------------------------------
+
+
+class Requeued(SystemExit):
+    """submitit requeued this job after the checkpoint: the process ends here, without a result
+    (submitit writes none for a requeued job, so the sweep waits for the requeued run)."""
+
+
+def requeued_submitit_job() -> bool:
+    """A submitit SLURM job that SLURM has started again (requeued after a preemption or the
+    time limit): it must continue from its last.pt, not start over."""
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    return submitit_preempt_signal() is not None and restarts > 0
+
+
+# How long a submitit job stopped by SIGTERM waits for submitit's preemption signal before it
+# exits. SLURM sends SIGTERM to cancel a job and also, with that signal, to preempt one (a few
+# hundred ms apart), which is why submitit ignores SIGTERM; it SIGKILLs a cancelled job after
+# KillWait (30 s by default) anyway.
+PREEMPTION_SIGNAL_WAIT_S = 30.0
+
+
+def await_submitit_requeue(checkpoint: Path) -> None:
+    """In a submitit job that saved `checkpoint` on SIGTERM and is about to exit (143): if
+    submitit's preemption signal came (or comes within PREEMPTION_SIGNAL_WAIT_S), the job is
+    requeued (raises Requeued), as submitit would have; else return and let it exit."""
+    signum, job_id = submitit_preempt_signal(), os.environ.get("SLURM_JOB_ID")
+    if signum is None or job_id is None or _submitit_handler(signum) is None:
+        return
+    if submitit_signal_received():  # it came while the loop was saving: hand it over now
+        _requeue_through_submitit(job_id, checkpoint)
+        return
+    log.warning(
+        "SIGTERM: checkpoint saved; waiting up to %.0f s for submitit's %s (a preemption: "
+        "the job is then requeued) before exiting",
+        PREEMPTION_SIGNAL_WAIT_S,
+        signum.name,
+    )
+    deadline = time.monotonic() + PREEMPTION_SIGNAL_WAIT_S
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(0.2)  # submitit's own handler is back: it requeues and exits
+    except SystemExit as requeued:
+        raise Requeued(requeued.code) from None
+
+
+def _submitit_handler(signum: int):
+    """submitit's handler of its preemption signal, if that is what this process has: the
+    process submitit started (not, e.g., a torchrun worker of a submitit job)."""
+    handler = signal.getsignal(signum)
+    owner = getattr(handler, "__self__", None)
+    return handler if type(owner).__module__.startswith("submitit.") else None
+
+
+def _requeue_through_submitit(job_id: str, checkpoint: Path) -> bool:
+    """In a submitit job: let submitit requeue it, as if its signal came now that last.pt is
+    saved. Raises Requeued, or a UserError saying why submitit did not requeue; False when
+    this is no submitit job (the caller requeues)."""
+    signum = submitit_preempt_signal()
+    handler = _submitit_handler(signum) if signum is not None else None
+    if handler is None:
+        return False
+    if os.environ.get("SLURM_ARRAY_TASK_ID"):  # a sweep's jobs are one array: say 31_0, not 32
+        job_id = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    log.info("checkpoint %s saved; submitit requeues SLURM job %s", checkpoint, job_id)
+    try:
+        handler(signum, None)  # checkpoint(), then `scontrol requeue` and sys.exit(-1)
+    except SystemExit as requeued:
+        raise Requeued(requeued.code) from None
+    except Exception as err:  # submitit's UncompletedJobError, or scontrol failing
+        reason = " ".join(str(err).split()).rstrip(".")
+        hint = (
+            "hydra.launcher.max_num_timeout (how often a job that reaches its time limit is "
+            "requeued) is used up: raise it, or hydra.launcher.timeout_min"
+            if "timed-out" in reason
+            else "see the job's log in the sweep dir's .submitit/"
+        )
+        raise UserError(
+            f"SLURM job {job_id} was preempted or reached its time limit and submitit did not "
+            f"requeue it ({reason}); {hint}. The checkpoint {checkpoint} is kept: run the same "
+            "sweep again with `resume=auto` and the same `hydra.sweep.dir` to continue."
+        ) from None
+    raise UserError(
+        f"SLURM job {job_id}: submitit's handler of {signal.Signals(signum).name} neither "
+        f"requeued the job nor said why (not task 0?). The checkpoint {checkpoint} is kept: run "
+        "the same sweep again with `resume=auto` and the same `hydra.sweep.dir` to continue."
+    )

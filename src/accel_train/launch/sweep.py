@@ -7,6 +7,10 @@ with `resume=auto` skips a job whose dir already holds a finished run of the sam
 failed job returns None, not NaN: the Optuna sweeper (1.3 with optuna 2.10) then records a
 failed trial and goes on, whereas a NaN makes `study.tell` raise and ends the whole search.
 The summary of the whole sweep is `launch/sweep_summary.py`.
+
+A job of `hydra/launcher=submitit_slurm` that submitit requeued (after a preemption or the time
+limit, launch/slurm.py) runs this again in the same job dir: it continues from last.pt
+(`resume=auto` unless the sweep set `resume`), and status.json says "requeued" in between.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import logging
 import math
 import os
+import signal
 import time
 import traceback
 from pathlib import Path
@@ -27,6 +32,7 @@ from accel_train.config.checks import OBJECTIVES, validate
 from accel_train.config.run_config import flatten, resolve, to_container
 from accel_train.errors import UserError
 from accel_train.launch.launcher import launch
+from accel_train.launch.slurm import Requeued, await_submitit_requeue, requeued_submitit_job
 from accel_train.launch.sweep_summary import (
     STATUS_FILE,
     SUMMARY_FILE,
@@ -34,6 +40,7 @@ from accel_train.launch.sweep_summary import (
     one_line,
     read_json,
 )
+from accel_train.train.signals import Stopped, signal_name
 
 log = logging.getLogger("accel_train")
 
@@ -50,6 +57,10 @@ def run_job(cfg: DictConfig) -> float | None:
     the job failed or has no value for it)."""
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir)
+    if cfg.resume is None and requeued_submitit_job():
+        # submitit requeued this job (preempted, or the time limit): the same job again.
+        log.info("job %s requeued by SLURM: resuming from %s (resume=auto)", hc.job.num, job_dir)
+        cfg.resume = "auto"
     if not _main_task():
         # One of several SLURM tasks running this job (submitit with nodes or tasks_per_node
         # above 1: launch() turns them into one distributed run); task 0 keeps the record.
@@ -81,6 +92,21 @@ def run_job(cfg: DictConfig) -> float | None:
         value = _objective(summary, cfg.objective)
         _write_status(job_dir, status, "done", value=value)
         return value
+    except Requeued:
+        _write_status(job_dir, status, "requeued")  # the requeued run writes the outcome
+        raise
+    except Stopped as stop:  # SIGTERM/SIGINT: last.pt saved, the process exits with 128 + sig
+        error = f"stopped by {signal_name(stop.signum)}; rerun the sweep with resume=auto"
+        try:
+            if stop.signum == signal.SIGTERM:  # in a submitit job: maybe a preemption
+                await_submitit_requeue(job_dir / "checkpoints" / "last.pt")
+        except Requeued:
+            _write_status(job_dir, status, "requeued")
+            raise
+        except UserError as err:  # submitit did not requeue it: say why
+            error = one_line(str(err))
+        _write_status(job_dir, status, "stopped", error=error)
+        raise stop
     except Exception as err:  # one failed job must not stop the sweep
         if isinstance(err, UserError):
             error = one_line(str(err))

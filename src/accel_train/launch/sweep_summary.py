@@ -104,6 +104,8 @@ def finish_pending() -> None:
     """Write the summary of a sweep whose sweeper raised before Hydra's on_multirun_end."""
     if _pending is not None:
         callback, config = _pending
+        if not any(Path(str(config.hydra.sweep.dir)).rglob(STATUS_FILE)):
+            return  # no job started (e.g. sbatch refused them all): nothing to summarise
         try:
             callback.on_multirun_end(config)
         except Exception as err:  # already failing: do not mask the sweeper's error

@@ -10,6 +10,14 @@
   SIGTERM means the job is being cancelled or requeued by SLURM itself.
 - A second SIGINT (Ctrl-C pressed again while waiting for the checkpoint) exits at once, with
   status 130 and no traceback; a third one gets Python's default handling back.
+- In a job of Hydra's submitit launcher on SLURM (`hydra/launcher=submitit_slurm`), submitit's
+  own preemption signal (SIGUSR2 unless $SUBMITIT_PREEMPT_SIGNAL says otherwise; its sbatch
+  script asks for `--signal=USR2@<signal_delay_s>`) is a stop like SIGUSR1. submitit would act
+  on it at once, mid-step, with no checkpoint: here the loop saves last.pt first, and the launch
+  side then hands the signal to submitit's handler, which requeues the job
+  (launch/slurm.py). A preemption can come as SIGTERM and that signal together (submitit ignores
+  SIGTERM for this reason): the preemption signal wins, in either order, so the job is requeued
+  rather than ended; after a SIGTERM alone the launch side waits a while for it (launch/sweep.py).
 
 One process reads its flag after every optimizer step; several processes agree at the next
 logging step (train/loop.py), so under torchrun the stop takes at most `log_every_n_steps` steps
@@ -37,6 +45,25 @@ EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 STOP_SIGNALS = (signal.SIGUSR1, *EXIT_SIGNALS)
 
 
+_submitit_signal_received = False  # set by StopRequest: see submitit_signal_received()
+
+
+def submitit_signal_received() -> bool:
+    """Whether a StopRequest caught submitit's preemption signal in this process (then
+    submitit's own handler never saw it: the launch side must hand it over)."""
+    return _submitit_signal_received
+
+
+def submitit_preempt_signal() -> signal.Signals | None:
+    """The signal submitit treats as preemption or the time limit, in a job that submitit
+    started on SLURM (its sbatch script exports SUBMITIT_EXECUTOR=slurm); None elsewhere.
+    Read as submitit.JobEnvironment.USR_SIG reads it, without importing submitit."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return None
+    name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")
+    return getattr(signal.Signals, f"SIG{name}", None)
+
+
 class Stopped(SystemExit):
     """Raised after the stop checkpoint (or at once on a second Ctrl-C): exit status 128 +
     signum and no traceback. A SystemExit, so `except Exception` in user code or in a sweep job
@@ -58,12 +85,14 @@ class StopRequest:
         self.requested = False
         self.signum: int | None = None  # the signal that decides how the run ends
         self.interrupts = 0  # SIGINTs received: the second one exits at once
+        self.submitit_signal = submitit_preempt_signal()  # None outside a submitit SLURM job
         self._pid: int | None = None
 
     @property
     def exits(self) -> bool:
-        """Stop by exiting (SIGTERM/SIGINT), not by returning "preempted" (SIGUSR1)."""
-        return self.signum in EXIT_SIGNALS
+        """Stop by exiting (SIGTERM/SIGINT), not by returning "preempted" (SIGUSR1, or
+        submitit's preemption signal in a submitit job, even if that is one of them)."""
+        return self.signum in EXIT_SIGNALS and self.signum != self.submitit_signal
 
     def _handle(self, signum, frame) -> None:
         if os.getpid() != self._pid:
@@ -73,6 +102,9 @@ class StopRequest:
             # until the trainer has checkpointed and closes it.
             return
         name = signal.Signals(signum).name
+        if signum == self.submitit_signal:
+            global _submitit_signal_received
+            _submitit_signal_received = True
         if signum == signal.SIGINT:
             self.interrupts += 1
             if self.interrupts > 1:
@@ -84,6 +116,19 @@ class StopRequest:
                     "rank %d: SIGINT again: exiting now without a new checkpoint", self.rank
                 )
                 raise Stopped(signum)
+        if self.submitit_signal is not None and self.requested:
+            if signum == self.submitit_signal and self.signum == signal.SIGTERM:
+                # A preemption that came as SIGTERM first: requeue (through submitit), not exit.
+                self.signum = signum
+                log.log(
+                    logging.WARNING if self.rank == 0 else logging.INFO,
+                    "rank %d: %s received: the job is requeued after the checkpoint",
+                    self.rank,
+                    name,
+                )
+                return
+            if signum == signal.SIGTERM and self.signum == self.submitit_signal:
+                return  # the SIGTERM of the same preemption: the requeue stands
         if self.requested and (self.exits or signum not in EXIT_SIGNALS):
             # Already stopping: SLURM signals every process of a step and the torchrun agent
             # forwards the same signal again, so duplicates are normal and change nothing.
@@ -105,7 +150,9 @@ class StopRequest:
             yield
             return
         self._pid = os.getpid()
-        previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+        signals = (*STOP_SIGNALS, *([self.submitit_signal] if self.submitit_signal else []))
+        # (submitit's handler for its signal comes back afterwards: the launch side calls it.)
+        previous = {s: signal.signal(s, self._handle) for s in dict.fromkeys(signals)}
         try:
             yield
         finally:
