@@ -24,6 +24,38 @@ def pytest_configure(config):
     # (pytest-xdist) on machines as small as 2 cores, and tiny models gain nothing from more
     # threads, while OpenMP threads of two runs spinning on the same cores slow both.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # trainer.compile's inductor compiles its kernels in this process instead of a pool of
+    # compile workers (each of which imports torch again: seconds of CPU a run, for a
+    # handful of tiny kernels); the kernels are the same.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+
+# The modules whose tests take longest (multi-process runs, SLURM jobs, chains of CLI runs), in
+# the order pytest-xdist hands them out first (pyproject: --no-loadscope-reorder): a long module
+# that started last would keep one test process busy after the others have run out of work.
+LONGEST_FIRST = (
+    "test_slurm.py",
+    "test_distributed.py",
+    "test_pipeline.py",
+    "test_user_code.py",
+    "test_memory_techniques.py",
+    "test_cli.py",
+    "test_signals.py",
+    "test_numerics_and_inputs.py",
+    "test_resume_integrity.py",
+    "test_lock_and_disk.py",
+    "test_compress.py",
+    "test_export.py",
+    "test_holdout.py",
+    "test_sweep.py",
+    "test_report.py",
+    "test_install.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable
 
 
 @pytest.fixture(scope="session")
