@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
+import resource
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +27,62 @@ def pytest_configure(config):
     # (pytest-xdist) on machines as small as 2 cores, and tiny models gain nothing from more
     # threads, while OpenMP threads of two runs spinning on the same cores slow both.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # trainer.compile's inductor compiles its kernels in this process instead of a pool of
+    # compile workers (each of which imports torch again: seconds of CPU a run, for a
+    # handful of tiny kernels); the kernels are the same.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+
+# The modules whose tests take longest (multi-process runs, SLURM jobs, chains of CLI runs), in
+# the order pytest-xdist hands them out first (pyproject: --no-loadscope-reorder): a long module
+# that started last would keep one test process busy after the others have run out of work.
+LONGEST_FIRST = (
+    "test_slurm.py",
+    "test_distributed.py",
+    "test_pipeline.py",
+    "test_user_code.py",
+    "test_memory_techniques.py",
+    "test_cli.py",
+    "test_signals.py",
+    "test_numerics_and_inputs.py",
+    "test_resume_integrity.py",
+    "test_lock_and_disk.py",
+    "test_compress.py",
+    "test_export.py",
+    "test_holdout.py",
+    "test_sweep.py",
+    "test_report.py",
+    "test_install.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the child processes it has waited for (the CLI runs
+    a test starts, with their own children: torchrun workers, loader workers, ...)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """ACCEL_TEST_CPU_LOG=<file>: append each test's CPU seconds (setup, call and teardown,
+    its CLI runs included) and wall seconds to <file> as JSON lines. CPU time, unlike wall time,
+    barely depends on what else the machine runs: what the suite costs on a quiet 2-core
+    machine is about the sum over 2 (tests/cpu_report.py sums a file up)."""
+    log = os.environ.get("ACCEL_TEST_CPU_LOG")
+    cpu, wall = _cpu_s(), time.monotonic()
+    yield
+    if log:
+        row = {"test": item.nodeid, "cpu_s": round(_cpu_s() - cpu, 2)}
+        row["wall_s"] = round(time.monotonic() - wall, 2)
+        with open(log, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -189,7 +189,6 @@ def test_eval_matches_the_runs_test_score(mnist_run, run_cli, tmp_path):
     assert not (tmp_path / "outputs").exists() and not (tmp_path / ".hydra").exists()
 
 
-@pytest.mark.slow
 def test_compile_channels_last_accumulation_clipping(run_cli, tmp_path):
     """The speed switches together in one real run: torch.compile (inductor on the CPU),
     channels_last, gradient accumulation and clipping, with the logged loss finite."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 
-import pytest
 from helpers import FAST, check_ok, read_jsonl
 
 
@@ -52,7 +51,6 @@ def test_default_cadence_logs_train_loss_and_acc_in_epoch_0(run_cli, tmp_path):
     assert (run_dir / "curves.png").exists() == has_plot
 
 
-@pytest.mark.slow
 def test_ddp_rank0_output_in_train_log_and_no_grad_stride_warning(run_cli, tmp_path):
     """mnist_amp's setting (CNN, device loader, random shift) under 2-process DDP."""
     run_dir = tmp_path / "run"

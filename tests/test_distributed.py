@@ -2,9 +2,12 @@
 
 Every run is a subprocess of `accel-train` (or torchrun), the way a user starts it. Most of a
 run's wall time here is start-up (importing torch) and rendezvous waiting, so the independent
-runs all start together when the module's first test asks for them (`started`); each test
-then waits for its own. Runs that start from another run's output form a second wave
-(`second_wave`).
+runs are all queued when the module's first test asks for them (`started`) and start as slots
+free up (at most `MAX_RUNNING` at once: a dozen multi-process runs at once on two cores spend
+their time thrashing and timing out); each test then waits for its own. Runs that start from
+another run's output form a second wave (`second_wave`). Refusals that are pure config checks
+(no process, no network) are checked in-process (`test_config_refusals_name_the_key`); the
+refusals the CLI shows here are those of the launcher and the rendezvous.
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-pytestmark = pytest.mark.slow
+from accel_train.config.checks import validate
+from accel_train.config.run_config import resolve
+from accel_train.errors import UserError
+from accel_train.launch.launcher import check_strategy
+from accel_train.launch.rendezvous import check_rendezvous
 
 BIN = Path(sys.executable).parent
 TIMEOUT = 360  # seconds for one run while a dozen others share the two cores
@@ -88,41 +95,109 @@ class Result:
         )
 
 
+# Commands of this module running at once (a 2-process run counts once). Two cores: more runs
+# at once only share them finer, and slow every rendezvous and every run's start-up.
+MAX_RUNNING = 4
+_slots = threading.BoundedSemaphore(MAX_RUNNING)
+
+
 class Proc:
-    """A started command; its output goes to files (no pipe can fill up and block it)."""
+    """A command, started by `queue` as soon as a slot is free; its output goes to files (no
+    pipe can fill up and block it). A command still running after TIMEOUT is killed."""
 
     def __init__(self, cmd: Iterable[object], cwd: Path, name: str):
         cwd.mkdir(parents=True, exist_ok=True)
+        self.cwd = cwd
         self.args = [str(a) for a in cmd]
         self.out_path, self.err_path = cwd / f"{name}.stdout", cwd / f"{name}.stderr"
         self.result: Result | None = None
-        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            # Its own session, so that a timeout ends exactly this command and its workers.
-            self.popen = subprocess.Popen(
-                self.args, cwd=cwd, env=_env(), stdout=out, stderr=err, start_new_session=True
-            )
+        self.popen: subprocess.Popen | None = None
+        self.cancelled = False
+        self.timed_out = False
+        self.started = threading.Event()
+        self.ended = threading.Event()
 
-    def wait(self, timeout: float = TIMEOUT) -> Result:
-        if self.result is None:
+    def _start(self) -> None:
+        if not self.cancelled:
+            with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+                # Its own session, so that a timeout ends exactly this command and its workers.
+                self.popen = subprocess.Popen(
+                    self.args,
+                    cwd=self.cwd,
+                    env=_env(),
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+        self.started.set()
+
+    def _wait_exit(self, deadline: float) -> None:
+        if self.popen is not None:
             try:
-                code = self.popen.wait(timeout=timeout)
+                self.popen.wait(timeout=max(deadline - time.monotonic(), 0))
             except subprocess.TimeoutExpired:
+                self.timed_out = True
                 self.kill()
-                code = None
-            self.result = Result(
-                self.args, code, self.out_path.read_text(), self.err_path.read_text()
-            )
-            assert code is not None, f"timed out after {timeout} s\n{self.result.describe()}"
+        self.ended.set()
+
+    def wait(self) -> Result:
+        if self.result is None:
+            self.ended.wait()
+            code = None if self.popen is None or self.timed_out else self.popen.returncode
+            read = lambda p: p.read_text() if p.exists() else ""  # noqa: E731
+            self.result = Result(self.args, code, read(self.out_path), read(self.err_path))
+            assert code is not None, f"timed out after {TIMEOUT} s\n{self.result.describe()}"
         return self.result
 
     def kill(self) -> None:
-        if self.popen.poll() is None:
+        self.cancelled = True
+        if self.popen is not None and self.popen.poll() is None:
             os.killpg(self.popen.pid, signal.SIGKILL)
             self.popen.wait()
 
 
+def queue(*procs: Proc) -> None:
+    """Start these commands together (the node agents of one two-node job: one alone would
+    only wait for its peer), one slot each, as soon as the slots are free; a thread waits for
+    them and gives the slots back."""
+
+    def run() -> None:
+        for _ in procs:
+            _slots.acquire()
+        try:
+            for proc in procs:
+                proc._start()
+            deadline = time.monotonic() + TIMEOUT
+            for proc in procs:
+                proc._wait_exit(deadline)
+        finally:
+            for proc in procs:
+                proc.ended.set()
+                _slots.release()
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def kill_strays(root: Path) -> None:
+    """SIGKILL every process whose command line names a path under `root`: the workers that
+    torchrun starts in sessions of their own (an elastic restart's, or a killed agent's) are
+    not in the command's process group, and would outlive the test."""
+    needle = f"{root}/".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):  # exited meanwhile, or not ours
+            continue
+
+
 def start(args: Iterable[object], cwd: Path, name: str, prog: str = "accel-train") -> Proc:
-    return Proc([BIN / prog, *args], cwd, name)
+    """Queue one command (see Proc)."""
+    proc = Proc([BIN / prog, *args], cwd, name)
+    queue(proc)
+    return proc
 
 
 def free_port() -> int:
@@ -220,9 +295,10 @@ class ElasticRun:
 
     def _kill_after_first_checkpoint(self) -> None:
         last = self.run_dir / "checkpoints" / "last.pt"
+        self.proc.started.wait()
         deadline = time.monotonic() + TIMEOUT
         while not last.exists():
-            if self.proc.popen.poll() is not None or time.monotonic() > deadline:
+            if self.proc.ended.is_set() or time.monotonic() > deadline:
                 self.killed = "the run ended (or timed out) before its first checkpoint"
                 return
             time.sleep(0.02)
@@ -233,6 +309,9 @@ class ElasticRun:
     def wait(self) -> Result:
         result = self.proc.wait()
         self.thread.join()
+        # Workers of the killed attempt that outlived the agent (torchrun starts them in
+        # sessions of their own): not left running for the rest of the suite.
+        kill_strays(self.run_dir)
         return result
 
 
@@ -250,15 +329,11 @@ PARITY = [
 ]
 
 # name: (overrides, texts the error message must contain); {busy} and {closed} are ports.
+# Through the CLI: what the launcher and the rendezvous check, with real ports.
 BAD_INPUTS = {
-    "dp": (["strategy=dp"], ["strategy=dp", "DistributedDataParallel", "strategy=ddp"]),
     "single_with_2_procs": (
         ["strategy=single", "launcher.nproc_per_node=2"],
         ["strategy=single", "launcher.nproc_per_node=2", "strategy=ddp"],
-    ),
-    "nccl_without_cuda": (
-        ["strategy=ddp", "launcher.nproc_per_node=2", "strategy.backend=nccl"],
-        ["strategy.backend=nccl", "gloo"],
     ),
     "port_in_use": (
         [
@@ -281,12 +356,24 @@ BAD_INPUTS = {
         ],
         ["launcher.rdzv_endpoint=localhost:{closed}", "nothing answered", "rdzv_timeout=3"],
     ),
+}
+# In-process: refusals of the config alone, by the functions the launcher calls before it
+# starts anything (validate, check_strategy, check_rendezvous): (overrides, check, texts).
+CONFIG_REFUSALS = {
+    "dp": (["strategy=dp"], "validate", ["strategy=dp", "DistributedDataParallel", "strategy=ddp"]),
+    "nccl_without_cuda": (
+        ["strategy=ddp", "launcher.nproc_per_node=2", "strategy.backend=nccl"],
+        "check_strategy",
+        ["strategy.backend=nccl", "gloo"],
+    ),
     "two_nodes_without_rdzv_id": (
-        ["strategy=ddp", "launcher.nnodes=2", "launcher.rdzv_endpoint=localhost:{closed}"],
+        ["strategy=ddp", "launcher.nnodes=2", "launcher.rdzv_endpoint=localhost:29999"],
+        "check_rendezvous",
         ["launcher.rdzv_id"],
     ),
     "two_nodes_on_a_random_port": (
         ["strategy=ddp", "launcher.nnodes=2", "launcher.rdzv_id=x"],
+        "check_rendezvous",
         ["launcher.rdzv_endpoint", "fixed port"],
     ),
 }
@@ -304,10 +391,14 @@ def _start_two_nodes(root: Path, rdzv_id: str, node1_extra: list[str]) -> dict[i
         f"paths.log_dir={root}",  # the run dir is <log_dir>/train/<rdzv_id> on every node
         "trainer.max_epochs=1",
     ]
-    return {
-        0: start([*common, "launcher.node_rank=0"], root, "node0"),
-        1: start([*common, "launcher.node_rank=1", *node1_extra], root, "node1"),
+    procs = {
+        0: Proc([BIN / "accel-train", *common, "launcher.node_rank=0"], root, "node0"),
+        1: Proc(
+            [BIN / "accel-train", *common, "launcher.node_rank=1", *node1_extra], root, "node1"
+        ),
     }
+    queue(*procs.values())
+    return procs
 
 
 @pytest.fixture(scope="module")
@@ -381,6 +472,7 @@ def started(tmp_path_factory):
         for proc in group.values() if isinstance(group, dict) else [group]:
             if isinstance(proc, Proc):
                 proc.kill()  # a test that failed early may have left its runs behind
+    kill_strays(root)
 
 
 @pytest.fixture(scope="module")
@@ -453,11 +545,13 @@ def second_wave(parity, fsdp_run, tmp_path_factory) -> dict[str, Proc]:
         root,
         "user_torchrun",
     )
+    queue(procs["user_torchrun"])
     procs["root"] = root
     yield procs
     for proc in procs.values():
         if isinstance(proc, Proc):
             proc.kill()
+    kill_strays(root)
 
 
 # ---- 2 processes on one node, and parity with 1 process -------------------------------------
@@ -550,6 +644,21 @@ def test_bad_input_is_refused_naming_the_key(name, started):
     for text in BAD_INPUTS[name][1]:
         assert text.format(**started["ports"]) in result.stderr, result.describe()
     assert_no_traceback(result)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIG_REFUSALS))
+def test_config_refusals_name_the_key(name, compose_cfg, tmp_path):
+    overrides, check, texts = CONFIG_REFUSALS[name]
+    cfg = compose_cfg([*SMALL, *overrides, f"paths.output_dir={tmp_path}"])
+    calls = {
+        "validate": lambda: validate(cfg),
+        "check_strategy": lambda: check_strategy(resolve(cfg), 2),
+        "check_rendezvous": lambda: check_rendezvous(resolve(cfg)),
+    }
+    with pytest.raises(UserError) as refused:
+        calls[check]()
+    for text in texts:
+        assert text in str(refused.value), str(refused.value)
 
 
 # ---- FSDP -----------------------------------------------------------------------------------

@@ -17,9 +17,6 @@ from torch.nn.utils import prune
 
 from accel_train.models import mlp
 
-# Minutes of CLI runs: left out of the default run (and CI) for time; `pytest -m slow`.
-pytestmark = pytest.mark.slow
-
 # A tiny MLP on tiny synthetic data: 2 optimizer steps.
 TINY = [
     "model=mlp",
@@ -160,7 +157,6 @@ def test_qat_trains_converts_and_exports_int8(run_cli, tmp_path):
     assert "quant=qat" in err and "quantize=int8" in err
 
 
-@pytest.mark.slow
 def test_qat_resume_is_exact(run_cli, tmp_path):
     pytest.importorskip("torchao")
     common = [*TINY, "quant=qat", "trainer.max_steps=-1", "trainer.deterministic=true"]

@@ -183,7 +183,6 @@ class _Epoch(Dataset):
         return self.split.getitem(i, self.epoch)
 
 
-@pytest.mark.slow
 def test_batches_do_not_depend_on_num_workers(tree):
     train = build(tree).train
 
@@ -208,7 +207,6 @@ def test_cached_items_are_bit_identical_to_decoding(tree, tmp_path, augment):
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (cache, name)
 
 
-@pytest.mark.slow
 def test_a_cache_decoded_by_worker_processes_is_identical(tree, monkeypatch):
     ref = build(tree, cache="ram").train.bases.cache
     monkeypatch.setattr(image_folder, "PARALLEL_DECODE_MIN", 0)
@@ -424,7 +422,6 @@ def test_a_corrupt_image_fails_its_item_naming_the_file(tree_copy):
     _check_corrupt_message(str(err.value), bad)
 
 
-@pytest.mark.slow
 def test_a_corrupt_image_read_in_a_worker_process_is_still_one_paragraph(tree_copy):
     bad = tree_copy / "val" / "ant" / "000.jpg"
     _corrupt(bad)
@@ -489,7 +486,6 @@ def cli_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.slow
 def test_cli_weights_do_not_depend_on_num_workers_or_cache(small_tree, run_cli, tmp_path):
     variants = [(0, "none"), (2, "none"), (0, "ram"), (2, "disk")]
 
@@ -507,7 +503,6 @@ def test_cli_weights_do_not_depend_on_num_workers_or_cache(small_tree, run_cli, 
         assert_same_weights(weights[0], other)
 
 
-@pytest.mark.slow
 def test_cli_corrupt_jpeg_is_exit_2_naming_the_file(small_tree, run_cli, tmp_path):
     """Read in a loader worker process mid-epoch (no cache), the hardest place to report it."""
     root = Path(shutil.copytree(small_tree, tmp_path / "data"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from accel_train.config.run_config import resolve
+from accel_train.errors import UserError
+from accel_train.launch.launcher import check_strategy
 
 BIN = Path(sys.executable).parent
 TIMEOUT = 420  # seconds for one run while other runs share the two cores
@@ -212,27 +215,44 @@ def test_impossible_layouts_are_one_paragraph_errors(runs, tmp_path):
     assert code == 2, output[-3000:]
     assert "strategy.split_points: 'nope' is no block" in output and "Traceback" not in output
     assert "0, 1, 2, 3, 4" in output  # the blocks it could have named
-    # Refused by the launcher before any process starts.
-    cases = {
-        "not_divisible": (
-            ["strategy=pipeline", "launcher.nproc_per_node=3", "strategy.stages=2"],
-            "strategy.stages=2 does not divide the 3 processes",
-        ),
-        "microbatches": (
-            [*PIPE, "strategy.microbatches=5"],
-            "strategy.microbatches=5 does not divide loader.batch_size=32",
-        ),
-        "one_process": (["strategy=pipeline"], "a pipeline needs at least 2 stages"),
-        "interleaved": (
-            [*PIPE, "strategy.schedule=interleaved_1f1b"],
-            "interleaved 1F1B needs several stages per process",
-        ),
-        "compile": ([*PIPE, "trainer.compile=true"], "trainer.compile with strategy=pipeline"),
-    }
-    procs = {
-        name: Proc([*COMMON, *args, f"hydra.run.dir={tmp_path / name}"], tmp_path, name)
-        for name, (args, _) in cases.items()
-    }
-    for name, (_, text) in cases.items():
-        code, output = procs[name].wait()
-        assert code == 2 and text in output and "Traceback" not in output, (name, output[-2000:])
+    # Refused by the launcher before any process starts, through the CLI.
+    proc = Proc(
+        [
+            *COMMON,
+            "strategy=pipeline",
+            "launcher.nproc_per_node=3",
+            "strategy.stages=2",
+            f"hydra.run.dir={tmp_path / 'not_divisible'}",
+        ],
+        tmp_path,
+        "not_divisible",
+    )
+    code, output = proc.wait()
+    assert code == 2 and "Traceback" not in output, output[-2000:]
+    assert "strategy.stages=2 does not divide the 3 processes" in output
+
+
+# The launcher's other layout refusals, by the check it runs before it starts any process (the
+# CLI path of such a refusal is the one above): (overrides, processes, message).
+LAYOUT_REFUSALS = {
+    "microbatches": (
+        [*PIPE, "strategy.microbatches=5"],
+        2,
+        "strategy.microbatches=5 does not divide loader.batch_size=32",
+    ),
+    "one_process": (["strategy=pipeline"], 1, "a pipeline needs at least 2 stages"),
+    "interleaved": (
+        [*PIPE, "strategy.schedule=interleaved_1f1b"],
+        2,
+        "interleaved 1F1B needs several stages per process",
+    ),
+    "compile": ([*PIPE, "trainer.compile=true"], 2, "trainer.compile with strategy=pipeline"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT_REFUSALS))
+def test_impossible_layouts_are_refused_before_any_process_starts(name, compose_cfg, tmp_path):
+    overrides, nproc, text = LAYOUT_REFUSALS[name]
+    cfg = resolve(compose_cfg([*COMMON, *overrides, f"paths.output_dir={tmp_path}"]))
+    with pytest.raises(UserError, match=re.escape(text)):
+        check_strategy(cfg, nproc)

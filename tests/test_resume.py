@@ -29,8 +29,6 @@ EXACT = [
 ]
 STEPS_PER_EPOCH = 4
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory, run_cli_in):

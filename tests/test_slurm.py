@@ -199,22 +199,12 @@ def _slurm_log(run_dir: Path) -> str:
     return "\n".join(p.read_text() for p in run_dir.glob("slurm-*.out"))
 
 
-@pytest.mark.slow
 @slurm_cluster
-def test_job_runs_on_slurm(tmp_path):
-    job_id, run_dir = _submit(tmp_path, "trainer.max_epochs=2")
-    summary = run_dir / "summary.json"
-    _wait(summary.exists, 240, f"job {job_id} to finish\n{_slurm_log(run_dir)}")
-    result = json.loads(summary.read_text())
-    assert result["world_size"] == 2 and result["steps"] == 2 * 2  # 256 / (64 x 2) per epoch
-    assert (run_dir / "checkpoints" / "last.pt").is_file()
-    assert (run_dir / "submit.sbatch").is_file() and f"job {job_id}" in _slurm_log(run_dir)
-
-
-@pytest.mark.slow
-@slurm_cluster
-def test_preempted_job_requeues_and_resumes(tmp_path):
-    # 10 epochs x 2 steps; a checkpoint every step so the signal always finds one.
+def test_job_runs_on_slurm_and_a_preempted_job_requeues_and_resumes(tmp_path):
+    """`launcher=slurm` submits a 2-process DDP job that runs to the end, preempted once on
+    the way (USR1, as SLURM signals before a preemption or the time limit): it saves, requeues
+    itself into the same run dir and resumes from last.pt."""
+    # 10 epochs x 4 steps; a checkpoint every step so the signal always finds one.
     job_id, run_dir = _submit(
         tmp_path,
         "trainer.max_epochs=10",
@@ -228,10 +218,13 @@ def test_preempted_job_requeues_and_resumes(tmp_path):
     summary = run_dir / "summary.json"
     _wait(summary.exists, 300, f"the requeued job {job_id} to finish\n{_slurm_log(run_dir)}")
     assert int(_job_field(job_id, "Restarts") or 0) >= 1
-    assert json.loads(summary.read_text())["steps"] == 10 * 4  # 512 / (64 x 2) per epoch
+    result = json.loads(summary.read_text())
+    assert result["world_size"] == 2 and result["steps"] == 10 * 4  # 512 / (64 x 2) per epoch
     events = [r.get("event") for r in read_jsonl(run_dir / "metrics.jsonl")]
     assert "preempted" in events and "resume" in events
     assert "requeue 1" in _slurm_log(run_dir)
+    assert (run_dir / "checkpoints" / "last.pt").is_file()
+    assert (run_dir / "submit.sbatch").is_file() and f"job {job_id}" in _slurm_log(run_dir)
 
 
 def _own_batch_job(tmp_path: Path, sbatch_lines: list[str], command: str) -> Path:
@@ -262,7 +255,6 @@ def _own_batch_job(tmp_path: Path, sbatch_lines: list[str], command: str) -> Pat
     return out
 
 
-@pytest.mark.slow
 @slurm_cluster
 def test_srun_inside_own_batch_script(tmp_path):
     """`srun accel-train ...` with one task per process: the tasks become the workers of one
@@ -279,7 +271,6 @@ def test_srun_inside_own_batch_script(tmp_path):
     assert json.loads((runs[0] / "summary.json").read_text())["world_size"] == 2
 
 
-@pytest.mark.slow
 @slurm_cluster
 def test_launcher_slurm_inside_allocation_does_not_resubmit(tmp_path):
     accel = Path(sys.executable).parent / "accel-train"
@@ -296,7 +287,6 @@ def test_launcher_slurm_inside_allocation_does_not_resubmit(tmp_path):
     assert before is not None
 
 
-@pytest.mark.slow
 @slurm_cluster
 def test_shipped_single_node_script_survives_preemption(tmp_path):
     """scripts/slurm/single_node.sbatch as shipped: 2 CPU processes, preempted once, requeued
@@ -343,7 +333,6 @@ def test_requeue_stops_after_max_requeues(monkeypatch, tmp_path):
         requeue_or_stop(3, tmp_path / "last.pt")
 
 
-@pytest.mark.slow
 @slurm_cluster
 @pytest.mark.parametrize(
     ("override", "slurm_says"),

@@ -36,7 +36,6 @@ def grid(tmp_path_factory, run_cli_in):
     return sweep_dir, proc
 
 
-@pytest.mark.slow
 def test_grid_runs_every_job_and_writes_the_summary(grid):
     sweep_dir, proc = grid
     data = _summary(sweep_dir)
@@ -100,7 +99,6 @@ def test_an_unexpected_error_is_recorded_with_its_traceback(run_cli, tmp_path):
     assert "Traceback (most recent call last)" in log and "RuntimeError" in log
 
 
-@pytest.mark.slow
 def test_resume_skips_finished_jobs_and_resumes_the_others(grid, run_cli, tmp_path):
     sweep_dir = tmp_path / "sweep"
     shutil.copytree(grid[0], sweep_dir)
@@ -135,7 +133,6 @@ def test_resume_refuses_a_job_dir_of_another_config(run_cli, tmp_path):
     assert "loader.batch_size=32 there, 64 now" in row["error"]
 
 
-@pytest.mark.slow
 def test_optuna_search_reports_the_best_trial(run_cli, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     sweep_dir = tmp_path / "sweep"
@@ -164,7 +161,6 @@ def test_optuna_search_reports_the_best_trial(run_cli, tmp_path):
     assert "Best value" in proc.stdout
 
 
-@pytest.mark.slow
 def test_a_ddp_job_inside_a_sweep_runs_torchrun_without_a_new_sweep(run_cli, tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = run_cli(
@@ -191,7 +187,6 @@ def test_a_ddp_job_inside_a_sweep_runs_torchrun_without_a_new_sweep(run_cli, tmp
     assert not (tmp_path / "outputs").exists()
 
 
-@pytest.mark.slow
 def test_submitit_local_launcher_runs_jobs_in_their_own_processes(run_cli, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     sweep_dir = tmp_path / "sweep"

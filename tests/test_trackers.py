@@ -18,7 +18,6 @@ from accel_train.errors import UserError
 TINY = [*FAST, "+debug=fast_dev_run", "checkpoint.save_top_k=1", "trainer.deterministic=true"]
 
 
-@pytest.mark.slow
 def test_a_sweep_with_csv_tensorboard_and_mlflow(run_cli, tmp_path):
     """Two sweep jobs, three loggers each, one MLflow experiment; every logger has the rows."""
     pytest.importorskip("mlflow")
@@ -88,7 +87,6 @@ def _wandb_records(path: Path):
             yield record
 
 
-@pytest.mark.slow
 def test_wandb_offline_run_has_config_metrics_tags_and_files(run_cli, tmp_path):
     pytest.importorskip("wandb")
     proc = run_cli([*TINY, "logger=[csv,wandb]", "tags=[smoke]", "hydra.run.dir=run"])

@@ -6,7 +6,7 @@ torchtune's), or with the package's parent dir on PYTHONPATH. Every user callabl
 JSON line to `user_code_calls.jsonl` in the working directory (what it was called with, by which
 program, in which process), so the tests can see what accel-train passed to it.
 
-All CLI runs but the slow one start together (`launched`), 3 at a time. Module layout:
+All CLI runs but the DDP one start together (`launched`), 3 at a time. Module layout:
 - e2e: user model + user dataset factory (train, val, test) + user focal loss, trained 2
   epochs, resumed to epoch 3, evaluated with accel-eval (one chain of runs);
 - pythonpath: the package on PYTHONPATH, a factory that returns one Dataset (accel-train holds
@@ -14,7 +14,7 @@ All CLI runs but the slow one start together (`launched`), 3 at a time. Module l
   built-in loss with label smoothing, next to an identical run without smoothing;
 - contract errors: each bad piece of user code exits 2 with one paragraph naming the key;
 - build_splits in-process: every return form of a factory;
-- ddp (slow): the same user code in 2 torchrun workers.
+- ddp: the same user code in 2 torchrun workers (on its own: three processes).
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ PYTHONPATH_RUNS = ("smooth", "plain")
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory, run_cli_in):
-    """Every CLI run of this module (but the slow one), started together when the first test
+    """Every CLI run of this module (but the DDP one), started together when the first test
     needs one, 3 at a time: most of a run is starting Python and importing torch, and the 2
     cores stay busy. name -> Future of its result; "cwd:<name>" -> a working directory."""
     pool = ThreadPoolExecutor(max_workers=3)
@@ -710,7 +710,6 @@ def test_every_factory_return_form(form, sizes, user_package, compose_cfg):
 # ---- DDP ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_ddp_two_processes_with_user_code(tmp_path, run_cli):
     """Spec 6: the same user model, factory and loss in 2 torchrun workers (gloo on the CPU):
     each worker imports my_project from the working directory and rebuilds it from config.yaml;
