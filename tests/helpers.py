@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -140,3 +143,19 @@ def count_host_reads(monkeypatch) -> list[str]:
     for name in SYNCING:
         monkeypatch.setattr(torch.Tensor, name, counting(name))
     return calls
+
+
+def slurm_job_field(job_id: str, field: str) -> str:
+    """One field of `scontrol show job` (e.g. Restarts, JobState); "" when it is not there."""
+    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True)
+    match = re.search(rf"\b{field}=(\S+)", out.stdout)
+    return match.group(1) if match else ""
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `predicate` every half second; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.5)

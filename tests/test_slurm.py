@@ -9,11 +9,10 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers import FAST, check_ok, read_jsonl, run_cli
+from helpers import FAST, check_ok, read_jsonl, run_cli, slurm_job_field, wait_for
 from omegaconf import OmegaConf
 
 from accel_train.config.run_config import typed
@@ -181,20 +180,6 @@ def _submit(tmp_path: Path, *overrides: str) -> tuple[str, Path]:
     return job_id, run_dir
 
 
-def _job_field(job_id: str, field: str) -> str:
-    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True)
-    match = re.search(rf"\b{field}=(\S+)", out.stdout)
-    return match.group(1) if match else ""
-
-
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(1)
-
-
 def _slurm_log(run_dir: Path) -> str:
     return "\n".join(p.read_text() for p in run_dir.glob("slurm-*.out"))
 
@@ -213,11 +198,11 @@ def test_job_runs_on_slurm_and_a_preempted_job_requeues_and_resumes(tmp_path):
         "dataset.num_train=512",
     )
     last = run_dir / "checkpoints" / "last.pt"
-    _wait(last.exists, 240, f"a checkpoint of job {job_id}\n{_slurm_log(run_dir)}")
+    wait_for(last.exists, 240, f"a checkpoint of job {job_id}\n{_slurm_log(run_dir)}")
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
     summary = run_dir / "summary.json"
-    _wait(summary.exists, 300, f"the requeued job {job_id} to finish\n{_slurm_log(run_dir)}")
-    assert int(_job_field(job_id, "Restarts") or 0) >= 1
+    wait_for(summary.exists, 300, f"the requeued job {job_id} to finish\n{_slurm_log(run_dir)}")
+    assert int(slurm_job_field(job_id, "Restarts") or 0) >= 1
     result = json.loads(summary.read_text())
     assert result["world_size"] == 2 and result["steps"] == 10 * 4  # 512 / (64 x 2) per epoch
     events = [r.get("event") for r in read_jsonl(run_dir / "metrics.jsonl")]
@@ -251,7 +236,7 @@ def _own_batch_job(tmp_path: Path, sbatch_lines: list[str], command: str) -> Pat
             ["squeue", "-h", "-j", job_id], capture_output=True, text=True
         ).stdout.strip()
 
-    _wait(finished, 240, f"job {job_id}")
+    wait_for(finished, 240, f"job {job_id}")
     return out
 
 
@@ -314,12 +299,12 @@ def test_shipped_single_node_script_survives_preemption(tmp_path):
     ).stdout.strip()
     run_dir = tmp_path / "outputs" / "train" / f"slurm_{job_id}_0"
     last = run_dir / "checkpoints" / "last.pt"
-    _wait(last.exists, 240, f"a checkpoint of job {job_id}")
+    wait_for(last.exists, 240, f"a checkpoint of job {job_id}")
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
     summary = run_dir / "summary.json"
-    _wait(summary.exists, 300, f"the requeued job {job_id} to finish")
+    wait_for(summary.exists, 300, f"the requeued job {job_id} to finish")
     assert json.loads(summary.read_text())["steps"] == 10 * 4
-    assert int(_job_field(job_id, "Restarts") or 0) >= 1
+    assert int(slurm_job_field(job_id, "Restarts") or 0) >= 1
     assert [r.get("event") for r in read_jsonl(run_dir / "metrics.jsonl")].count("resume") >= 1
 
 

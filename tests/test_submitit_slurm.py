@@ -16,7 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import assert_same_weights, check_ok, read_jsonl, run_cli
+from helpers import (
+    assert_same_weights,
+    check_ok,
+    read_jsonl,
+    run_cli,
+    slurm_job_field,
+    wait_for,
+)
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
 
@@ -81,20 +88,6 @@ def _array_id(sweep_dir: Path) -> str:
         if re.fullmatch(r"\d+_\d+", p.name)
     }
     return array
-
-
-def _job_field(job_id: str, field: str) -> str:
-    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True)
-    match = re.search(rf"\b{field}=(\S+)", out.stdout)
-    return match.group(1) if match else ""
-
-
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.5)
 
 
 @pytest.mark.slow  # 30 s (load 4) to 140 s (load 7) on 2 cores, most of it the jobs' start-up
@@ -170,7 +163,7 @@ def test_preempted_jobs_are_requeued_and_resume_exactly(tmp_path):
         try:
             for job in (0, 1):
                 last = sweep_dir / str(job) / "checkpoints" / "last.pt"
-                _wait(last.exists, 600, f"job {job}'s first checkpoint")
+                wait_for(last.exists, 600, f"job {job}'s first checkpoint")
             array = _array_id(sweep_dir)
             subprocess.run(["scancel", "--signal=USR2", f"{array}_0"], check=True)
             subprocess.run(["scancel", "--signal=TERM", f"{array}_1"], check=True)
@@ -186,7 +179,7 @@ def test_preempted_jobs_are_requeued_and_resume_exactly(tmp_path):
         job_id = f"{array}_{job}"
         log = (sweep_dir / ".submitit" / job_id / f"{job_id}_0_log.out").read_text()
         assert "this job is preempted" in log and f"Requeued job {job_id}" in log, log[-4000:]
-        assert "resuming from" in log and _job_field(job_id, "Restarts") == "1"
+        assert "resuming from" in log and slurm_job_field(job_id, "Restarts") == "1"
         events = [r.get("event") for r in read_jsonl(sweep_dir / str(job) / "metrics.jsonl")]
         assert events.count("resume") == 1
         # Job 1 stopped on its SIGTERM, unless its SIGUSR2 came before the next step.
