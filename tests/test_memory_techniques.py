@@ -169,6 +169,7 @@ def test_memory_technique_errors(args, expected, compose_cfg, tmp_path):
     assert expected in str(refused.value)
 
 
+@pytest.mark.slow  # CI time: see pyproject's addopts comment
 def test_fsdp_with_activation_checkpointing_and_ema(run_cli, tmp_path):
     """Two gloo processes: FSDP still shards by the (now checkpoint-wrapped) blocks; the EMA
     is updated shard by shard, saved whole in the sharded checkpoint and resumed."""
