@@ -24,6 +24,11 @@ from accel_train.techniques.activation_checkpointing import ActivationCheckpoint
 from accel_train.train.build import build_components
 from accel_train.train.loop import Loop
 
+# Minutes of CLI runs: left out of the default run (and CI) to keep CI under 20 minutes;
+# `pytest -m slow` runs them. Nothing else in the default run trains with
+# EMA, activation checkpointing and loader.batch_size=auto.
+pytestmark = pytest.mark.slow
+
 # 256 samples, 10% validation -> 230 train / 32 per batch = 8 batches = 8 steps per epoch.
 EXACT = [
     *FAST,
