@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from accel_train.config.combinations import check_strategy_transforms
 from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS
 from accel_train.errors import UserError
 
@@ -162,6 +163,7 @@ def validate(cfg: DictConfig) -> None:
                 f"{group} has no _target_: every {group} option names the class or factory that "
                 f"builds it. Pick an option (`{group}=custom {group}._target_=my_pkg.module.Name`)."
             )
+    check_strategy_transforms(cfg)
     check_memory_techniques(cfg)
     t = cfg.trainer
     if t.max_epochs < 1 and t.max_steps < 1:
