@@ -21,11 +21,12 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from accel_train.config import CONFIG_DIR, hydra_errors
+from accel_train.config.aliases import alias_overrides, apply_process_wide, eval_argv
 from accel_train.config.checks import check_export_config
 from accel_train.config.hydra_errors import refuse_unknown_keys, report_config_errors
 from accel_train.config.schema import EvalConfig, ExportConfig, register_configs
 from accel_train.environment import register_resolvers
-from accel_train.errors import report_user_errors
+from accel_train.errors import UserError, report_user_errors
 from accel_train.launch import sweep_summary
 
 
@@ -138,14 +139,26 @@ def _remove_fresh_run_dir() -> None:
         parent = parent.parent
 
 
+_enforce_tags = False  # extras.enforce_tags=true (an alias): a run must have tags
+
+
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def _train(cfg: DictConfig):
+    if _enforce_tags and not cfg.get("tags"):
+        report_user_errors(_refuse_untagged)()
     if sweep_summary.in_multirun():
         from accel_train.launch.sweep import run_job  # deferred: see the module docstring
 
         # A sweep job: a failure is recorded in <job dir>/status.json and the sweep goes on.
         return run_job(cfg)
     return _train_single(cfg)
+
+
+def _refuse_untagged() -> None:
+    raise UserError(
+        "extras.enforce_tags=true but the run has no tags: give some, e.g. "
+        "`tags=[baseline,mnist]` (recorded in every logger and summary.json)."
+    )
 
 
 @report_user_errors
@@ -183,9 +196,19 @@ def _export(cfg: DictConfig):
 
 
 def train() -> None:
+    global _enforce_tags
     _check_config_dir()
     if _wants_help(sys.argv[1:]):
         _print_help("hydra/default.yaml")
+        return
+    # lightning-hydra-template's spellings (seed=, ckpt_path=, trainer=gpu, ...) become ours.
+    aliased = report_user_errors(alias_overrides)(sys.argv[1:])
+    sys.argv[1:] = aliased.argv
+    apply_process_wide(aliased)
+    _enforce_tags = aliased.enforce_tags
+    if aliased.test_only is not None:  # train=false ckpt_path=...: test it, train nothing
+        sys.argv[1:] = eval_argv(aliased)
+        _evaluate()
         return
     report_user_errors(sweep_summary.check_plugins)(sys.argv[1:])
     try:

@@ -45,6 +45,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from accel_train.config import CONFIG_DIR
+from accel_train.config.aliases import alias_overrides
 from accel_train.config.checks import validate
 from accel_train.config.hydra_errors import as_user_error
 from accel_train.config.run_config import typed
@@ -373,6 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="[accel-report] %(message)s")
     opts, base = parse_args(argv)
+    base = alias_overrides(base).argv  # lightning-hydra-template's spellings too
     if opts.repeats < 1:
         raise UserError(f"accel-report --repeats {opts.repeats}: must be >= 1.")
     out = Path(opts.out or f"outputs/speed_report/{datetime.now():%Y-%m-%d_%H-%M-%S}")
