@@ -127,6 +127,12 @@ CONFIG_ERRORS = {
     "bad-interpolation": ("accel-train", ["name=${nope}"], ["name=${nope}", "\\${...}"]),
     "env-interpolation": ("accel-train", ["name=${oc.env:ACCEL_NO_SUCH_VAR}"], ["ACCEL_NO_SUCH"]),
     "missing-option": ("accel-train", ["trainer=nosuch"], ["trainer=nosuch", "default"]),
+    "option-in-list": ("accel-train", ["logger=[csv,nosuch]"], ["logger=nosuch", "tensorboard"]),
+    "group-twice": (
+        "accel-train",
+        ["+experiment=mnist_amp", "experiment=mnist_amp"],
+        ["experiment appears more than once"],
+    ),
     "unparsable": ("accel-train", ["trainer.max_steps=[1"], ["could not be parsed", "Quote"]),
     "wrong-type": ("accel-train", ["trainer.seed=abc"], ["trainer.seed=abc", "Integer"]),
     "sweep-bad-value": ("accel-train", ["-m", "trainer.seed=1,abc"], ["trainer.seed=abc"]),

@@ -40,6 +40,23 @@ ALIASES = {
     "callbacks.early_stopping.patience=3": ["early_stopping.patience=3"],
     "callbacks.model_checkpoint.monitor=val/loss": ["checkpoint.monitor=val/loss"],
     "extras.print_config=false": ["trainer.progress=none"],
+    "debug=fdr": ["+debug=fast_dev_run"],
+    "debug=profiler": ["+debug=profile"],
+    "debug=limit": [
+        "trainer.max_epochs=3",
+        "trainer.limit_train_batches=0.01",
+        "trainer.limit_val_batches=0.05",
+        "trainer.limit_test_batches=0.05",
+    ],
+    "task_name=lht": ["name=lht"],
+    "data=synthetic": ["dataset=synthetic"],
+    "trainer.accelerator=cpu": ["trainer.device=cpu"],
+    "trainer.devices=2": ["launcher.nproc_per_node=2"],
+    "trainer.precision=bf16-mixed": ["precision=bf16"],
+    "trainer.precision=16-mixed": ["precision=fp16"],
+    "trainer.fast_dev_run=true": ["+debug=fast_dev_run"],
+    "trainer.check_val_every_n_epoch=2": ["trainer.val_every_n_epochs=2"],
+    "callbacks.model_checkpoint.every_n_train_steps=5": ["trainer.ckpt_every_n_steps=5"],
     "extras.ignore_warnings=true": [],
     "extras.enforce_tags=true": [],
 }
@@ -69,6 +86,12 @@ def test_logger_aliases():
     assert loggers.startswith("logger=[csv,tensorboard")
     for spelling in ("logger=aim", "logger=[csv,aim]"):
         with pytest.raises(UserError, match="aim convert tensorboard"):
+            alias_overrides([spelling])
+
+
+def test_what_has_no_twin_here_is_refused():
+    for spelling, text in (("trainer=mps", "trainer=cpu"), ("trainer.accelerator=tpu", "cuda")):
+        with pytest.raises(UserError, match=text):
             alias_overrides([spelling])
 
 

@@ -5,6 +5,14 @@ and the composed config, config.yaml and the checks only ever know ours (the REA
 from Lightning" table lists each). Imports nothing heavy: the CLI calls it before composing.
 
   experiment=X, debug=X              +experiment=X, +debug=X
+  debug=fdr|profiler|limit           +debug=fast_dev_run | +debug=profile | a few limited epochs
+  task_name=X, data=X                name=X, dataset=X
+  trainer.accelerator=gpu|cpu|auto   trainer.device=cuda|cpu|auto
+  trainer.devices=N                  launcher.nproc_per_node=N
+  trainer.precision=16-mixed|...     precision=fp16 | bf16 (bf16-mixed) | bf16_true | fp32
+  trainer.fast_dev_run=true          +debug=fast_dev_run
+  trainer.check_val_every_n_epoch=N  trainer.val_every_n_epochs=N
+  callbacks.model_checkpoint.every_n_train_steps=N   trainer.ckpt_every_n_steps=N
   seed=N                             trainer.seed=N
   ckpt_path=P                        resume=P
   test=true|false                    trainer.test_after_fit=...
@@ -41,6 +49,29 @@ RENAMED = {
     "seed": "trainer.seed",
     "ckpt_path": "resume",
     "test": "trainer.test_after_fit",
+    "task_name": "name",
+    "data": "dataset",
+    "trainer.devices": "launcher.nproc_per_node",
+    "trainer.check_val_every_n_epoch": "trainer.val_every_n_epochs",
+    "callbacks.model_checkpoint.every_n_train_steps": "trainer.ckpt_every_n_steps",
+}
+# LHT's debug configs whose name differs from ours, and the one with no twin here.
+DEBUGS = {"fdr": ["+debug=fast_dev_run"], "profiler": ["+debug=profile"]}
+DEBUG_LIMIT = [  # LHT's debug=limit: a few epochs on a sliver of each split
+    "trainer.max_epochs=3",
+    "trainer.limit_train_batches=0.01",
+    "trainer.limit_val_batches=0.05",
+    "trainer.limit_test_batches=0.05",
+]
+ACCELERATORS = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda", "auto": "auto"}
+PRECISIONS = {  # Lightning's trainer.precision -> our precision option
+    "32": "fp32",
+    "32-true": "fp32",
+    "16": "fp16",
+    "16-mixed": "fp16",
+    "bf16": "bf16",
+    "bf16-mixed": "bf16",
+    "bf16-true": "bf16_true",
 }
 # LHT's trainer configs (configs/trainer/*.yaml there) -> our overrides.
 TRAINERS = {
@@ -93,8 +124,28 @@ def alias_overrides(argv: list[str]) -> Aliased:
             out.argv.append(arg)  # a flag (-m, --cfg job), or the value of one
             continue
         new: list[str] | None = None
-        if key in ("experiment", "debug"):
+        if key == "debug" and value in DEBUGS:
+            new = list(DEBUGS[value])
+        elif key == "debug" and value == "limit":
+            new = list(DEBUG_LIMIT)
+        elif key in ("experiment", "debug"):
             new = [f"+{arg}"]
+        elif key == "trainer.accelerator":
+            if value not in ACCELERATORS:
+                raise UserError(
+                    f"trainer.accelerator={value}: accel-train trains on CUDA GPUs or the CPU: "
+                    "`trainer.device=cuda`, `cpu` or `auto` (trainer.accelerator=gpu|cpu|auto)."
+                )
+            new = [f"trainer.device={ACCELERATORS[value]}"]
+        elif key == "trainer.precision" and value in PRECISIONS:
+            new = [f"precision={PRECISIONS[value]}"]
+        elif key == "trainer.fast_dev_run" and _bool(key, value):
+            new = ["+debug=fast_dev_run"]
+        elif key == "trainer" and value == "mps":
+            raise UserError(
+                "trainer=mps: accel-train trains on CUDA GPUs or the CPU (Apple's MPS is not "
+                "supported). Use `trainer=cpu` (or `trainer.device=cpu`)."
+            )
         elif key in RENAMED:
             new = [f"{RENAMED[key]}={value}"]
             if key == "ckpt_path":

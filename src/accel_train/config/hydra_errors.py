@@ -39,6 +39,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from accel_train.config import CONFIG_DIR
 from accel_train.errors import UserError
 
 
@@ -123,9 +124,12 @@ def _unknown_key(full_key: str, err: OmegaConfBaseException, verb: str) -> UserE
 
 def _missing_option(err: MissingConfigException) -> UserError:
     text = str(err)
-    found = re.search(r"Could not find '([^']+)'", text)
+    found = re.search(r"Could not (?:find|load) '([^']+)'", text)
     options = re.findall(r"^\t(\S+)$", text.split("Config search path:")[0], re.M)
-    options = [o for o in options if not o.endswith("_schema")]
+    if found and not options:  # `Could not load` (an option in a list) lists none
+        group = found.group(1).rpartition("/")[0]
+        options = [p.stem for p in (CONFIG_DIR / group).glob("*.yaml")] if group else []
+    options = sorted(o for o in options if not o.endswith("_schema"))
     if found is None:
         return UserError(one_line(text.split("Config search path:")[0]))
     path = found.group(1)
@@ -164,9 +168,14 @@ def _composition(err: ConfigCompositionException) -> UserError | None:
                 f"({SEE_KEYS} with its default)."
             )
         return UserError(f"{given or full_key}: {_message(cause)}. {SEE_KEYS}.")
-    if "Multiple values for" in text or "Could not" in text or "override" in text:
-        return UserError(f"{text}.".replace("..", "."))
-    return None
+    if "appears more than once" in text:
+        group = text.split(" appears")[0]
+        return UserError(
+            f"{text}: pick one option per config group, once (`{group}=...` or `+{group}=...`, "
+            "not both)."
+        )
+    # Any other composition error: Hydra's own text, on one line.
+    return UserError(f"{text}.".replace("..", "."))
 
 
 def as_user_error(err: BaseException) -> UserError | None:
