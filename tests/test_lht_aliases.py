@@ -42,6 +42,14 @@ ALIASES = {
     "extras.print_config=false": ["trainer.progress=none"],
     "debug=fdr": ["+debug=fast_dev_run"],
     "debug=profiler": ["+debug=profile"],
+    "debug=default": [
+        "trainer.max_epochs=1",
+        "trainer.device=cpu",
+        "launcher.nproc_per_node=1",
+        "loader.num_workers=0",
+        "logger=none",
+        "+callbacks.detect_anomaly._target_=accel_train.techniques.anomaly.DetectAnomaly",
+    ],
     "debug=limit": [
         "trainer.max_epochs=3",
         "trainer.limit_train_batches=0.01",

@@ -5,7 +5,8 @@ and the composed config, config.yaml and the checks only ever know ours (the REA
 from Lightning" table lists each). Imports nothing heavy: the CLI calls it before composing.
 
   experiment=X, debug=X              +experiment=X, +debug=X
-  debug=fdr|profiler|limit           +debug=fast_dev_run | +debug=profile | a few limited epochs
+  debug=fdr|profiler|limit|default   +debug=fast_dev_run | +debug=profile | a few limited
+                                     epochs | one epoch, one CPU process, anomaly detection
   task_name=X, data=X                name=X, dataset=X
   trainer.accelerator=gpu|cpu|auto   trainer.device=cuda|cpu|auto
   trainer.devices=N                  launcher.nproc_per_node=N
@@ -56,7 +57,19 @@ RENAMED = {
     "callbacks.model_checkpoint.every_n_train_steps": "trainer.ckpt_every_n_steps",
 }
 # LHT's debug configs whose name differs from ours, and the one with no twin here.
-DEBUGS = {"fdr": ["+debug=fast_dev_run"], "profiler": ["+debug=profile"]}
+DEBUGS = {
+    "fdr": ["+debug=fast_dev_run"],
+    "profiler": ["+debug=profile"],
+    # LHT's debug=default: one epoch, one CPU process, anomaly detection, no loader workers.
+    "default": [
+        "trainer.max_epochs=1",
+        "trainer.device=cpu",
+        "launcher.nproc_per_node=1",
+        "loader.num_workers=0",
+        "logger=none",
+        "+callbacks.detect_anomaly._target_=accel_train.techniques.anomaly.DetectAnomaly",
+    ],
+}
 DEBUG_LIMIT = [  # LHT's debug=limit: a few epochs on a sliver of each split
     "trainer.max_epochs=3",
     "trainer.limit_train_batches=0.01",
