@@ -128,6 +128,7 @@ CONFIG_ERRORS = {
     "env-interpolation": ("accel-train", ["name=${oc.env:ACCEL_NO_SUCH_VAR}"], ["ACCEL_NO_SUCH"]),
     "missing-option": ("accel-train", ["trainer=nosuch"], ["trainer=nosuch", "default"]),
     "option-in-list": ("accel-train", ["logger=[csv,nosuch]"], ["logger=nosuch", "tensorboard"]),
+    "lht-key-added": ("accel-train", ["+seed=3"], ["accel-train's is trainer.seed"]),
     "group-twice": (
         "accel-train",
         ["+experiment=mnist_amp", "experiment=mnist_amp"],
@@ -205,6 +206,11 @@ def test_a_users_own_options_without_a_schema(run_cli, tmp_path):
     assert run.loss.label_smoothing == 0.1
     proc = run_cli([*common, "optimizer=mine", "hydra.run.dir=run2"], env=env)
     _one_paragraph(proc, "accel-train", "optimizer.name", "defaults: [sgd, _self_]")
+    # An experiment ported from lightning-hydra-template, with its top-level seed.
+    (own / "experiment").mkdir()
+    (own / "experiment" / "lht.yaml").write_text("# @package _global_\nseed: 5\n")
+    proc = run_cli([*common, "experiment=lht", "hydra.run.dir=run3"], env=env)
+    _one_paragraph(proc, "accel-train", "experiment/lht.yaml", "`trainer: {seed: ...}`")
 
 
 def test_a_sweep_whose_every_trial_fails(run_cli, tmp_path):

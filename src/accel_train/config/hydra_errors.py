@@ -40,6 +40,8 @@ from omegaconf.errors import (
 )
 
 from accel_train.config import CONFIG_DIR
+from accel_train.config import schema as schema_module
+from accel_train.config.aliases import RENAMED
 from accel_train.errors import UserError
 
 
@@ -86,9 +88,21 @@ def _schema_keys(err: OmegaConfBaseException) -> list[str]:
     return []
 
 
-def _unknown_key(full_key: str, err: OmegaConfBaseException, verb: str) -> UserError:
+def _unknown_key(
+    full_key: str, err: OmegaConfBaseException | None, verb: str, keys: list[str] | None = None
+) -> UserError:
     group, leaf = _group_and_leaf(full_key)
-    keys = _schema_keys(err)
+    keys = _schema_keys(err) if keys is None and err is not None else (keys or [])
+    if full_key in RENAMED:  # an LHT key: its alias works on the command line only
+        ours = RENAMED[full_key]
+        nested = "..."
+        for part in reversed(ours.split(".")):
+            nested = f"{{{part}: {nested}}}"
+        return UserError(
+            f"{full_key} is lightning-hydra-template's key; accel-train's is {ours}. "
+            f"`{full_key}=...` works on the command line (an alias), but in a YAML file write "
+            f"`{nested[1:-1]}`."
+        )
     if leaf in keys:  # a key of the schema that is not there: deleted with `~`
         return UserError(
             f"{full_key} is missing from the config (deleted with `~{full_key}`?), but it is "
@@ -120,6 +134,10 @@ def _unknown_key(full_key: str, err: OmegaConfBaseException, verb: str) -> UserE
         f"{full_key} is not a key of {where}, whose keys are fixed by its schema, so it cannot "
         f"be {verb}{added}. {hint}"
     )
+
+
+def _is_dataclass(obj: Any) -> bool:
+    return isinstance(obj, type) and dataclasses.is_dataclass(obj)
 
 
 def _missing_option(err: MissingConfigException) -> UserError:
@@ -168,6 +186,15 @@ def _composition(err: ConfigCompositionException) -> UserError | None:
                 f"({SEE_KEYS} with its default)."
             )
         return UserError(f"{given or full_key}: {_message(cause)}. {SEE_KEYS}.")
+    composing = re.search(
+        r"In '([^']+)': \w+ raised while composing config: (.*?) full_key: (\S+)", text
+    )
+    if composing is not None:  # a key in a config file (an experiment, an option of the user's)
+        config, _, full_key = composing.groups()
+        schema_name = re.search(r"object_type=(\w+)", text)
+        schema = getattr(schema_module, schema_name.group(1), None) if schema_name else None
+        keys = [f.name for f in dataclasses.fields(schema)] if _is_dataclass(schema) else []
+        return UserError(f"{config}.yaml: {_unknown_key(full_key, None, 'set', keys)}")
     if "appears more than once" in text:
         group = text.split(" appears")[0]
         return UserError(
