@@ -93,7 +93,15 @@ def _unknown_key(
 ) -> UserError:
     group, leaf = _group_and_leaf(full_key)
     keys = _schema_keys(err) if keys is None and err is not None else (keys or [])
-    if full_key in RENAMED:  # an LHT key: its alias works on the command line only
+    if leaf in keys:  # a key of the schema that is not there: deleted with `~`
+        return UserError(
+            f"{full_key} is missing from the config (deleted with `~{full_key}`?), but it is "
+            f"part of the schema and is read. Set it instead (`{full_key}=...`; {SEE_KEYS} "
+            "with its default)."
+        )
+    if (
+        full_key in RENAMED and _prog() == "accel-train"
+    ):  # an LHT key: its alias works on the command line only
         ours = RENAMED[full_key]
         nested = "..."
         for part in reversed(ours.split(".")):
@@ -102,12 +110,6 @@ def _unknown_key(
             f"{full_key} is lightning-hydra-template's key; accel-train's is {ours}. "
             f"`{full_key}=...` works on the command line (an alias), but in a YAML file write "
             f"`{nested[1:-1]}`."
-        )
-    if leaf in keys:  # a key of the schema that is not there: deleted with `~`
-        return UserError(
-            f"{full_key} is missing from the config (deleted with `~{full_key}`?), but it is "
-            f"part of the schema and is read. Set it instead (`{full_key}=...`; {SEE_KEYS} "
-            "with its default)."
         )
     where = group or "the top level of the config"
     prefix = f"{group}." if group else ""
