@@ -345,6 +345,9 @@ def install() -> None:
     global _hydra_run_and_report
     import hydra._internal.utils as hydra_utils
 
-    if hydra_utils.run_and_report is not run_and_report:
-        _hydra_run_and_report = hydra_utils.run_and_report
+    current = getattr(hydra_utils, "run_and_report", None)
+    if current is None:  # another Hydra: its own reporting, with the task functions' paragraphs
+        return
+    if current is not run_and_report:
+        _hydra_run_and_report = current
         hydra_utils.run_and_report = run_and_report
