@@ -569,3 +569,9 @@ def register_configs() -> None:
             node=SubmititSlurmConfig,
             provider="accel_train",
         )
+    # hydra/sweeper=optuna: ours (hydra_plugins/accel_train_optuna), also over the node of an
+    # old hydra-optuna-sweeper still installed beside it (stored after the plugin scan).
+    Plugins.instance()
+    from hydra_plugins.accel_train_optuna.config import register as register_optuna_sweeper
+
+    register_optuna_sweeper()

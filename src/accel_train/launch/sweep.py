@@ -45,6 +45,9 @@ from accel_train.train.signals import Stopped, signal_name
 
 log = logging.getLogger("accel_train")
 
+# Set for each job's process: the sweep dir and the job's number (see run_job).
+SWEEP_DIR_ENV, JOB_NUM_ENV = "ACCEL_TRAIN_SWEEP_DIR", "ACCEL_TRAIN_SWEEP_JOB_NUM"
+
 # Keys that may differ between the run in a job dir and the rerun that skips or resumes it:
 # where and how it runs, not what it trains (paths.*: the sweep dir may have moved since;
 # launcher.*: set from SLURM's variables inside an allocation).
@@ -58,6 +61,10 @@ def run_job(cfg: DictConfig) -> float | None:
     the job failed or has no value for it)."""
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir)
+    # Which sweep job this process (and its torchrun workers) trains: an Optuna trial's pruning
+    # callback finds its trial from them (hydra_plugins/accel_train_optuna/_pruning.py).
+    os.environ[SWEEP_DIR_ENV] = str(Path(hc.sweep.dir).absolute())
+    os.environ[JOB_NUM_ENV] = str(hc.job.num)
     if cfg.resume is None and requeued_submitit_job():
         # submitit requeued this job (preempted, or the time limit): the same job again.
         log.info("job %s requeued by SLURM: resuming from %s (resume=auto)", hc.job.num, job_dir)
@@ -91,7 +98,9 @@ def run_job(cfg: DictConfig) -> float | None:
                 return None
             raise UserError(f"the run finished without writing {job_dir / SUMMARY_FILE}.")
         value = _objective(summary, cfg.objective)
-        _write_status(job_dir, status, "done", value=value)
+        # An Optuna trial its pruner stopped early: a result, but not a finished run's.
+        pruned = summary.get("trial_pruned_at_epoch") is not None
+        _write_status(job_dir, status, "pruned" if pruned else "done", value=value)
         return value
     except Requeued:
         _write_status(job_dir, status, "requeued")  # the requeued run writes the outcome

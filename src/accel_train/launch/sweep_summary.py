@@ -71,7 +71,8 @@ class SweepResult:
 
     @property
     def failed(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if r["status"] not in ("done", "skipped (done)", "submitted")]
+        ok = ("done", "skipped (done)", "submitted", "pruned")  # pruned: an Optuna pruner's stop
+        return [r for r in self.rows if r["status"] not in ok]
 
 
 # Set in the sweeping process: the sweep in progress (so that the entrypoint can still write its
@@ -192,7 +193,7 @@ def summarize(config: DictConfig, sweep_id: str | None, print_table: bool = True
 
 def _row(job_dir: Path, status: dict[str, Any]) -> dict[str, Any]:
     state = status.get("status", "unknown")
-    summary = read_json(job_dir / SUMMARY_FILE) if state in ("done", "skipped") else None
+    summary = read_json(job_dir / SUMMARY_FILE) if state in ("done", "skipped", "pruned") else None
     error = status.get("error")
     if state == "running":
         state, error = "failed", "did not finish (killed, or still running elsewhere)"
@@ -260,9 +261,9 @@ def _print(result: SweepResult, objective: str, direction: str, best: dict | Non
 # plugin name in a hydra/sweeper or hydra/launcher choice: (module, extra, pip package, else)
 PLUGINS = {
     "optuna": (
-        "hydra_plugins.hydra_optuna_sweeper",
+        "optuna",  # hydra_plugins/accel_train_optuna is ours; it needs Optuna itself
         "sweep",
-        "hydra-optuna-sweeper",
+        "optuna",
         "or sweep a plain grid with `-m key=a,b`",
     ),
     "submitit": (
