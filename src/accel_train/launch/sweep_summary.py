@@ -258,18 +258,18 @@ def _print(result: SweepResult, objective: str, direction: str, best: dict | Non
 
 # ---- optional plugins -------------------------------------------------------------------
 
-# plugin name in a hydra/sweeper or hydra/launcher choice: (module, extra, pip package, else)
+# plugin name in a hydra/sweeper or hydra/launcher choice: (module, extra, what it needs, else)
 PLUGINS = {
     "optuna": (
         "optuna",  # hydra_plugins/accel_train_optuna is ours; it needs Optuna itself
         "sweep",
-        "optuna",
+        "Optuna, which accel-train's Optuna sweeper runs on,",
         "or sweep a plain grid with `-m key=a,b`",
     ),
     "submitit": (
         "hydra_plugins.hydra_submitit_launcher",
         "slurm",
-        "hydra-submitit-launcher",
+        "Hydra's hydra-submitit-launcher plugin",
         "or leave out the hydra/launcher override to run the jobs one after another here",
     ),
 }
@@ -293,7 +293,7 @@ def check_plugins(argv: list[str]) -> None:
                 for plugin, (module, extra, package, instead) in PLUGINS.items():
                     if plugin in choice and not _installed(module):
                         raise UserError(
-                            f"{via} needs Hydra's {package} plugin (for `{choice}`), which is "
+                            f"{via} needs {package} (for `{choice}`), which is "
                             f'not installed. Install it with `pip install -e ".[{extra}]"` in '
                             f"the accel-train checkout, {instead}."
                         )

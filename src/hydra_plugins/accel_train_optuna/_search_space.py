@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Glob, Override
 from hydra.errors import HydraException
 from optuna.distributions import (
     BaseDistribution,
@@ -121,6 +121,8 @@ def _key(override: str) -> str:
 
 
 def _distribution(override: Override, where: str) -> BaseDistribution:
+    if isinstance(override.value(), Glob):  # config group options by pattern: not a space
+        raise UserError(f"{where}: Optuna cannot search a glob(...); write one of {FORMS}.")
     try:
         if override.is_interval_sweep():
             sweep = override.value()

@@ -117,8 +117,7 @@ def run_search(sweeper: Any, arguments: list[str]) -> list[JobReturn]:
             finally:  # an error or Ctrl-C: the batch's other trials do not stay "running"
                 for trial in batch:
                     if trial.number not in told:
-                        trial.set_user_attr("fail_reason", "the sweep stopped before it ended")
-                        study.tell(trial, state=TrialState.FAIL)
+                        _fail_if_running(study, trial, "the sweep stopped before it ended")
             failed = sum(state == TrialState.FAIL for _, state, _ in outcomes)
             rate = float(s.get("max_failure_rate", 1.0))
             if failed / len(outcomes) > rate and todo > 0:
@@ -361,14 +360,33 @@ def _tell(
     if reason is not None:
         trial.set_user_attr("fail_reason", reason)
     if state == TrialState.COMPLETE:
-        study.tell(trial, values)
+        _told(study, trial, values=values)
         shown = ", ".join(f"{n}={v:.4g}" for n, v in zip(objectives, values))
         log.info("trial %d complete: %s (%s)", trial.number, shown, _params(trial))
     else:
-        study.tell(trial, state=state)
+        _told(study, trial, state=state)
         what = "pruned" if state == TrialState.PRUNED else f"failed: {reason}"
         log.info("trial %d %s (%s)", trial.number, what, _params(trial))
     return trial.number, state, reason
+
+
+def _told(study: Any, trial: Trial, **outcome: Any) -> None:
+    try:
+        study.tell(trial, **outcome)
+    except RuntimeError as err:
+        # GridSampler calls study.stop() once its grid is done, which only optimize() allows;
+        # the trial is stored anyway (Optuna stores it in a `finally`), and the number of
+        # trials asked for already ends at the grid's size.
+        if "Study.stop" not in str(err):
+            raise
+
+
+def _fail_if_running(study: Any, trial: Trial, reason: str) -> None:
+    try:
+        trial.set_user_attr("fail_reason", reason)
+        _told(study, trial, state=TrialState.FAIL)
+    except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+        pass  # it was told after all
 
 
 def _params(trial: Trial) -> str:

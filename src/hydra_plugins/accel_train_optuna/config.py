@@ -2,7 +2,6 @@
 this module, and again by accel_train.config.schema.register_configs so that it wins over the
 node of an old hydra-optuna-sweeper left installed beside it)."""
 
-
 from dataclasses import dataclass, field
 from typing import Any
 
