@@ -162,6 +162,27 @@ def test_several_objectives(run_cli, tmp_path):
     assert {s.trial for s in results.solutions} == {t.number for t in study.best_trials}
 
 
+def test_time_to_target_as_the_objective(run_cli, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(
+        [
+            "-m",
+            *SEARCH,
+            "hydra.sweeper.n_trials=1",
+            "hydra.sweeper.storage=sqlite:///optuna.db",
+            "hydra.sweeper.direction=null",  # time_to_target_s: minimize
+            "objective=time_to_target_s",
+            "trainer.target='val/acc>=0'",  # reached at the first validation
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+    )
+    check_ok(proc)
+    study = _study(tmp_path, "mnist_optuna")
+    assert study.direction == optuna.study.StudyDirection.MINIMIZE
+    summary = json.loads((sweep_dir / "0" / "summary.json").read_text())
+    assert study.best_trial.value == summary["time_to_target_s"] > 0
+
+
 def test_a_pruned_trial_stops_early_and_says_so(run_cli, tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = run_cli(

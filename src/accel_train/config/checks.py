@@ -91,6 +91,8 @@ OBJECTIVES: dict[str, str] = {
     "test_acc": "maximize",
     "train_samples_per_s": "maximize",
     "wall_s": "minimize",
+    # accel-report's time to trainer.target (or stop_at); null in a run that did not reach it
+    "time_to_target_s": "minimize",
 }
 
 # key: (minimum, what the key means) for integers that must be at least that.

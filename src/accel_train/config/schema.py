@@ -16,6 +16,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from omegaconf import MISSING
 
+from hydra_plugins.accel_train_optuna import config as optuna_sweeper_config
+
 # ---- model: a class or factory by _target_; the data shape is passed where accepted -------
 
 
@@ -572,6 +574,4 @@ def register_configs() -> None:
     # hydra/sweeper=optuna: ours (hydra_plugins/accel_train_optuna), also over the node of an
     # old hydra-optuna-sweeper still installed beside it (stored after the plugin scan).
     Plugins.instance()
-    from hydra_plugins.accel_train_optuna.config import register as register_optuna_sweeper
-
-    register_optuna_sweeper()
+    optuna_sweeper_config.register()

@@ -263,7 +263,7 @@ PLUGINS = {
     "optuna": (
         "optuna",  # hydra_plugins/accel_train_optuna is ours; it needs Optuna itself
         "sweep",
-        "Optuna, which accel-train's Optuna sweeper runs on,",
+        "Optuna",
         "or sweep a plain grid with `-m key=a,b`",
     ),
     "submitit": (

@@ -158,18 +158,17 @@ def _objectives(names: Any, cfg: DictConfig) -> list[str]:
     if names is None:
         return [str(cfg.objective)]
     names = [names] if isinstance(names, str) else list(names)
-    unknown = [n for n in names if n not in OBJECTIVES and n != "time_to_target_s"]
-    if not names or unknown:
+    if not names or any(n not in OBJECTIVES for n in names):
         raise UserError(
             f"hydra.sweeper.objectives={names!r}: each must be a summary.json metric, one of "
-            f"{', '.join(OBJECTIVES)} or time_to_target_s (with trainer.target), e.g. "
+            f"{', '.join(OBJECTIVES)} (time_to_target_s with trainer.target), e.g. "
             "`hydra.sweeper.objectives=[best_val_acc,wall_s]`."
         )
     return names
 
 
 def _directions(direction: Any, objectives: list[str]) -> list[str]:
-    default = [OBJECTIVES.get(n, "minimize") for n in objectives]  # time_to_target_s: minimize
+    default = [OBJECTIVES[n] for n in objectives]
     if direction is None:
         return default
     given = [direction] if isinstance(direction, str) else list(direction)
