@@ -8,6 +8,7 @@ the DDP trial; the study is read back with `optuna.load_study`, as a user would.
 from __future__ import annotations
 
 import json
+from wsgiref.util import setup_testing_defaults
 
 import pytest
 from helpers import check_ok
@@ -86,6 +87,23 @@ def test_a_study_in_sqlite_is_kept_and_a_rerun_resumes_it(run_cli, tmp_path):
     proc = run_cli(["-m", *SEARCH, storage, "hydra.sweeper.n_trials=5"])
     check_ok(proc)
     assert "Launching" not in proc.stdout and len(_study(tmp_path, "mnist_optuna").trials) == 5
+
+    # optuna-dashboard (the `sweep` extra) opens the study: its web app's JSON API, in-process.
+    dashboard = pytest.importorskip("optuna_dashboard")
+    app = dashboard.wsgi(f"sqlite:///{tmp_path / 'optuna.db'}")
+
+    def get(path: str) -> dict:
+        environ: dict = {"PATH_INFO": path}
+        setup_testing_defaults(environ)
+        status = []
+        body = b"".join(app(environ, lambda s, headers, exc_info=None: status.append(s)))
+        assert status == ["200 OK"], body[:500]
+        return json.loads(body)
+
+    (listed,) = get("/api/studies")["study_summaries"]
+    assert listed["study_name"] == "mnist_optuna"
+    shown = get(f"/api/studies/{listed['study_id']}")["trials"]
+    assert [t["state"] for t in shown] == ["Complete"] * 5
 
 
 def test_every_search_space_form(run_cli, tmp_path):
@@ -359,3 +377,29 @@ def test_a_ddp_trial_reports_to_the_study_from_its_workers(run_cli, tmp_path):
     assert trial.value == summary["best_val_acc"]
     # Rank 0, a torchrun worker, reported through the database.
     assert trial.intermediate_values == {1: summary["final_val_acc"]}
+
+
+def test_trials_as_submitit_jobs_are_pruned_through_the_database(run_cli, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(
+        [
+            "-m",
+            *SEARCH,
+            "trainer.max_steps=-1",
+            "trainer.max_epochs=2",
+            "hydra/launcher=submitit_local",  # each trial in its own process, as on SLURM
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.n_jobs=2",  # one batch of two jobs in parallel
+            "hydra.sweeper.storage=sqlite:///optuna.db",
+            "hydra.sweeper.pruner={_target_:optuna.pruners.ThresholdPruner,lower:2.0}",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        timeout=300,
+    )
+    check_ok(proc)
+    trials = _study(tmp_path, "mnist_optuna").trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.PRUNED] * 2
+    assert all(list(t.intermediate_values) == [1] for t in trials)
+    assert [r["status"] for r in _rows(sweep_dir)] == ["pruned", "pruned"]
+    assert (sweep_dir / ".submitit").is_dir()
