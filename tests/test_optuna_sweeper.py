@@ -35,10 +35,10 @@ def _rows(sweep_dir) -> list[dict]:
     return json.loads((sweep_dir / "sweep_summary.json").read_text())["rows"]
 
 
-def _one_paragraph(proc, *needles: str) -> str:
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+def _one_paragraph(proc, *needles: str, code: int = 2) -> str:
+    assert proc.returncode == code, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
-    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("accel-train: error: ")]
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("accel-train: ")]
     for needle in needles:
         assert needle in line, line
     return line
@@ -270,12 +270,35 @@ def test_a_search_whose_every_trial_fails_ends_in_one_paragraph(run_cli, tmp_pat
             f"hydra.sweep.dir={sweep_dir}",
         ]
     )
-    line = _one_paragraph(proc, "every one of the 2 trials", "trials 0, 1: dataset=mnist")
+    # As any sweep whose jobs failed (exit 1), each trial's reason in the paragraph.
+    line = _one_paragraph(proc, "2 of 2 sweep jobs failed", "jobs 0, 1: dataset=mnist", code=1)
     assert str(sweep_dir / "sweep_summary.csv") in line
     rows = _rows(sweep_dir)  # the summary is written, each trial's reason in it
     assert [r["status"] for r in rows] == ["failed", "failed"]
     assert all("dataset=mnist" in r["error"] for r in rows)
-    assert proc.stderr.rstrip().splitlines()[-1].startswith("(Set HYDRA_FULL_ERROR=1")
+    assert proc.stderr.rstrip().splitlines()[-1] == line  # the paragraph comes last
+
+
+def test_max_failure_rate_stops_the_search(run_cli, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(
+        [
+            "-m",
+            *SEARCH,
+            "loader.batch_size=0",  # every trial fails
+            "hydra.sweeper.n_trials=3",
+            "hydra.sweeper.max_failure_rate=0.5",
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+    )
+    _one_paragraph(
+        proc,
+        "1 of 1 sweep jobs failed (job 0: loader.batch_size=0 must be >= 1",
+        "Optuna stopped the search after 1 trials",
+        "max_failure_rate=0.5",
+        code=1,
+    )
+    assert [r["status"] for r in _rows(sweep_dir)] == ["failed"]
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,6 @@ from optuna.trial import Trial, TrialState
 
 from accel_train.config.checks import OBJECTIVES
 from accel_train.errors import UserError
-from accel_train.launch import sweep_summary
 from accel_train.launch.sweep_summary import STATUS_FILE, SUMMARY_FILE, one_line, read_json
 from accel_train.targets import build, locate
 from hydra_plugins.accel_train_optuna._registry import LINK_DIR, LIVE
@@ -122,21 +121,20 @@ def run_search(sweeper: Any, arguments: list[str]) -> list[JobReturn]:
             rate = float(s.get("max_failure_rate", 1.0))
             if failed / len(outcomes) > rate and todo > 0:
                 _write_results(study, sweep_dir, storage)
-                _stop(
-                    f"the search stopped after {len(outcomes)} trials: {failed} failed, more "
-                    f"than hydra.sweeper.max_failure_rate={rate} of them",
-                    outcomes,
-                    sweep_dir,
+                # The CLI writes the sweep summary and reports the failed trials' reasons in
+                # one paragraph, then this (accel_train.cli._sweep_failure).
+                raise UserError(
+                    f"Optuna stopped the search after {len(outcomes)} trials, {failed} of them "
+                    f"failed: more than hydra.sweeper.max_failure_rate={rate}. Failed trials do "
+                    "not count towards hydra.sweeper.n_trials: the same command again retries"
                 )
     finally:
         LIVE.pop(study_name, None)
     _write_results(study, sweep_dir, storage)
     if outcomes and all(state == TrialState.FAIL for _, state, _ in outcomes):
-        _stop(
-            f"every one of the {len(outcomes)} trials of this search failed, so it found nothing",
-            outcomes,
-            sweep_dir,
-        )
+        # As any sweep whose jobs failed: the CLI lists each one's reason in one paragraph,
+        # exit 1. The same command again retries them (they do not count towards n_trials).
+        log.warning("every one of the %d trials failed: the search found nothing", len(outcomes))
     return returns
 
 
@@ -457,23 +455,3 @@ def _write_results(study: Any, sweep_dir: Path, storage: Any) -> None:
         ]
         log.info("Pareto front: %d trials (%s)", len(best), RESULTS_FILE)
     OmegaConf.save(OmegaConf.create(results), sweep_dir / RESULTS_FILE)
-
-
-def _stop(why: str, outcomes: list[tuple[int, TrialState, str | None]], sweep_dir: Path) -> None:
-    """End the search with one paragraph listing each failed trial's reason, after the sweep
-    summary (table, sweep_summary.csv/.json) is written, so the paragraph comes last."""
-    by_reason: dict[str, list[int]] = {}
-    for number, state, reason in outcomes:
-        if state == TrialState.FAIL:
-            by_reason.setdefault(reason or "unknown", []).append(number)
-    reasons = "; ".join(
-        f"trial{'s' * (len(n) > 1)} {', '.join(map(str, n))}: {r.rstrip('.')}"
-        for r, n in by_reason.items()
-    )
-    sweep_summary.finish_pending()
-    raise UserError(
-        f"{why}: {reasons}. Each trial's train.log in {sweep_dir}/<trial number>/ has the "
-        f"details, and {sweep_dir / sweep_summary.SUMMARY_NAME}.csv lists them. Fix the cause "
-        "and run the same command again: failed trials do not count towards "
-        "hydra.sweeper.n_trials."
-    )

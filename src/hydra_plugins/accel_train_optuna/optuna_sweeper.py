@@ -10,8 +10,6 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from accel_train.errors import report_user_errors
-
 
 class OptunaSweeper(Sweeper):
     """Optuna's ask/tell loop over Hydra jobs: see hydra_plugins/accel_train_optuna."""
@@ -31,8 +29,9 @@ class OptunaSweeper(Sweeper):
             config=config, hydra_context=hydra_context, task_function=task_function
         )
 
-    @report_user_errors
     def sweep(self, arguments: list[str]) -> Any:
+        # A UserError goes up to the CLI's reporter (config/hydra_errors.py): one paragraph,
+        # after the sweep summary when trials ran.
         from hydra_plugins.accel_train_optuna._study import run_search
 
         return run_search(self, arguments)
