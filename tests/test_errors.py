@@ -216,7 +216,7 @@ def test_a_users_own_options_without_a_schema(run_cli, tmp_path):
 def test_a_sweep_whose_every_trial_fails(run_cli, tmp_path):
     """Optuna with every trial failing (no data where paths.data_dir points): the summary is
     written, each trial's reason is in the paragraph, and the exit is non-zero."""
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    pytest.importorskip("optuna")
     sweep = tmp_path / "sweep"
     proc = run_cli(
         [

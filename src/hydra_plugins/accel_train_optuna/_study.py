@@ -132,9 +132,12 @@ def run_search(sweeper: Any, arguments: list[str]) -> list[JobReturn]:
         LIVE.pop(study_name, None)
     _write_results(study, sweep_dir, storage)
     if outcomes and all(state == TrialState.FAIL for _, state, _ in outcomes):
-        # As any sweep whose jobs failed: the CLI lists each one's reason in one paragraph,
-        # exit 1. The same command again retries them (they do not count towards n_trials).
-        log.warning("every one of the %d trials failed: the search found nothing", len(outcomes))
+        # The CLI writes the summary and lists each trial's reason in one paragraph, then this.
+        raise UserError(
+            f"every one of its {len(outcomes)} trials failed, so the search found nothing; "
+            "failed trials do not count towards hydra.sweeper.n_trials, so the same command "
+            "again retries them"
+        )
     return returns
 
 
