@@ -20,7 +20,7 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train.config import CONFIG_DIR, hydra_errors
+from accel_train.config import CONFIG_DIR, hydra_compose, hydra_errors
 from accel_train.config.aliases import alias_overrides, apply_process_wide, eval_argv
 from accel_train.config.checks import check_export_config
 from accel_train.config.hydra_errors import refuse_unknown_keys, report_config_errors
@@ -69,6 +69,8 @@ register_resolvers()
 OmegaConf.register_new_resolver("accel_config_groups", config_groups_help, replace=True)
 # Hydra's errors (composing, sweepers) as one paragraph: config/hydra_errors.py.
 hydra_errors.install()
+# Hydra composes a run's config twice (get_mode, then the run): once is enough.
+hydra_compose.install()
 
 
 def _sweep_failure(err: BaseException) -> str | None:
