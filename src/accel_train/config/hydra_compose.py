@@ -20,9 +20,12 @@ in `hydra.overrides.hydra`).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import hydra._internal.hydra as hydra_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import configure_log
 from hydra.types import RunMode
 
 _MODE_RUN = "hydra.mode=RUN"  # what Hydra's _run_app appends when the config sets no mode
@@ -39,7 +42,7 @@ def _has_sweep(overrides: list[str]) -> bool:
 def install() -> None:
     """Wrap Hydra's `get_mode` and `compose_config` (idempotent; another Hydra without them is
     left alone)."""
-    from hydra._internal.hydra import Hydra
+    Hydra = hydra_module.Hydra  # noqa: N806 - the class, as Hydra names it
 
     if getattr(Hydra, "_accel_compose_once", False):
         return
@@ -90,11 +93,6 @@ def install() -> None:
         ):
             cfg = kept[2]
             if with_log_configuration:  # what Hydra's compose_config does after composing
-                import logging
-
-                import hydra._internal.hydra as hydra_module
-                from hydra.core.utils import configure_log
-
                 configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
                 hydra_module.log = logging.getLogger(hydra_module.__name__)
                 self._print_debug_info(config_name, overrides, run_mode)
