@@ -62,7 +62,10 @@ def main() -> None:
     }
     if a.compare:
         other = dict(os.environ, PYTHONPATH=str(Path(a.compare).resolve()))
-        variants[f"the same from {a.compare}"] = ([sys.executable, script, *RUN], other)
+        # That checkout's console script: cli.main where it has one, else cli.train (older).
+        entry = "import accel_train.cli as c; sys.exit((getattr(c, 'main', None) or c.train)())"
+        cmd = [sys.executable, "-c", f"import sys; sys.argv[0] = 'accel-train'; {entry}"]
+        variants[f"the same from {a.compare}"] = ([*cmd, *RUN], other)
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
     phases: list[dict[str, list[float]]] = []
     loads = [load_avg()]
