@@ -82,10 +82,12 @@ def install() -> None:
         with_log_configuration: bool = False,
         from_shell: bool = True,
         validate_sweep_overrides: bool = True,
+        **more: Any,  # a later Hydra's arguments (a callback on compose): its own path
     ) -> Any:
         kept, self._accel_kept = getattr(self, "_accel_kept", None), None
         if (
             kept is not None
+            and not more
             and run_mode == RunMode.RUN
             and from_shell
             and kept[0] == config_name
@@ -105,6 +107,7 @@ def install() -> None:
             with_log_configuration=with_log_configuration,
             from_shell=from_shell,
             validate_sweep_overrides=validate_sweep_overrides,
+            **more,
         )
 
     Hydra.get_mode = get_mode
