@@ -5,7 +5,9 @@ this process by timing the imports and wrapping each phase's function with perf_
     python scripts/bench/startup_phases.py +debug=fast_dev_run dataset=synthetic \\
         hydra.run.dir=/tmp/x
 
-Arguments are accel-train's. The table goes to stderr at exit (BENCHMARKS.md section 9).
+Arguments are accel-train's. The table goes to stderr at exit (BENCHMARKS.md section 9); with
+ACCEL_PHASES_JSON=<file> also as JSON ({label: [wall s, CPU s, calls]}, and "total"), which
+startup.py reads to report each phase's median beside the ratio.
 """
 
 # ruff: noqa: E402 - the imports below are what is being timed
@@ -14,6 +16,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import json
+import os
 import sys
 import time
 
@@ -26,7 +30,7 @@ def timed_import(label: str, started: float) -> None:
 
 
 t = time.perf_counter()
-import hydra._internal.hydra as hydra_internal
+import hydra._internal.config_loader_impl as config_loader
 
 import accel_train.cli as cli
 
@@ -39,6 +43,8 @@ t = time.perf_counter()
 import accel_train.launch.launcher as launcher
 
 timed_import("import the launcher chain (distributed, FSDP, dynamo)", t)
+import accel_train.techniques.speed as speed
+import accel_train.train.build as build
 import accel_train.train.loop as loop
 
 
@@ -58,13 +64,17 @@ def wrap(owner: object, name: str, label: str) -> None:
     setattr(owner, name, timed)
 
 
-wrap(hydra_internal.Hydra, "compose_config", "Hydra compose_config")
+# Every compose Hydra really does (a config handed on without composing is not one).
+wrap(config_loader.ConfigLoaderImpl, "load_configuration", "Hydra composes the config")
 wrap(launcher, "validate", "validate")
 wrap(launcher, "resolve", "resolve")
 wrap(launcher, "write_run_config", "write_run_config (and config_tree.txt)")
-wrap(launcher, "_startup_tree", "the start-up tree (a compose + rich)")
+wrap(launcher, "_startup_tree", "the start-up tree (defaults from the options' files)")
 wrap(launcher, "run_worker", "run_worker (build + fit)")
 wrap(loop, "build_components", "  build_components")
+# The first FLOP count imports torch._dynamo (~0.5 s), as any first optimizer would.
+wrap(speed, "training_flops_per_sample", "    FLOP count (imports torch._dynamo)")
+wrap(build, "build_optimizer", "    build_optimizer")
 wrap(loop.Loop, "fit", "  Loop.fit")
 wrap(loop.Loop, "_train", "    training")
 wrap(loop.Loop, "_test", "    the test pass")
@@ -75,6 +85,10 @@ def report() -> None:
         print(f"{wall:7.2f} s wall {cpu:6.2f} s CPU  x{calls}  {label}", file=sys.stderr)
     total, cpu = time.perf_counter() - T0, time.process_time() - C0
     print(f"{total:7.2f} s wall total (process CPU {cpu:.2f} s)", file=sys.stderr)
+    if os.environ.get("ACCEL_PHASES_JSON"):
+        out = {label: list(v) for label, v in phases.items()} | {"total": [total, cpu, 1]}
+        with open(os.environ["ACCEL_PHASES_JSON"], "w") as f:
+            json.dump(out, f)
 
 
 atexit.register(report)

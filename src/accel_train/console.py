@@ -91,10 +91,16 @@ def _fmt(key: str, value: Any) -> str:
 
 
 def startup_tree(
-    cfg: Any, choices: dict[str, str], default_choices: dict[str, str], defaults: dict[str, Any]
+    cfg: Any,
+    choices: dict[str, str],
+    default_choices: dict[str, str],
+    defaults: dict[str, Any],
+    keys: set[str] | None = None,
 ) -> Tree:
     """The config at start-up, short: each group's option (bold when not the default one) and
     the values that differ from the chosen options' defaults (experiment files and overrides).
+    `keys`: the only keys that may differ (those set), whose defaults `defaults` holds (a key
+    missing from it was added); None: every key, `defaults` a whole composed default config.
     The whole tree is in <run dir>/config_tree.txt."""
     tree = Tree(
         f"[bold]config[/bold] [dim](all keys: {Path(cfg.paths.output_dir) / 'config_tree.txt'})",
@@ -111,10 +117,12 @@ def startup_tree(
     for key, value in flat.items():
         if key.split(".")[0] in ("paths", "hydra") or key.endswith(".name"):
             continue
+        if keys is not None and key not in keys:
+            continue
         if key in defaults and defaults[key] != value:
             changed.add(f"{key}: {value} [dim](default {defaults[key]})")
             count += 1
-        elif key not in defaults and defaults:
+        elif key not in defaults and (defaults or keys is not None):
             changed.add(f"{key}: {value} [dim](added)")
             count += 1
     if not count:

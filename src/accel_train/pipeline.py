@@ -20,7 +20,10 @@ The loss lives on the last stage. Each micro-batch's loss is weighted by its sha
 (so that micro-batching, a short last batch and accumulation give the one-process gradient)
 and summed on the device; the loop reads it at logging steps only. Validation runs a plain
 stage-to-stage forward (send/recv of the activations) and broadcasts the logits from the last
-stage, so the loop's scoring code runs unchanged on every rank."""
+stage, so the loop's scoring code runs unchanged on every rank.
+
+torch.distributed.pipelining is imported where a schedule is built, not at the top: the
+launcher and the build import this module for its checks on every run, pipeline or not."""
 
 from __future__ import annotations
 
@@ -32,7 +35,6 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.nn.parallel import DistributedDataParallel
 
 from accel_train.errors import UserError
@@ -372,6 +374,8 @@ class Pipeline:
         last batch gets the largest micro-batch count <= strategy.microbatches dividing it
         (and GPipe when that is fewer than the stages, which 1F1B requires)."""
         if n not in self._schedules:
+            from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
             m = max(d for d in range(1, self.microbatches + 1) if n % d == 0)
             one_f_one_b = self.schedule == "1f1b" and m >= self.layout.stages
             cls = Schedule1F1B if one_f_one_b else ScheduleGPipe

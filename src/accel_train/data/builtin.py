@@ -416,8 +416,13 @@ def synthetic_digits(
     labels = torch.randint(0, classes, (n,), generator=gen)
     images = templates[labels]
     shifts = torch.randint(-3, 4, (n, 2), generator=gen)
-    for i, (dy, dx) in enumerate(shifts.tolist()):
-        images[i] = torch.roll(images[i], shifts=(dy, dx), dims=(1, 2))
+    # Each image rolled by its (dy, dx), as torch.roll would, in two gathers instead of one
+    # roll per image (the same images, a tenth of the time: a fast_dev_run makes 2560).
+    pos = torch.arange(size)
+    rows = (pos - shifts[:, :1]) % size  # (n, size): the source row of each row
+    cols = (pos - shifts[:, 1:]) % size
+    images = images.gather(2, rows[:, None, :, None].expand(images.shape))
+    images = images.gather(3, cols[:, None, None, :].expand(images.shape))
     images = images * torch.empty(n, 1, 1, 1).uniform_(0.6, 1.0, generator=gen)
     images = images + 0.25 * torch.randn(images.shape, generator=gen)
     images = (images.clamp(0, 1) * 255).round().to(torch.uint8)
