@@ -41,6 +41,7 @@ LAYERS = [
         "accel_train.console",
         "accel_train.checkpoint",
         "accel_train.safe_load",
+        "accel_train.tasks",
     ],
     ["accel_train.techniques"],
     ["accel_train.train", "accel_train.export"],

@@ -28,9 +28,22 @@ def to_container(cfg: DictConfig) -> dict[str, Any]:
 OPEN_GROUPS = ("model", "dataset", "loss")
 
 
+# The task of a config written before the `task` group (a checkpoint's, a run dir's).
+DEFAULT_TASK = {
+    "_target_": "accel_train.tasks.classification.Classification",
+    "name": "classification",
+    "monitor": "val/acc",
+    "monitor_mode": "max",
+    "objective": "best_val_acc",
+    "top_k": [1],
+}
+
+
 def typed(tree: dict[str, Any]) -> DictConfig:
     """A plain config tree typed against the schema: each group by its option's dataclass
     (looked up by `name`; an option of the user's own with another name stays as written)."""
+    if "task" not in tree:  # written before tasks existed: every such run classified
+        tree = {**tree, "task": dict(DEFAULT_TASK)}
     cfg = OmegaConf.structured(TrainConfig)
     for group, options in OPTION_SCHEMAS.items():
         node = tree.get(group)
