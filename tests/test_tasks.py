@@ -97,6 +97,12 @@ PACKAGE = {
                 return SimpleNamespace(loss=loss, prediction=pred)
 
 
+        class NoLoss(Net):
+            # Takes the batch's keys but returns only the prediction.
+            def forward(self, x, y=None):
+                return self.net(x)
+
+
         class Flat(Net):
             # (batch,) where the target is (batch, 1).
             def forward(self, x):
@@ -329,6 +335,7 @@ TOKENS = [
     "model._target_=my_project.nets.TokenNet",
     "optimizer=sgd",
     "optimizer.momentum=0",
+    "optimizer.nesterov=false",
     "optimizer.lr=5",
     "optimizer.fused=false",
     "trainer.max_steps=1",
@@ -410,7 +417,7 @@ def test_sweep_over_a_custom_tasks_val_loss(project, run_cli_in, tmp_path):
 CONTRACTS = {
     "not_importable": (
         ["task.step=my_project.nope.step"],
-        ["task.step._target_" if False else "task.step", "no module my_project.nope"],
+        ["task.step", "no module my_project.nope"],
     ),
     "wrong_signature": (
         ["task.step=my_project.steps.one_argument"],
@@ -421,8 +428,8 @@ CONTRACTS = {
         ["task.step=my_project.steps.detached", "without a gradient"],
     ),
     "model_returns_no_loss": (
-        ["task=model_loss", "~task.step", "~task.metrics"],
-        ["task=model_loss", "holds no loss"],
+        ["task=model_loss", "model._target_=my_project.nets.NoLoss"],
+        ["task=model_loss", "holds no loss", "model._target_=my_project.nets.NoLoss"],
     ),
     "regression_shape": (
         ["task=regression", "model._target_=my_project.nets.Flat"],
@@ -437,7 +444,6 @@ def test_contract_errors_name_the_key(case, project, run_cli_in, tmp_path):
     args = [a for a in CUSTOM if not a.startswith(("task.step", "+task.metrics"))]
     if case in ("model_returns_no_loss", "regression_shape"):
         args = [a for a in args if a != "task=custom"]
-        extra = [e for e in extra if not e.startswith("~")]
     proc = run_cli_in([*args, *extra, f"hydra.run.dir={tmp_path / 'run'}"], project)
     assert proc.returncode == 2, proc.stderr[-2000:]
     text = " ".join(proc.stderr.split())
@@ -488,3 +494,25 @@ def test_features_a_task_cannot_serve_are_refused_at_compose(case, compose_cfg, 
     assert "\n" not in text.strip()
     for part in expected:
         assert part in text, (part, text)
+
+
+def test_accel_export_refuses_a_task_without_class_predictions(custom_run, project, run_cli_in):
+    best = custom_run / "checkpoints" / "best.pt"
+    proc = run_cli_in([f"ckpt_path={best}"], project, prog="accel-export")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "task=custom" in proc.stderr and "argmax agreement" in proc.stderr
+
+
+def test_the_reports_quality_guard_uses_the_tasks_monitor(tmp_path):
+    """A task without accuracy: the guard compares the monitored best (val/loss, lower is
+    better), so a faster switch that raises the loss is not combined."""
+    from accel_train.launch.report import Run, combination
+
+    def run(variant: str, speed: float, loss: float) -> Run:
+        values = {"samples_per_s": speed, "best_val_acc": -1.0, "test_acc": None}
+        values |= {"best_score": loss, "monitor_mode": "min"}
+        return Run(variant, 0, 1, tmp_path, 0.0, "done", values)
+
+    runs = [run("baseline", 10, 0.30), run("channels_last", 12, 0.301), run("ema", 13, 0.9)]
+    kept = ["baseline", "channels_last", "ema"]
+    assert combination(runs, kept, 1.02, 0.005) == ["channels_last"]

@@ -115,7 +115,7 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     result = {
         "ckpt_path": str(ckpt_path),
         "dataset": cfg.dataset.get("name", "custom"),
-        "task": cfg.task.get("name", "custom"),
+        "task": cfg.task.get("name") or str(cfg.task._target_),
         "split": "test",
         "num_samples": len(splits.test),
         **{f"test/{name}": value for name, value in scored.items()},

@@ -625,6 +625,7 @@ class Loop:
         summary = {
             "best_val_acc": self.best_val_acc,
             "monitor": self.checkpoints.monitor,
+            "monitor_mode": self.checkpoints.mode,
             "best_score": self.checkpoints.best,  # the best checkpoint.monitor value
             "final_val_acc": self.last_val.get("acc") if self.last_val else None,
             "final_val_loss": self.last_val.get("loss") if self.last_val else None,
