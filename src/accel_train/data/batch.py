@@ -66,3 +66,16 @@ def take(batch: Any, k: int) -> Any:
 def select(batch: Any, index: torch.Tensor) -> Any:
     """The samples at `index` (a device tensor) of every batched tensor: no host read."""
     return _map(batch, lambda t: t[index])
+
+
+def cast_floats(batch: Any, dtype: torch.dtype) -> Any:
+    """Every floating tensor cast to `dtype` (integer tensors, e.g. token ids, stay)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, Mapping):
+        return type(batch)({k: cast_floats(v, dtype) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(cast_floats(v, dtype) for v in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(cast_floats(v, dtype) for v in batch)
+    return batch

@@ -30,7 +30,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from accel_train.data.batch import count_samples, take
+from accel_train.data.batch import cast_floats, count_samples, take
 
 StepOutput = torch.Tensor | tuple[torch.Tensor, torch.Tensor | int]
 
@@ -127,6 +127,8 @@ class Task:
     def __init__(self) -> None:
         self.train_metrics = Running(torch.float32)  # logged as train/<name>
         self.eval_metrics = Running(torch.float64)  # logged as val/<name>, test/<name>
+        # The parameters' dtype: precision=bf16_true casts float inputs to it in prepare().
+        self.param_dtype = torch.float32
 
     @classmethod
     def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
@@ -141,12 +143,17 @@ class Task:
         declares the metrics validation logs, so every rank packs the same sums."""
         for name in self.metric_modes(ctx.cfg.task):
             self.eval_metrics.declare(name, ctx.device)
+        param = next(ctx.model.parameters(), None)
+        self.param_dtype = param.dtype if param is not None else torch.float32
 
     # ---- the step ------------------------------------------------------------------------
 
     def prepare(self, batch: Any, *, train: bool, epoch: int = 0, index: int = 0) -> Any:
-        """The batch as the model sees it (the device transform); by default as it came."""
-        return batch
+        """The batch as the model sees it (the device transform). By default as it came, its
+        float tensors cast to the parameters' dtype when that is not fp32 (bf16_true)."""
+        if self.param_dtype == torch.float32:
+            return batch
+        return cast_floats(batch, self.param_dtype)
 
     def inputs(self, batch: Any) -> Any:
         """What the model is called with (an export's example input, a teacher's input)."""

@@ -41,7 +41,6 @@ class Regression(Task):
             raise UserError(f"task.huber_delta={huber_delta} must be > 0, e.g. 1.0.")
         self.loss, self.delta = loss, huber_delta
         self.input_key, self.target_key = input_key, target_key
-        self.dtype = torch.float32
 
     @classmethod
     def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
@@ -62,7 +61,6 @@ class Regression(Task):
         return F.huber_loss(pred, target, reduction="none", delta=self.delta)
 
     def setup(self, ctx: TaskContext) -> None:
-        self.dtype = next(ctx.model.parameters()).dtype
         super().setup(ctx)
         batch = ctx.batch
         if not (
@@ -98,8 +96,8 @@ class Regression(Task):
 
     def prepare(self, batch: Any, *, train: bool, epoch: int = 0, index: int = 0) -> Any:
         x, target = self._parts(batch)
-        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != self.dtype:
-            x = x.to(self.dtype)
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != self.param_dtype:
+            x = x.to(self.param_dtype)  # (precision=bf16_true); the target stays as it is
         if isinstance(batch, dict):
             return {**batch, self.input_key: x}
         return x, target

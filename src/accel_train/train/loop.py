@@ -623,7 +623,8 @@ class Loop:
     def _summary(self, samples_per_s: float, start: float, test: dict | None) -> dict[str, Any]:
         wall_s = time.perf_counter() - start
         summary = {
-            "best_val_acc": self.best_val_acc,
+            # (None for a task that logs no accuracy)
+            "best_val_acc": self.best_val_acc if "val/acc" in self.checkpoints.known else None,
             "monitor": self.checkpoints.monitor,
             "monitor_mode": self.checkpoints.mode,
             "best_score": self.checkpoints.best,  # the best checkpoint.monitor value
