@@ -141,7 +141,7 @@ class Task:
         """Build what the task needs (losses) and check the model's output contract on two real
         samples (`ctx.prepared(self)`), before training: a UserError naming the key. Also
         declares the metrics validation logs, so every rank packs the same sums."""
-        for name in self.metric_modes(ctx.cfg.task):
+        for name in ("loss", *self.metric_modes(ctx.cfg.task)):  # the loss first, as logged
             self.eval_metrics.declare(name, ctx.device)
         param = next(ctx.model.parameters(), None)
         self.param_dtype = param.dtype if param is not None else torch.float32
@@ -158,6 +158,10 @@ class Task:
     def inputs(self, batch: Any) -> Any:
         """What the model is called with (an export's example input, a teacher's input)."""
         return batch
+
+    def forward(self, model: nn.Module, batch: Any) -> Any:
+        """The model's forward as this task calls it, nothing recorded (FLOP counting)."""
+        return model(self.inputs(batch))
 
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
         """One training micro-batch under autocast: the mean loss, or (loss_sum, n_items)."""

@@ -37,7 +37,7 @@ class Classification(Task):
 
     @classmethod
     def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
-        modes = {"loss": "min", "acc": "max"}
+        modes = {"acc": "max", "loss": "min"}
         modes.update({f"acc_top{k}": "max" for k in cfg.get("top_k") or (1,) if k != 1})
         return modes
 

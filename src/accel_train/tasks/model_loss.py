@@ -62,6 +62,9 @@ class ModelLoss(Task):
                 "the batch carries labels), or pick another task (e.g. `task=classification`)."
             )
 
+    def forward(self, model: nn.Module, batch: Any) -> Any:
+        return call(model, batch)
+
     def step(self, model: nn.Module, batch: Any) -> torch.Tensor:
         return loss_of(call(model, batch))
 

@@ -213,8 +213,9 @@ def config_changes(
     """The keys in which this run's config differs from the checkpoint's (first by group, a
     group's `name` first), all of which may change; raises the UserError of the first that may
     not."""
-    if "task" not in old_cfg:  # written before tasks: it classified
-        old_cfg = {**old_cfg, "task": dict(DEFAULT_TASK)}
+    if ("task" in old_cfg) != ("task" in new_cfg):  # one written before tasks: it classified
+        old_cfg = {"task": dict(DEFAULT_TASK), **old_cfg}
+        new_cfg = {"task": dict(DEFAULT_TASK), **new_cfg}
     old, new = _leaves(old_cfg), _leaves(with_recorded_batch(old_cfg, new_cfg))
     keys = list(new) + [k for k in old if k not in new]
     group_at: dict[str, int] = {}
