@@ -516,3 +516,27 @@ def test_the_reports_quality_guard_uses_the_tasks_monitor(tmp_path):
     runs = [run("baseline", 10, 0.30), run("channels_last", 12, 0.301), run("ema", 13, 0.9)]
     kept = ["baseline", "channels_last", "ema"]
     assert combination(runs, kept, 1.02, 0.005) == ["channels_last"]
+
+
+def test_classification_top_k_is_logged_and_monitorable(run_cli, tmp_path):
+    run_dir = tmp_path / "topk"
+    proc = run_cli(
+        [
+            "model=mlp",
+            "dataset.num_train=256",
+            "dataset.num_test=64",
+            "trainer.max_epochs=1",
+            "task.top_k=[1,3]",
+            "checkpoint.monitor=val/acc_top3",
+            "trainer.progress=none",
+            "logger=none",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
+    check_ok(proc)
+    rows = _metrics(run_dir)
+    val = next(m for m in rows if "val/acc_top3" in m)
+    assert val["val/acc_top3"] >= val["val/acc"]
+    assert any("test/acc_top3" in m for m in rows)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["monitor"] == "val/acc_top3" and summary["best_val_acc"] >= 0

@@ -10,8 +10,11 @@
         return loss_sum, n_items, {"acc": acc}
 
 Metrics are logged as train/<name>, val/<name> and test/<name>; name the ones validation logs in
-`task.metrics` (name: min|max) to monitor them or sweep on them. `task.eval_step` (same
-signature and returns) replaces the step for validation and test, run without gradients."""
+`task.metrics` (name: min|max) to monitor them or sweep on them. Return the same names on every
+step: with several processes they are summed in one all-reduce, whose size every rank must agree
+on (the declared ones are made up front, so a rank that scores only padding still has them).
+`task.eval_step` (same signature and returns) replaces the step for validation and test, run
+without gradients."""
 
 from __future__ import annotations
 
