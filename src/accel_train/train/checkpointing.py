@@ -52,7 +52,8 @@ class Plan:
 def known_metrics(cfg: DictConfig, techniques: Iterable[Any] = ()) -> list[str]:
     """The metrics validation logs: the task's and the callbacks' declared ones (plain data,
     config/checks.validation_metrics), and any a built technique declares (`val_metrics`)."""
-    names = list(validation_metrics(cfg))
+    declared = list(validation_metrics(cfg))
+    names = ["val/loss", *(n for n in declared if n != "val/loss")]  # every task logs val/loss
     for technique in techniques:
         names += [m for m in getattr(technique, "val_metrics", ()) if m not in names]
     return names
