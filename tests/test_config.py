@@ -39,6 +39,7 @@ REFUSED = {
     "model=custom": "model._target_",
     "dataset=custom": "dataset._target_",
     "loss=custom": "loss._target_",
+    "task=custom": "task.step",
     "dataset=image_folder": "dataset.root",
 }
 # Trackers that are optional extras are refused, naming the extra, where not installed.

@@ -160,15 +160,33 @@ def summary_table(summary: dict[str, Any], ckpt_dir: Path, monitor: str) -> Tabl
     best = summary.get("best_score")
     if best is not None and monitor != "val/acc":
         table.add_row(f"best {monitor}", num(best))
-    table.add_row("best val/acc", num(summary.get("best_val_acc")))
-    table.add_row(
-        "final val/acc, val/loss",
-        f"{num(summary.get('final_val_acc'))}, {num(summary.get('final_val_loss'))}",
-    )
+    if summary.get("best_val_acc") is not None:  # a task that logs accuracy
+        table.add_row("best val/acc", num(summary.get("best_val_acc")))
+        table.add_row(
+            "final val/acc, val/loss",
+            f"{num(summary.get('final_val_acc'))}, {num(summary.get('final_val_loss'))}",
+        )
+    else:  # every metric of the task's last validation
+        final = {
+            k[len("final_val_") :]: v for k, v in summary.items() if k.startswith("final_val_")
+        }
+        final = {k: v for k, v in final.items() if v is not None}
+        if final:
+            table.add_row(
+                "final " + ", ".join(f"val/{k}" for k in final),
+                ", ".join(num(v) for v in final.values()),
+            )
     if "test_acc" in summary:
         table.add_row(
             f"test/acc, test/loss ({summary.get('test_ckpt')} weights)",
             f"{num(summary['test_acc'])}, {num(summary.get('test_loss'))}",
+        )
+    elif "test_loss" in summary:
+        tested = {k[len("test_") :]: v for k, v in summary.items() if k.startswith("test_")}
+        tested.pop("ckpt", None)
+        table.add_row(
+            ", ".join(f"test/{k}" for k in tested) + f" ({summary.get('test_ckpt')} weights)",
+            ", ".join(num(v) for v in tested.values()),
         )
     table.add_row("steps, epochs", f"{summary.get('steps')}, {summary.get('epochs')}")
     table.add_row("time", f"{summary.get('wall_s', 0.0):.1f} s")

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
-from accel_train.config.checks import EXPORT_FORMATS, check_export_config
+from accel_train.config.checks import EXPORT_FORMATS, check_export_config, task_class
 from accel_train.config.run_config import typed
 from accel_train.data.build import build_splits
 from accel_train.data.builtin import hints_for
@@ -64,6 +64,14 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         else load_checkpoint(ckpt_path, key="ckpt_path")
     )
     cfg = _stored_config(state, ckpt_path)
+    task = task_class(cfg)
+    if task is not None and not getattr(task, "class_logits", False):
+        raise UserError(
+            f"ckpt_path={ckpt_path} was trained with task={cfg.task.get('name')}: accel-export "
+            "verifies an artifact by its class predictions (argmax agreement with the PyTorch "
+            "model on the test split), which only task=classification has. Export this model "
+            "with torch.export or torch.onnx.export directly, or use accel-eval to score it."
+        )
     quant = cfg.quant if "quant" in cfg and not OmegaConf.is_missing(cfg, "quant") else None
     is_qat = quant is not None and quant.name == "qat"
     if is_qat and quantize == "int8":

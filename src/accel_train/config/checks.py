@@ -3,9 +3,12 @@ names the key and the fix."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import logging
 import math
+import os
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -176,6 +179,7 @@ def validate(cfg: DictConfig) -> None:
             )
     check_strategy_transforms(cfg)
     check_memory_techniques(cfg)
+    check_task(cfg)
     t = cfg.trainer
     if t.max_epochs < 1 and t.max_steps < 1:
         raise UserError(
@@ -222,8 +226,101 @@ def validate(cfg: DictConfig) -> None:
         )
 
 
-# The metrics every validation logs (what early_stopping.monitor and trainer.stop_at may name).
+# The metrics every classification validation logs (the default task); any task's own come from
+# validation_metrics(cfg).
 VALIDATION_METRICS = {"val/acc": "max", "val/loss": "min"}
+
+
+def declared_class(target: str):
+    """The class (or function) a dotted path names, imported but not built; None when it cannot
+    be imported here (the build reports that, naming the key)."""
+    module, _, attr = str(target).rpartition(".")
+    try:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())  # as accel_train.targets.locate does
+        return getattr(importlib.import_module(module), attr, None)
+    except Exception:  # noqa: BLE001 - any import failure: reported by the build, not here
+        return None
+
+
+def task_class(cfg: DictConfig):
+    """The task option's class, imported (not built); None when not importable here."""
+    task = cfg.get("task")
+    if not isinstance(task, DictConfig) or "_target_" not in task:
+        return None
+    return declared_class(task._target_)
+
+
+def check_task(cfg: DictConfig) -> None:
+    """Every feature works with every task or is refused here, naming the feature and the
+    task: what a feature needs of a task is plain data on the task's class."""
+    cls = task_class(cfg)
+    if cls is None:
+        return  # not importable here: the build names task._target_
+    name = cfg.task.get("name", cls.__name__)
+    needs = []
+    if cfg.selective_backprop.keep < 1 and not getattr(cls, "per_sample_loss", False):
+        needs.append(
+            f"selective_backprop.keep={cfg.selective_backprop.keep} with task={name}: selective "
+            "backprop ranks the samples of a batch by their own loss, and this task gives no "
+            "per-sample loss (classification and regression do). Turn it off with "
+            "`selective_backprop.keep=1`."
+        )
+    if cfg.distill.teacher is not None and not getattr(cls, "class_logits", False):
+        needs.append(
+            f"distill.teacher with task={name}: distillation matches the student's class logits "
+            "to the teacher's (a softened KL divergence), and this task's model outputs no class "
+            "logits (only task=classification does). Turn it off with `distill.teacher=null`."
+        )
+    if cfg.strategy.name == "pipeline" and not getattr(cls, "pipeline", False):
+        needs.append(
+            f"strategy=pipeline with task={name}: the pipeline schedule computes the loss on its "
+            "last stage as loss(model(inputs), targets), which only task=classification "
+            "provides. Use `strategy=ddp` or `strategy=fsdp`."
+        )
+    loss = cfg.get("loss")
+    if (
+        not getattr(cls, "uses_loss_group", False)
+        and isinstance(loss, DictConfig)
+        and (loss.get("name") != "cross_entropy" or loss.get("label_smoothing", 0.0) != 0.0)
+    ):
+        needs.append(
+            f"loss={loss.get('name')} with task={name}: the `loss` group is read by "
+            "task=classification only; this task computes its own loss (task=regression: "
+            "`task.loss=mse|l1|huber`; task=custom: in your step). Drop the loss override."
+        )
+    acc_objectives = ("best_val_acc", "final_val_acc", "test_acc")
+    if cfg.get("objective") in acc_objectives and "val/acc" not in validation_metrics(cfg):
+        needs.append(
+            f"objective={cfg.objective} with task={name}: this task logs no accuracy, so every "
+            "job would return nothing to the sweeper. Use `objective=final_val_loss`."
+        )
+    if needs:
+        raise UserError(needs[0])
+
+
+def validation_metrics(cfg: DictConfig) -> dict[str, str]:
+    """What validation logs -> min or max: the task's metrics and the ones user callbacks
+    declare (`val_metrics`), read as plain data from their classes (nothing is built)."""
+    task = cfg.get("task")
+    modes = {"loss": "min"}
+    if isinstance(task, DictConfig) and "_target_" in task:
+        cls = declared_class(task._target_)
+        declare = getattr(cls, "metric_modes", None)
+        if callable(declare):
+            modes = dict(declare(task))
+        else:  # a task class of the user's own without the declaration
+            modes.update({str(k): str(v) for k, v in (task.get("metrics") or {}).items()})
+    else:
+        modes = {"loss": "min", "acc": "max"}
+    known = {f"val/{name}": mode for name, mode in modes.items()}
+    for node in (cfg.get("callbacks") or {}).values():
+        cls = declared_class(node._target_) if "_target_" in node else None
+        for name in getattr(cls, "val_metrics", ()) or ():
+            known.setdefault(name, "max")
+    return known
+
+
 _COMPARISONS = (">=", "<=", ">", "<")
 
 
@@ -272,7 +369,8 @@ def check_loop_intervals(cfg: DictConfig) -> None:
             "(0, 1], e.g. 0.25 validates 4 times an epoch) or a number of optimizer steps (an "
             "int >= 1)."
         )
-    known = ", ".join(VALIDATION_METRICS)
+    metrics = validation_metrics(cfg)
+    known = ", ".join(metrics)
     if t.stop_at is not None and t.target is not None and t.stop_at != t.target:
         # (Equal ones are one target: stop_at records it too. An experiment may set a target
         # that a user's stop_at then takes over.)
@@ -285,25 +383,25 @@ def check_loop_intervals(cfg: DictConfig) -> None:
         if t[key] is None:
             continue
         metric, _, _ = parse_target(t[key], f"trainer.{key}")
-        if metric not in VALIDATION_METRICS:
+        if metric not in metrics:
             raise UserError(
                 f"trainer.{key}={t[key]!r} watches {metric!r}, which validation does not "
                 f"log: name one of {known}."
             )
     es = cfg.early_stopping
     if es.monitor is not None:
-        if es.monitor not in VALIDATION_METRICS:
+        if es.monitor not in metrics:
             raise UserError(
                 f"early_stopping.monitor={es.monitor!r} is not a validation metric: name one of "
                 f"{known} (or null to turn early stopping off)."
             )
         if es.mode not in ("min", "max"):
             raise UserError(f"early_stopping.mode={es.mode!r} must be min or max.")
-        if es.mode != VALIDATION_METRICS[es.monitor]:
+        if es.mode != metrics[es.monitor]:
             raise UserError(
                 f"early_stopping.mode={es.mode} with monitor={es.monitor}: {es.monitor} improves "
-                f"when it goes {'up' if VALIDATION_METRICS[es.monitor] == 'max' else 'down'}. "
-                f"Set `early_stopping.mode={VALIDATION_METRICS[es.monitor]}`."
+                f"when it goes {'up' if metrics[es.monitor] == 'max' else 'down'}. "
+                f"Set `early_stopping.mode={metrics[es.monitor]}`."
             )
         if es.patience < 1 or es.min_delta < 0:
             raise UserError(
@@ -528,7 +626,7 @@ def check_data_sizes(
     *,
     num_train: int,
     num_val: int,
-    num_classes: int,
+    num_classes: int | None,
     world_size: int,
     total_steps: int,
     max_epochs: int,
@@ -538,7 +636,7 @@ def check_data_sizes(
     the run pointless, warn about what is probably not meant. `warn=False` on all but one
     process keeps the warnings to one copy."""
     t, lc = cfg.trainer, cfg.loader
-    if num_classes < 2:
+    if num_classes is not None and num_classes < 2:
         raise UserError(
             f"the data set has {num_classes} class(es): a classifier needs at least 2 (with one, "
             "the loss is 0 and the accuracy 1 whatever the weights). Check the data or set "
@@ -569,7 +667,7 @@ def check_data_sizes(
             "a smaller global batch than the one logged at start-up"
         )
     shown = min(num_val, limited_batches(t.limit_val_batches, val_batches) * eval_bs * world_size)
-    if shown < num_classes:
+    if num_classes is not None and shown < num_classes:
         warnings.append(
             f"validation scores only {shown} samples for {num_classes} classes: val/acc (and "
             "the choice of best.pt) is mostly noise. Raise dataset.val_fraction or "

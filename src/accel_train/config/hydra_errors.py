@@ -121,12 +121,12 @@ def _unknown_key(
     else:
         hint = f"{SEE_KEYS}."
     added = (
-        " (`+key=value` adds only arguments of your own classes: under model, dataset, loss "
-        "and callbacks)"
+        " (`+key=value` adds only arguments of your own classes: under model, dataset, loss, "
+        "task and callbacks)"
         if verb == "added"
         else ""
     )
-    if verb == "set" and group in ("model", "dataset", "loss"):
+    if verb == "set" and group in ("model", "dataset", "loss", "task"):
         # Hydra's `+` adds the key; typed() lets these groups' extra keys through.
         return UserError(
             f"{full_key} is not a key of {group} yet: to pass a new argument to your "

@@ -28,6 +28,17 @@ def to_container(cfg: DictConfig) -> dict[str, Any]:
 OPEN_GROUPS = ("model", "dataset", "loss")
 
 
+# The task of a config written before the `task` group (a checkpoint's, a run dir's).
+DEFAULT_TASK = {
+    "_target_": "accel_train.tasks.classification.Classification",
+    "name": "classification",
+    "monitor": "val/acc",
+    "monitor_mode": "max",
+    "objective": "best_val_acc",
+    "top_k": [1],
+}
+
+
 def escape_interpolations(value: Any) -> Any:
     """A resolved tree with every literal `${` escaped again (`\\${`): a value the user escaped
     on the command line (`'launcher.setup=["source \\${HOME}/venv/bin/activate"]'`) resolved
@@ -51,6 +62,8 @@ def typed(tree: dict[str, Any], *, resolved: bool = True) -> DictConfig:
     a tree whose interpolations are still to resolve (to check its keys and types only)."""
     if resolved:
         tree = escape_interpolations(tree)
+    if "task" not in tree:  # written before tasks existed: every such run classified
+        tree = {**tree, "task": dict(DEFAULT_TASK)}
     cfg = OmegaConf.structured(TrainConfig)
     for group, options in OPTION_SCHEMAS.items():
         node = tree.get(group)
@@ -61,7 +74,7 @@ def typed(tree: dict[str, Any], *, resolved: bool = True) -> DictConfig:
             schema = options["custom"]
         if schema is not None:
             cfg[group] = OmegaConf.structured(schema)
-            if group in OPEN_GROUPS:
+            if group in OPEN_GROUPS or group == "task":  # (a task class's own arguments)
                 OmegaConf.set_struct(cfg[group], False)
     loggers = tree.get("logger")
     for name in loggers if isinstance(loggers, dict) else ():

@@ -110,6 +110,43 @@ class CrossEntropyConfig(LossConfig):
     label_smoothing: float = 0.0
 
 
+# ---- task: what a training step computes and what validation scores (accel_train/tasks/) ---
+
+
+@dataclass
+class TaskConfig:
+    _target_: str = MISSING
+    name: str = "custom"
+    # checkpoint.monitor's default: the validation metric that ranks this task's checkpoints.
+    monitor: str = "val/loss"
+    monitor_mode: str = "min"
+    # objective's default: the summary.json metric a sweep job returns.
+    objective: str = "final_val_loss"
+
+
+@dataclass
+class ClassificationTaskConfig(TaskConfig):
+    monitor: str = "val/acc"
+    monitor_mode: str = "max"
+    objective: str = "best_val_acc"
+    top_k: list[int] = field(default_factory=lambda: [1])
+
+
+@dataclass
+class RegressionTaskConfig(TaskConfig):
+    loss: str = "mse"
+    huber_delta: float = 1.0
+    input_key: str = "x"
+    target_key: str = "y"
+
+
+@dataclass
+class CustomTaskConfig(TaskConfig):
+    step: str = MISSING
+    eval_step: str | None = None
+    metrics: dict[str, str] = field(default_factory=dict)
+
+
 # ---- precision, strategy, launcher, loader ----------------------------------------------
 
 
@@ -424,6 +461,7 @@ class TrainConfig:
     resume: str | None = None
     objective: str = "best_val_acc"
     # Options of the groups below are typed by their own schema (OPTION_SCHEMAS).
+    task: Any = MISSING
     model: Any = MISSING
     dataset: Any = MISSING
     loss: Any = MISSING
@@ -495,6 +533,12 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "custom": DatasetConfig,
     },
     "loss": {"cross_entropy": CrossEntropyConfig, "custom": LossConfig},
+    "task": {
+        "classification": ClassificationTaskConfig,
+        "regression": RegressionTaskConfig,
+        "model_loss": TaskConfig,
+        "custom": CustomTaskConfig,
+    },
     "precision": {n: PrecisionConfig for n in ("fp32", "amp", "fp16", "bf16", "bf16_true")},
     "strategy": {
         "single": StrategyConfig,

@@ -20,7 +20,10 @@ from accel_train.targets import build
 LABEL_SAMPLE = 256
 
 
-def build_splits(ds: DictConfig, data_dir: str) -> Splits:
+def build_splits(ds: DictConfig, data_dir: str, labelled: bool = True) -> Splits:
+    """The splits. `labelled`: items are (input, class index) pairs, checked against the number
+    of classes (classification); otherwise an item may be any structure of tensors (a tuple, a
+    dict, nested) and only the splits' sizes are checked."""
     own = (*DATASET_COMMON_KEYS, "val_fraction", "seed")  # passed when the target names them
     made = build(
         ds,
@@ -28,18 +31,50 @@ def build_splits(ds: DictConfig, data_dir: str) -> Splits:
         optional={"data_dir": data_dir, **{k: ds[k] for k in own if k in ds}},
         exclude=own,
     )
-    splits = made if isinstance(made, Splits) else _from_user(made, ds)
+    if isinstance(made, Splits):
+        splits = made
+    elif labelled:
+        splits = _from_user(made, ds)
+    else:
+        splits = _unlabelled(made, ds)
     if ds.get("num_classes") is not None:
         splits.num_classes = int(ds.num_classes)
     for name in ("train", "val", "test"):
         split = getattr(splits, name)
         if split is not None:
-            check_split(split, name, splits.num_classes, ds)
+            if labelled:
+                check_split(split, name, splits.num_classes, ds)
+            elif len(split) == 0:
+                raise UserError(
+                    f"dataset={ds.name}: the {name} split is empty. Check the data (or "
+                    "dataset.val_fraction, which must leave samples on both sides)."
+                )
     return splits
 
 
-def _from_user(made: Any, ds: DictConfig) -> Splits:
-    """A user factory's return value: a Dataset, (train, val[, test]) or a dict of them."""
+def _unlabelled(made: Any, ds: DictConfig) -> Splits:
+    """A user factory's splits for a task without class labels: items of any structure. The
+    data's shape (in_channels, image_size) is read from a first tensor that looks like an
+    image, else 0."""
+    train, val, test = _three(made, ds, labels=None)
+    item = train[0]
+    first = item if isinstance(item, torch.Tensor) else _first_tensor(item)
+    c, size = (
+        (first.shape[0], first.shape[-1]) if first is not None and first.dim() == 3 else (0, 0)
+    )
+    return Splits(train, val, test, in_channels=c, image_size=size, num_classes=0)
+
+
+def _first_tensor(item: Any) -> torch.Tensor | None:
+    values = item.values() if isinstance(item, Mapping) else item
+    for value in values if isinstance(values, Sequence | type({}.values())) else ():
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+def _three(made: Any, ds: DictConfig, labels) -> tuple[Any, Any, Any]:
+    """(train, val, test) from a dict, a tuple, or one Dataset (held out by val_fraction)."""
     target = ds._target_
     if isinstance(made, Mapping):
         if "train" not in made or "val" not in made:
@@ -51,7 +86,7 @@ def _from_user(made: Any, ds: DictConfig) -> Splits:
     elif isinstance(made, tuple | list) and len(made) in (2, 3):
         train, val, test = (*made, None)[:3]
     elif isinstance(made, Dataset):
-        indices = held_out_indices(len(made), ds.val_fraction, ds.seed, _label_tensor(made))
+        indices = held_out_indices(len(made), ds.val_fraction, ds.seed, labels)
         train, val, test = (
             Subset(made, indices[0].tolist()),
             Subset(made, indices[1].tolist()),
@@ -69,6 +104,14 @@ def _from_user(made: Any, ds: DictConfig) -> Splits:
                 f"dataset._target_={target}: its {name} split is a {type(split).__name__}, not "
                 "a map-style Dataset (with __len__ and __getitem__)."
             )
+    return train, val, test
+
+
+def _from_user(made: Any, ds: DictConfig) -> Splits:
+    """A user factory's return value: a Dataset, (train, val[, test]) or a dict of them."""
+    target = ds._target_
+    labels = _label_tensor(made) if isinstance(made, Dataset) else None
+    train, val, test = _three(made, ds, labels)
     num_classes = ds.num_classes
     if num_classes is None:
         classes = getattr(train, "classes", None) or getattr(

@@ -14,9 +14,10 @@ from collections.abc import Iterator
 
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
 from accel_train.config.checks import limited_batches
+from accel_train.data.batch import to_device
 from accel_train.data.build import check_labels
 from accel_train.data.splits import ImageSet
 
@@ -85,10 +86,11 @@ class ShardedOrder:
 
 
 class _Items(Dataset):
-    """The split seen through (epoch, index) keys; index -1 is a padding sample."""
+    """The split seen through (epoch, index) keys; index -1 is a padding sample. Labelled
+    items (classification) are (input, int class); other items pass as they are."""
 
-    def __init__(self, split: Dataset):
-        self.split = split
+    def __init__(self, split: Dataset, labelled: bool = True):
+        self.split, self.labelled = split, labelled
         self.epoch_aware = callable(getattr(split, "getitem", None))
 
     def __len__(self) -> int:
@@ -96,9 +98,12 @@ class _Items(Dataset):
 
     def __getitem__(self, key: tuple[int, int]):
         epoch, i = key
-        if i < 0:
-            return self.split[0][0], IGNORE_INDEX
-        x, y = self.split.getitem(i, epoch) if self.epoch_aware else self.split[i]
+        if i < 0:  # padding: sliced off by the evaluation (ShardedOrder.valid_len)
+            return (self.split[0][0], IGNORE_INDEX) if self.labelled else self.split[0]
+        item = self.split.getitem(i, epoch) if self.epoch_aware else self.split[i]
+        if not self.labelled:
+            return item
+        x, y = item
         return x, int(y)
 
 
@@ -134,15 +139,22 @@ class TorchLoader:
     """torch.utils.data.DataLoader driven by a ShardedOrder; batches are copied non-blocking."""
 
     def __init__(
-        self, split, order: ShardedOrder, loader_cfg: DictConfig, device, seed, num_classes
+        self,
+        split,
+        order: ShardedOrder,
+        loader_cfg: DictConfig,
+        device,
+        seed,
+        num_classes,
+        labelled: bool = True,
     ):
         workers = loader_cfg.num_workers
         self.order, self.device = order, device
         self.loader = DataLoader(
-            _Items(split),
+            _Items(split, labelled),
             batch_sampler=order,
             num_workers=workers,
-            collate_fn=_CheckedCollate(num_classes) if order.train else None,
+            collate_fn=_CheckedCollate(num_classes) if order.train and labelled else None,
             pin_memory=loader_cfg.pin_memory and device.type == "cuda",
             persistent_workers=loader_cfg.persistent_workers and workers > 0,
             prefetch_factor=loader_cfg.prefetch_factor if workers > 0 else None,
@@ -167,24 +179,26 @@ class TorchLoader:
             shutdown()
         self.loader._iterator = None
 
-    def epoch(
-        self, epoch: int, start_batch: int = 0
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def epoch(self, epoch: int, start_batch: int = 0) -> Iterator:
         self.order.set_epoch(epoch, start_batch)
-        for images, labels in self.loader:
-            yield (
-                images.to(self.device, non_blocking=True),
-                labels.to(self.device, non_blocking=True),
-            )
+        for batch in self.loader:
+            if isinstance(batch, list):  # default_collate makes lists of tuple items
+                batch = tuple(batch)
+            yield to_device(batch, self.device)  # pinned memory: asynchronous copies
 
 
 class DeviceLoader:
-    """The whole split as one uint8 tensor on the device; a batch is one index_select."""
+    """The whole split as tensors on the device (an ImageSet's images and labels, or a
+    TensorDataset's tensors); a batch is one index_select of each."""
 
-    def __init__(self, data: ImageSet, order: ShardedOrder, device):
+    def __init__(self, data: ImageSet | TensorDataset, order: ShardedOrder, device):
         self.order, self.device = order, device
-        self.images = data.images.to(device)
-        self.labels = data.labels.to(device)
+        if isinstance(data, ImageSet):
+            self.tensors = (data.images.to(device), data.labels.to(device))
+            self.labelled = True
+        else:
+            self.tensors = tuple(t.to(device) for t in data.tensors)
+            self.labelled = False
 
     def __len__(self) -> int:
         return len(self.order)
@@ -192,9 +206,7 @@ class DeviceLoader:
     def close(self) -> None:
         pass  # nothing runs in the background
 
-    def epoch(
-        self, epoch: int, start_batch: int = 0
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
         self.order.set_epoch(epoch, start_batch)
         idx = self.order.indices().to(self.device, non_blocking=True)
         bs = self.order.batch_size
@@ -204,12 +216,16 @@ class DeviceLoader:
             if padded:
                 valid = i >= 0
                 i = i.clamp(min=0)
-                yield self.images[i], torch.where(valid, self.labels[i], IGNORE_INDEX)
-            else:
-                yield self.images[i], self.labels[i]
+                if self.labelled:
+                    images, labels = self.tensors
+                    yield images[i], torch.where(valid, labels[i], IGNORE_INDEX)
+                    continue
+            yield tuple(t[i] for t in self.tensors)
 
 
-def build_loader(split, loader_cfg, *, train, device, seed, rank, world, limit, num_classes):
+def build_loader(
+    split, loader_cfg, *, train, device, seed, rank, world, limit, num_classes, labelled=True
+):
     batch_size = (
         loader_cfg.batch_size if train else (loader_cfg.eval_batch_size or loader_cfg.batch_size)
     )
@@ -226,4 +242,4 @@ def build_loader(split, loader_cfg, *, train, device, seed, rank, world, limit, 
     )
     if loader_cfg.name == "device":
         return DeviceLoader(split, order, device)
-    return TorchLoader(split, order, loader_cfg, device, seed, num_classes)
+    return TorchLoader(split, order, loader_cfg, device, seed, num_classes, labelled)

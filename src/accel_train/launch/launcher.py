@@ -29,7 +29,6 @@ from accel_train.launch.torchrun import run_torchrun
 from accel_train.launch.worker import run_worker
 from accel_train.parallel import resolve_device
 from accel_train.pipeline import check_pipeline, data_world
-from accel_train.train.build import build_techniques
 from accel_train.train.checkpointing import check as check_checkpointing
 from accel_train.train.checkpointing import known_metrics
 from accel_train.train.resume import check_resume
@@ -42,7 +41,7 @@ def launch(cfg: DictConfig) -> float | None:
     validate(cfg)
     cfg = resolve(cfg)
     # checkpoint.monitor names a metric validation logs: refused now, not after an epoch.
-    check_checkpointing(cfg.checkpoint, known_metrics(build_techniques(cfg)))
+    check_checkpointing(cfg.checkpoint, known_metrics(cfg))
     run_dir = Path(cfg.paths.output_dir)
     hold_run_dir(cfg)  # before anything is written there: one live run per run dir
     # Before anything is written: a refused or unreadable resume leaves the run dir as it was,

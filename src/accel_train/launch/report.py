@@ -212,8 +212,25 @@ def execute(run: Run, base: list[str], overrides: list[str]) -> None:
         "peak_mem_mb": summary.get("peak_mem_mb"),
         "best_val_acc": summary.get("best_val_acc"),
         "test_acc": summary.get("test_acc"),
+        "best_score": summary.get("best_score"),  # the task's monitor, for quality()
+        "monitor_mode": summary.get("monitor_mode"),
         "cpu_s": cpu,
     }
+
+
+def quality(summary: dict) -> float | None:
+    """What the accuracy guard compares, higher is better: test accuracy, else the best
+    validation accuracy, else (a task that logs no accuracy) the best value of the task's
+    monitor (checkpoint.monitor), negated when lower is better (val/loss)."""
+    if summary.get("test_acc") is not None:
+        return summary["test_acc"]
+    acc = summary.get("best_val_acc")
+    if acc is not None and acc >= 0:
+        return acc
+    best = summary.get("best_score")
+    if best is None:
+        return None
+    return -best if summary.get("monitor_mode") == "min" else best
 
 
 def run_rounds(names, repeats, phase, out, base, overrides_of, runs: list[Run]) -> None:
@@ -252,15 +269,20 @@ def ratio_to_baseline(runs: list[Run], name: str, phase: int) -> list[float]:
 def combination(runs: list[Run], kept: list[str], min_gain: float, max_drop: float) -> list[str]:
     """The switches that helped on their own, at most one of each exclusive set. The accuracy
     guard compares test accuracy, or the best validation accuracy when the data set has no test
-    split (a switch must not buy its speed with accuracy in either case)."""
-    judged = "test_acc" if _values(runs, "baseline", "test_acc", 1) else "best_val_acc"
-    base_acc = _values(runs, "baseline", judged, 1)
+    split, or for a task without accuracy its monitored metric (a switch must not buy its speed
+    with quality in any case)."""
+
+    def judged(name: str) -> list[float]:  # test acc, best val acc, or the task's monitor
+        done = [r for r in runs if r.variant == name and r.phase == 1 and r.status == "done"]
+        return [q for q in (quality(r.values) for r in done) if q is not None]
+
+    base_acc = judged("baseline")
     winners = {}
     for name in kept:
         if name == "baseline":
             continue
         ratios = ratio_to_baseline(runs, name, 1)
-        accs = _values(runs, name, judged, 1)
+        accs = judged(name)
         if not ratios or statistics.median(ratios) < min_gain:
             continue
         if base_acc and accs and statistics.median(accs) < statistics.median(base_acc) - max_drop:

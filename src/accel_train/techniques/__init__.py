@@ -9,7 +9,8 @@ A technique may transform the model once at build time, hook into the loop, or b
     on_fit_start(loop)                          after resume, before the first step
     for each epoch:
         for each optimizer step:
-            loss = compute(x, labels) under autocast, backward, optimizer step
+            loss = compute(batch) under autocast (the task's step), backward,
+            on_loss(loop, loss, n), optimizer step
             on_train_step_end(loop)             device tensors only: NO host sync here
             [every log_every_n_steps]  on_log(loop, metrics)        host sync allowed
             [validation]  on_validation_start(loop) ... on_validation_end(loop, metrics),
@@ -43,10 +44,12 @@ from torch import nn
 
 from accel_train.data.transform import BatchTransform
 from accel_train.parallel import DistEnv
+from accel_train.tasks import Task
 
 PREPARE, MEMORY, LAYOUT, PARALLEL, COMPILE = 10, 20, 30, 50, 60
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (inputs, labels) -> mean loss
+# A (prepared) batch -> the task's step output: a mean loss, or (loss_sum, n_items).
+LossFn = Callable[[Any], Any]
 
 
 @dataclass
@@ -56,7 +59,9 @@ class BuildContext:
     cfg: DictConfig
     env: DistEnv
     batch_transform: BatchTransform
-    sample: torch.Tensor  # two real training inputs, as the model will see them
+    sample: Any  # two real training inputs, as the model will see them (the task's inputs)
+    task: Task | None = None  # the run's task: what techniques that depend on it ask
+    batch: Any = None  # the two samples' whole batch, prepared by the task
 
 
 class Technique:
@@ -72,10 +77,14 @@ class Technique:
         return model
 
     def wrap_loss(self, loop: Any, compute: LossFn) -> LossFn:
-        """Change what a training micro-batch computes: return a function (x, labels) -> mean
-        loss that calls `compute` (the model's forward and the loss, or the next wrapper).
-        Runs under autocast, on device tensors: no host sync."""
+        """Change what a training micro-batch computes: return a function batch -> loss that
+        calls `compute` (the task's step, or the next wrapper). Runs under autocast, on device
+        tensors: no host sync."""
         return compute
+
+    def on_loss(self, loop: Any, loss: torch.Tensor, n: int) -> None:
+        """Every training micro-batch's loss (detached, a mean over its `n` samples or items),
+        on the device: no host sync. Only techniques that override it are called."""
 
     def on_fit_start(self, loop: Any) -> None:
         pass

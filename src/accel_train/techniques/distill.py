@@ -96,14 +96,16 @@ class Distill(Technique):
         self._handle = loop.model.register_forward_hook(self._capture)
         alpha, temp = self.alpha, self.temperature
 
-        def distilled(x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        task = loop.task
+
+        def distilled(batch: Any) -> Any:
             self._student = None
-            hard = compute(x, labels)
+            hard, items = compute(batch)
             student, self._student = self._student, None
             if student is None:  # a wrapper inside this one did not run the training model
                 raise RuntimeError("distill: the loss was computed without the training model")
             with torch.no_grad():
-                teacher = self.teacher(x)
+                teacher = self.teacher(task.inputs(batch))
             soft = F.kl_div(
                 F.log_softmax(student.float() / temp, dim=1),
                 F.log_softmax(teacher.float() / temp, dim=1),
@@ -112,7 +114,7 @@ class Distill(Technique):
             ) * (temp * temp)
             self._soft_sum.add_(soft.detach())
             self._soft_count += 1
-            return alpha * hard + (1 - alpha) * soft
+            return alpha * hard + (1 - alpha) * soft, items
 
         return distilled
 

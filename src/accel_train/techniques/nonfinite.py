@@ -4,8 +4,8 @@ steps.
 
 How it stays off the hot path:
 
-- Every training micro-batch's loss is added, on the device, into a small per-step buffer (a
-  forward hook on the loss module: one in-place add). Nothing is read between checks.
+- Every training micro-batch's loss is added, on the device, into a small per-step buffer (the
+  loop's `on_loss` hook, whatever the task: one in-place add). Nothing is read between checks.
 - The buffer is read at the checks, where the host waits for the device anyway: the logging
   step (``on_log``), validation (``on_validation_start``), and every checkpoint save
   (``on_save``, and as a last guard ``state_dict()``, which the save calls before writing). A
@@ -103,12 +103,6 @@ class NonFinite(Technique):
         self.checked_step = loop.step
         if loop.step > 0:  # resumed: the checkpoint it came from is the last saved state
             self.saved_step = loop.step
-        loss_fn = loop.loss_fn
-        if isinstance(loss_fn, nn.Module):
-            self._handles.append(loss_fn.register_forward_hook(self._on_loss))
-        else:  # a plain function: watch it through a thin wrapper
-            self._unwrapped = loss_fn
-            loop.loss_fn = _Watched(loss_fn, self._on_loss)
         if self.mode == "skip_step":
             opt = loop.optimizer
             self.fused = bool(getattr(opt, "_step_supports_amp_scaling", False)) and all(
@@ -159,9 +153,6 @@ class NonFinite(Technique):
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        if hasattr(self, "_unwrapped"):
-            loop.loss_fn = self._unwrapped
-            del self._unwrapped
 
     def summary(self, loop: Any) -> dict[str, Any]:
         """The mode and the skipped steps."""
@@ -187,16 +178,13 @@ class NonFinite(Technique):
     def _slot(self) -> int:
         return min(self.loop.step - self.window.base, self.size - 1)
 
-    def _on_loss(self, module: Any, args: tuple, output: Any) -> None:
-        """Every call of the loss while training: add it into this step's slot on the device."""
-        if not torch.is_grad_enabled() or not isinstance(output, torch.Tensor):
-            return  # validation and test run under no_grad
-        if output.dim() != 0:
+    def on_loss(self, loop: Any, loss: torch.Tensor, n: int) -> None:
+        """Every training micro-batch's loss (a mean over n samples): add it into this step's
+        slot on the device."""
+        if self.loop is None:
             return
-        targets = args[1] if len(args) > 1 else None
-        n = targets.shape[0] if isinstance(targets, torch.Tensor) and targets.dim() else 1
         j = self._slot()
-        self.loss_slots[j].add_(output.detach(), alpha=n)
+        self.loss_slots[j].add_(loss, alpha=n)
         self.window.samples[j] += n
         self.window.epochs[j] = self.loop.epoch
 
@@ -368,21 +356,6 @@ class NonFinite(Technique):
             + ", ".join(fixes[:-1])
             + f", or {fixes[-1]}."
         )
-
-
-class _Watched:
-    """A loss that is a plain function, with the forward-hook signature called after it."""
-
-    def __init__(self, fn, hook):
-        self.fn, self.hook = fn, hook
-
-    def __call__(self, *args, **kwargs):
-        out = self.fn(*args, **kwargs)
-        self.hook(self.fn, args, out)
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self.fn, name)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

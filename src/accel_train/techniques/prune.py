@@ -71,18 +71,22 @@ class Prune(Technique):
     # ---- build: the reparametrization -------------------------------------------------
 
     def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
-        with torch.no_grad():
-            was_training = model.training
-            model.eval()
-            num_classes = model(ctx.sample).shape[1]
-            model.train(was_training)
+        num_classes = None
+        if ctx.task is None or ctx.task.class_logits:
+            with torch.no_grad():
+                was_training = model.training
+                model.eval()
+                num_classes = model(ctx.sample).shape[1]
+                model.train(was_training)
         found = [
             (name, m)
             for name, m in model.named_modules()
             if isinstance(m, PRUNABLE) and isinstance(getattr(m, "weight", None), nn.Parameter)
         ]
-        if found and found[-1][1].weight.shape[0] == num_classes:
-            found = found[:-1]  # the output layer stays dense
+        # The output layer stays dense: a classifier's is the one of num_classes outputs; for
+        # other tasks the last prunable layer.
+        if found and (num_classes is None or found[-1][1].weight.shape[0] == num_classes):
+            found = found[:-1]
         if not found:
             raise UserError(
                 "prune.amount is set but the model has no Linear or Conv weight to prune besides "

@@ -24,8 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel_train.errors import UserError
-from accel_train.losses import build_loss
+from accel_train.data.batch import count_samples, select
 from accel_train.techniques import PREPARE, BuildContext, LossFn, Technique
 
 log = logging.getLogger("accel_train")
@@ -37,50 +36,15 @@ class SelectiveBackprop(Technique):
 
     def __init__(self, keep: float, start: float, end: float, interrupt: int):
         self.keep, self.start, self.end, self.interrupt = keep, start, end, interrupt
-        self.per_sample: nn.Module | None = None
+        self.per_sample: Any = None  # (model, batch) -> per-sample losses, from the task
         # Host-side counts (no device reads): selected micro-batches, samples kept / seen there.
         self.selected = self.kept = self.seen = 0
         self.loop: Any = None
 
     def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
-        """Start-up check: the loss must give per-sample values (`reduction="none"`)."""
-        cfg = ctx.cfg
-        with torch.no_grad():
-            was_training = model.training
-            model.eval()
-            logits = model(ctx.sample).float()
-            model.train(was_training)
-        num_classes = logits.shape[1]
-        target = cfg.loss._target_
-        try:
-            per_sample = build_loss(cfg.loss, num_classes, reduction="none")
-        except UserError as err:
-            raise UserError(
-                f"selective_backprop needs the loss of each sample, but the loss could not be "
-                f"built with reduction='none' ({err}). Give loss._target_={target} a `reduction` "
-                "argument as torch's losses have, or turn selective backprop off "
-                "(`selective_backprop.keep=1`)."
-            ) from None
-        if per_sample is None:
-            raise UserError(
-                f"selective_backprop needs the loss of each sample, but loss._target_={target} "
-                "takes no `reduction` argument. Give its constructor `reduction='mean'` and "
-                "return the per-sample losses when it is 'none' (as torch's losses do), or turn "
-                "selective backprop off (`selective_backprop.keep=1`)."
-            )
-        per_sample = per_sample.to(logits.device)
-        labels = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
-        with torch.no_grad():
-            out = per_sample(logits, labels)
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (logits.shape[0],):
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise UserError(
-                f"selective_backprop needs the loss of each sample: loss._target_={target} with "
-                f"reduction='none' returned {got} for a batch of {logits.shape[0]}, not one value "
-                "per sample. Make it return shape (batch,) when reduction='none', or turn "
-                "selective backprop off (`selective_backprop.keep=1`)."
-            )
-        self.per_sample = per_sample
+        """Start-up check: the task must score each sample alone (for classification, the loss
+        rebuilt with `reduction="none"`); it raises the UserError naming what is missing."""
+        self.per_sample = ctx.task.per_sample()
         return model
 
     def on_fit_start(self, loop: Any) -> None:
@@ -107,18 +71,18 @@ class SelectiveBackprop(Technique):
     def wrap_loss(self, loop: Any, compute: LossFn) -> LossFn:
         scorer = loop.eval_model  # under DDP the bare module: no buffer broadcast, no reducer
 
-        def selective(x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        def selective(batch: Any) -> Any:
             if self.loop is None or not self._active():
-                return compute(x, labels)
-            n = labels.shape[0]
+                return compute(batch)
+            n = count_samples(batch)
             k = max(1, round(self.keep * n))
             with torch.no_grad():
-                losses = self.per_sample(scorer(x), labels)
+                losses = self.per_sample(scorer, batch)
             idx = torch.topk(losses.float(), k, sorted=False).indices  # on the device
             self.selected += 1
             self.kept += k
             self.seen += n
-            return compute(x[idx], labels[idx])
+            return compute(select(batch, idx))
 
         return selective
 

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from accel_train.data.batch import count_samples
 from accel_train.techniques import LAYOUT, PARALLEL, BuildContext, Technique
 
 log = logging.getLogger("accel_train")
@@ -75,16 +76,17 @@ def peak_memory_mb(device: torch.device) -> float:
     return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 2**10  # bytes / KiB
 
 
-def training_flops_per_sample(module: nn.Module, sample: torch.Tensor) -> float:
-    """3 x the forward FLOPs of one sample (backward ~ 2 x forward), counted on the real model."""
+def training_flops_per_sample(module: nn.Module, sample: Any, forward=None) -> float:
+    """3 x the forward FLOPs of one sample (backward ~ 2 x forward), counted on the real model.
+    `forward(module, sample)`: the call as the task makes it (default: module(sample))."""
     was_training = module.training
     module.eval()  # no BatchNorm statistics updated, no dropout draws from the RNG
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            module(sample)
+            forward(module, sample) if forward is not None else module(sample)
     finally:
         module.train(was_training)
-    return 3.0 * counter.get_total_flops() / sample.shape[0]
+    return 3.0 * counter.get_total_flops() / count_samples(sample)
 
 
 class SpeedMetrics(Technique):
@@ -107,7 +109,12 @@ class SpeedMetrics(Technique):
 
     def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
         try:
-            self.flops_per_sample = training_flops_per_sample(model, ctx.sample)
+            if ctx.task is not None and ctx.batch is not None:  # the batch as the task calls it
+                self.flops_per_sample = training_flops_per_sample(
+                    model, ctx.batch, ctx.task.forward
+                )
+            else:
+                self.flops_per_sample = training_flops_per_sample(model, ctx.sample)
         except Exception as err:  # a model the counter cannot trace: no FLOPs, still trains
             log.info("speed metrics: FLOPs not counted (%s: %s)", type(err).__name__, err)
         self.peak = device_peak_flops(ctx.env.device, self.peak_flops_override)

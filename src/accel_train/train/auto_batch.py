@@ -39,19 +39,20 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import default_collate
 
-from accel_train import checkpoint as ckpt_io
 from accel_train.config.run_config import write_run_config
+from accel_train.data.batch import to_device
 from accel_train.data.build import build_splits
 from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError
-from accel_train.losses import build_loss
 from accel_train.models import build_model
 from accel_train.optim import build_optimizer
 from accel_train.parallel import DistEnv
 from accel_train.precision import resolve_precision
+from accel_train.tasks import TaskContext, build_task, split_output
 from accel_train.techniques import PARALLEL, BuildContext
 from accel_train.train.build import build_techniques, seed_everything
-from accel_train.train.resume import find_checkpoint
+from accel_train.train.evaluate import sample_batch
+from accel_train.train.found import find_checkpoint, read_checkpoint
 
 log = logging.getLogger("accel_train")
 
@@ -100,11 +101,7 @@ def _recorded(cfg: DictConfig) -> tuple[int, int] | None:
     path = find_checkpoint(cfg.resume, ckpt_dir, ".dcp" if cfg.strategy.name == "fsdp" else ".pt")
     if path is None:
         return None
-    if path.is_dir():
-        state = ckpt_io.load_sharded_meta(path, key="resume")
-    else:
-        state = ckpt_io.load_checkpoint(path, key="resume")
-    old = state["config"]
+    old = read_checkpoint(path)["config"]
     size = old["loader"]["batch_size"]
     return (size, old["trainer"]["accumulate_grad_batches"]) if size != "auto" else None
 
@@ -143,7 +140,8 @@ class _Probe:
             technique.before_build()
         seed_everything(t.seed, t.deterministic)
         self.precision = resolve_precision(cfg.precision.name, env.device, cfg.precision.tf32)
-        self.splits = build_splits(cfg.dataset, cfg.paths.data_dir)
+        self.task = build_task(cfg)
+        self.splits = build_splits(cfg.dataset, cfg.paths.data_dir, self.task.labelled_data)
         self.transform = BatchTransform(
             cfg.dataset, self.splits, env.device, self.precision.param_dtype, seed=t.seed, rank=0
         )
@@ -151,28 +149,38 @@ class _Probe:
             cfg.model, self.splits.in_channels, self.splits.image_size, self.splits.num_classes
         )
         module = module.to(env.device, dtype=self.precision.param_dtype)
-        raw = default_collate([self.splits.train[i] for i in range(min(2, len(self.splits.train)))])
-        sample = self.transform(raw[0].to(env.device), train=True)
-        ctx = BuildContext(cfg, env, self.transform, sample)
+        ctx = TaskContext(
+            cfg,
+            env.device,
+            self.splits.num_classes,
+            self.transform,
+            module,
+            sample_batch(self.splits, env.device),
+            augment=True,
+        )
+        self.task.setup(ctx)
+        batch = ctx.prepared(self.task)
+        build_ctx = BuildContext(
+            cfg, env, self.transform, self.task.inputs(batch), self.task, batch
+        )
         for technique in sorted(techniques, key=lambda t: t.order):
             if technique.order < PARALLEL:  # what changes memory; no wrap, no compile
-                module = technique.transform(module, ctx)
+                module = technique.transform(module, build_ctx)
         self.model = module.train()
-        self.loss_fn = build_loss(cfg.loss, self.splits.num_classes).to(env.device)
         self.optimizer = build_optimizer(
             module.parameters(), cfg.optimizer, cfg.optimizer.lr, env.device
         )
         self.scaler = self.precision.grad_scaler()
 
-    def batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, size: int) -> Any:
         n = len(self.splits.train)
-        images, labels = default_collate([self.splits.train[i % n] for i in range(size)])
-        x = self.transform(images.to(self.device), train=True)
-        return x, labels.to(self.device)
+        batch = default_collate([self.splits.train[i % n] for i in range(size)])
+        batch = to_device(tuple(batch) if isinstance(batch, list) else batch, self.device)
+        return self.task.prepare(batch, train=True)
 
-    def step(self, x: torch.Tensor, labels: torch.Tensor) -> None:
+    def step(self, batch: Any) -> None:
         with self.precision.autocast():
-            loss = self.loss_fn(self.model(x), labels)
+            loss, _, _ = split_output(self.task.step(self.model, batch))
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -243,7 +251,7 @@ def probe(cfg: DictConfig, env: DistEnv) -> tuple[list[dict[str, Any]], int]:
 
 def _measure(p: _Probe, size: int, cuda: bool) -> tuple[float, int]:
     """Median seconds of a training step at `size`, and the step's peak memory in bytes."""
-    x, labels = p.batch(size)
+    batch = p.batch(size)
     if cuda:
         torch.cuda.synchronize(p.device)
         torch.cuda.reset_peak_memory_stats(p.device)
@@ -252,7 +260,7 @@ def _measure(p: _Probe, size: int, cuda: bool) -> tuple[float, int]:
     times = []
     for i in range(WARMUP_STEPS + TIMED_STEPS):
         start = time.perf_counter()
-        p.step(x, labels)
+        p.step(batch)
         if cuda:
             torch.cuda.synchronize(p.device)
         if i >= WARMUP_STEPS:

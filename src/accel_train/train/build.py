@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 from torch import nn
-from torch.utils.data import default_collate
+from torch.utils.data import TensorDataset
 
 from accel_train.config.checks import check_data_sizes
 from accel_train.data.build import build_splits
@@ -21,13 +21,13 @@ from accel_train.data.loaders import build_loader
 from accel_train.data.splits import ImageSet, Splits
 from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError
-from accel_train.losses import build_loss
-from accel_train.models import build_model, check_output
+from accel_train.models import build_model
 from accel_train.optim import build_optimizer, build_scheduler, scaled_lr
 from accel_train.parallel import DistEnv, wrap_model
 from accel_train.pipeline import Pipeline, PipelineEval, build_pipeline, data_coords
 from accel_train.precision import Precision, resolve_precision
 from accel_train.targets import build
+from accel_train.tasks import Task, TaskContext, build_task
 from accel_train.techniques import PARALLEL, BuildContext, Technique
 from accel_train.techniques.activation_checkpointing import ActivationCheckpointing
 from accel_train.techniques.channels_last import ChannelsLast
@@ -42,6 +42,7 @@ from accel_train.techniques.prune import Prune
 from accel_train.techniques.qat import QAT
 from accel_train.techniques.selective_backprop import SelectiveBackprop
 from accel_train.techniques.speed import SpeedMetrics
+from accel_train.train.evaluate import sample_batch
 
 
 def build_techniques(cfg: DictConfig) -> list[Technique]:
@@ -105,7 +106,9 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest
 
 
-def make_loader(split, cfg: DictConfig, env: DistEnv, splits: Splits, *, train: bool, limit=0):
+def make_loader(
+    split, cfg: DictConfig, env: DistEnv, splits: Splits, *, train: bool, limit=0, labelled=True
+):
     rank, world = data_coords(cfg.strategy, env)  # pipeline: the stages of a replica share data
     return build_loader(
         split,
@@ -117,21 +120,29 @@ def make_loader(split, cfg: DictConfig, env: DistEnv, splits: Splits, *, train: 
         world=world,
         limit=limit,
         num_classes=splits.num_classes,
+        labelled=labelled,
     )
 
 
-def check_device_loader(cfg: DictConfig, splits: Splits, device: torch.device) -> None:
-    """loader=device holds every split as one tensor on the device: they must be ImageSets
-    and fit."""
+def check_device_loader(
+    cfg: DictConfig, splits: Splits, device: torch.device, labelled: bool = True
+) -> None:
+    """loader=device holds every split as tensors on the device: they must be ImageSets (or,
+    for a task without class labels, TensorDatasets) and fit."""
     sets = [s for s in (splits.train, splits.val, splits.test) if s is not None]
-    if not all(isinstance(s, ImageSet) for s in sets):
+    kinds = (ImageSet, TensorDataset) if not labelled else (ImageSet,)
+    if not all(isinstance(s, kinds) for s in sets):
         raise UserError(
             f"loader=device needs the whole data set in memory as tensors, which dataset="
             f"{cfg.dataset.name} does not give (the built-in sets do; image_folder does with "
-            "dataset.cache=ram or disk and dataset.augment=device). Use `loader=torch`."
+            "dataset.cache=ram or disk and dataset.augment=device; a task without class labels "
+            "takes TensorDatasets). Use `loader=torch`."
         )
     if device.type == "cuda":
-        nbytes = sum(s.nbytes() for s in sets)
+        nbytes = sum(
+            s.nbytes() if isinstance(s, ImageSet) else sum(t.nbytes for t in s.tensors)
+            for s in sets
+        )
         free, _ = torch.cuda.mem_get_info(device)
         if nbytes > free // 2:
             raise UserError(
@@ -150,7 +161,7 @@ class Components:
     module: nn.Module  # the bare model (its state_dict is the checkpoint's)
     model: nn.Module  # what the training step calls (wrapped, compiled)
     eval_model: nn.Module  # what validation calls
-    loss_fn: nn.Module
+    task: Task  # what a step computes and validation scores (accel_train/tasks/)
     optimizer: torch.optim.Optimizer
     scheduler: Any
     scaler: torch.amp.GradScaler
@@ -171,13 +182,17 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
     seed_everything(t.seed, t.deterministic)
     precision = resolve_precision(cfg.precision.name, env.device, cfg.precision.tf32)
 
-    splits = build_splits(cfg.dataset, cfg.paths.data_dir)
+    task = build_task(cfg)
+    labelled = task.labelled_data
+    splits = build_splits(cfg.dataset, cfg.paths.data_dir, labelled)
     if cfg.loader.name == "device":
-        check_device_loader(cfg, splits, env.device)
+        check_device_loader(cfg, splits, env.device, labelled)
     train_loader = make_loader(
-        splits.train, cfg, env, splits, train=True, limit=t.limit_train_batches
+        splits.train, cfg, env, splits, train=True, limit=t.limit_train_batches, labelled=labelled
     )
-    val_loader = make_loader(splits.val, cfg, env, splits, train=False, limit=t.limit_val_batches)
+    val_loader = make_loader(
+        splits.val, cfg, env, splits, train=False, limit=t.limit_val_batches, labelled=labelled
+    )
     if len(train_loader) == 0:
         raise UserError(
             f"loader.batch_size={cfg.loader.batch_size} x {env.world_size} process(es) is larger "
@@ -190,19 +205,40 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
 
     module = build_model(cfg.model, splits.in_channels, splits.image_size, splits.num_classes)
     module = module.to(env.device, dtype=precision.param_dtype)
-    raw = default_collate([splits.train[i] for i in range(min(2, len(splits.train)))])[0]
     # As the model will see them: a device augment (e.g. image_folder's crop) changes the size.
-    sample = transform(raw.to(env.device), train=splits.device_augment is not None)
-    check_output(module, sample, splits.num_classes, cfg.model._target_)
+    augment = splits.device_augment is not None
+    ctx = TaskContext(
+        cfg,
+        env.device,
+        splits.num_classes,
+        transform,
+        module,
+        sample_batch(splits, env.device),
+        augment,
+    )
+    task.setup(ctx)
+    batch = ctx.prepared(task)
+    sample = task.inputs(batch)
     pipeline = None
     if cfg.strategy.name == "pipeline" and env.distributed:
         # The model is cut here (in place: `module` keeps this stage's blocks, original names).
         model, eval_model, pipeline = pipeline_transforms(
-            module, techniques, cfg, env, transform, sample, precision, splits.num_classes
+            module,
+            techniques,
+            cfg,
+            env,
+            transform,
+            sample,
+            precision,
+            splits.num_classes,
+            task,
+            batch,
         )
         module = pipeline.stage_module.root
     else:
-        model, eval_model = apply_transforms(module, techniques, cfg, env, transform, sample)
+        model, eval_model = apply_transforms(
+            module, techniques, cfg, env, transform, sample, task, batch
+        )
 
     accum = t.accumulate_grad_batches
     _, data_world = data_coords(cfg.strategy, env)
@@ -215,7 +251,7 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
         cfg,
         num_train=len(splits.train),
         num_val=len(splits.val),
-        num_classes=splits.num_classes,
+        num_classes=splits.num_classes if labelled else None,
         world_size=data_world,
         total_steps=total_steps,
         max_epochs=math.ceil(total_steps / steps_per_epoch),
@@ -232,7 +268,7 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
         module=module,
         model=model,
         eval_model=eval_model,
-        loss_fn=build_loss(cfg.loss, splits.num_classes).to(env.device),
+        task=task,
         optimizer=optimizer,
         scheduler=scheduler,
         scaler=precision.grad_scaler(),
@@ -252,12 +288,14 @@ def apply_transforms(
     cfg: DictConfig,
     env: DistEnv,
     transform: BatchTransform,
-    sample: torch.Tensor,
+    sample: Any,
+    task: Task,
+    batch: Any,
 ) -> tuple[nn.Module, nn.Module]:
     """The model transforms in their one order, the DDP/FSDP wrap at PARALLEL. Returns (the
     training model, the evaluation model): under DDP validation calls the bare module, since
     DDP's forward may broadcast buffers (a collective) and ranks validate unevenly."""
-    ctx = BuildContext(cfg, env, transform, sample)
+    ctx = BuildContext(cfg, env, transform, sample, task, batch)
     ordered = sorted(techniques, key=lambda t: t.order)
     for technique in ordered:
         if technique.order < PARALLEL:
@@ -281,10 +319,12 @@ def pipeline_transforms(
     sample: torch.Tensor,
     precision: Precision,
     num_classes: int,
+    task: Task,
+    batch: Any,
 ) -> tuple[nn.Module, nn.Module, Pipeline]:
     """strategy=pipeline: the transforms before PARALLEL on the whole model, then the cut; the
     schedule calls the stage module itself, so no transform may come after it."""
-    ctx = BuildContext(cfg, env, transform, sample)
+    ctx = BuildContext(cfg, env, transform, sample, task, batch)
     for technique in sorted(techniques, key=lambda t: t.order):
         if type(technique).wrap_loss is not Technique.wrap_loss:
             raise UserError(

@@ -31,12 +31,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from accel_train.config.checks import validation_metrics
 from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
 
-# What every validation logs; techniques may add theirs with a `val_metrics` tuple.
-VAL_METRICS = ("val/loss", "val/acc")
 RESERVED = ("last", "best")
 _FIELD = re.compile(r"\{([^{}:]*)(?::([^{}]*))?\}")
 
@@ -50,8 +49,11 @@ class Plan:
     is_best: bool
 
 
-def known_metrics(techniques: Iterable[Any]) -> list[str]:
-    names = list(VAL_METRICS)
+def known_metrics(cfg: DictConfig, techniques: Iterable[Any] = ()) -> list[str]:
+    """The metrics validation logs: the task's and the callbacks' declared ones (plain data,
+    config/checks.validation_metrics), and any a built technique declares (`val_metrics`)."""
+    declared = list(validation_metrics(cfg))
+    names = ["val/loss", *(n for n in declared if n != "val/loss")]  # every task logs val/loss
     for technique in techniques:
         names += [m for m in getattr(technique, "val_metrics", ()) if m not in names]
     return names

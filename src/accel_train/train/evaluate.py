@@ -10,46 +10,46 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import default_collate
 
 from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
 from accel_train.config.run_config import typed
+from accel_train.data.batch import to_device
 from accel_train.data.build import build_splits
 from accel_train.data.builtin import hints_for
 from accel_train.data.loaders import build_loader
 from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError
 from accel_train.loggers import json_safe
-from accel_train.losses import build_loss
 from accel_train.models import build_model
 from accel_train.parallel import DistEnv, resolve_device
 from accel_train.precision import Precision, resolve_precision
+from accel_train.tasks import Task, TaskContext, build_task
 
 log = logging.getLogger("accel_train")
 
 
 @torch.no_grad()
-def score(model, loader, transform, precision: Precision, loss_fn, env: DistEnv):
-    """(mean loss, accuracy) over the whole split, each example counted once across ranks.
+def score(model, loader, task: Task, precision: Precision, env: DistEnv) -> dict[str, float]:
+    """The task's metrics (loss, accuracy, ...) over the whole split, each example counted once
+    across ranks: {name: mean}.
 
     Padding samples (so that every rank runs the same number of batches) sit at the end of a
-    rank's last batches; the host knows how many, so they are sliced off without a sync."""
+    rank's last batches; the host knows how many, so the task slices them off without a sync."""
     model.eval()
-    stats = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss sum, correct
-    count = 0
-    for b, (images, labels) in enumerate(loader.epoch(0)):
+    task.eval_metrics.reset()
+    for b, batch in enumerate(loader.epoch(0)):
         with precision.autocast():
-            logits = model(transform(images, train=False))
-        k = loader.order.valid_len(b)
-        if k == 0:
-            continue  # all padding: the forward still ran, as collectives in it require
-        logits, labels = logits[:k].float(), labels[:k]
-        stats[0] += loss_fn(logits, labels).double() * k
-        stats[1] += (logits.argmax(1) == labels).sum()
-        count += k
-    totals = torch.cat([stats, torch.tensor([count], dtype=torch.float64, device=env.device)])
+            batch = task.prepare(batch, train=False)
+        task.evaluate(model, batch, loader.order.valid_len(b), precision.autocast)
+    on_device, on_host = task.eval_metrics.pack()
+    device = torch.stack([t.double() for t in on_device]) if on_device else None
+    host = torch.tensor(on_host, dtype=torch.float64, device=env.device)
+    totals = torch.cat([device, host]) if device is not None else host
     # HOST SYNC: the one read of the pass.
-    loss_sum, correct, total = env.all_reduce_sum(totals).tolist()
-    return loss_sum / max(total, 1), correct / max(total, 1)
+    values = env.all_reduce_sum(totals).tolist()
+    k = len(on_device)
+    return task.eval_metrics.read(values[:k], values[k:])
 
 
 # accel-eval's own keys, as its messages name them.
@@ -80,8 +80,9 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=device)
 
+    task = build_task(cfg)
     with hints_for("accel-eval"):  # data errors name `data_dir=`, not paths.data_dir
-        splits = build_splits(cfg.dataset, cfg.paths.data_dir)
+        splits = build_splits(cfg.dataset, cfg.paths.data_dir, task.labelled_data)
     if splits.test is None:
         raise UserError(
             f"ckpt_path={ckpt_path}: the checkpoint's data set ({cfg.dataset.get('name')}) has "
@@ -105,26 +106,37 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         world=1,
         limit=0,
         num_classes=splits.num_classes,
+        labelled=task.labelled_data,
     )
     transform = BatchTransform(cfg.dataset, splits, device, precision.param_dtype, seed=0, rank=0)
-    loss_fn = build_loss(cfg.loss, splits.num_classes).to(device)
-    loss, acc = score(model, loader, transform, precision, loss_fn, env)
+    batch = sample_batch(splits, device)
+    task.setup(TaskContext(cfg, device, splits.num_classes, transform, model, batch))
+    scored = score(model, loader, task, precision, env)
     result = {
         "ckpt_path": str(ckpt_path),
         "dataset": cfg.dataset.get("name", "custom"),
+        "task": cfg.task.get("name") or str(cfg.task._target_),
         "split": "test",
         "num_samples": len(splits.test),
-        "test/loss": loss,
-        "test/acc": acc,
+        **{f"test/{name}": value for name, value in scored.items()},
         "step": state["progress"]["step"],
         "epoch": state["progress"]["epoch"],
         "precision": precision.describe(),
     }
     out = Path(ecfg.out_path) if ecfg.out_path else _default_out(ckpt_path)
     # The result first: a failed write below still leaves it on the screen.
-    log.info("test/loss=%.4f  test/acc=%.4f  (%d samples)  -> %s", loss, acc, len(splits.test), out)
+    shown = "  ".join(f"test/{name}={value:.4f}" for name, value in scored.items())
+    log.info("%s  (%d samples)  -> %s", shown, len(splits.test), out)
     _write_result(result, out, given=bool(ecfg.out_path))
     return result
+
+
+def sample_batch(splits, device: torch.device) -> Any:
+    """Two real training items collated as the loader does, on the device (what a task's
+    contract is checked on)."""
+    items = [splits.train[i] for i in range(min(2, len(splits.train)))]
+    batch = default_collate(items)
+    return to_device(tuple(batch) if isinstance(batch, list) else batch, device)
 
 
 def _load_weights(model, weights: dict, ckpt_path: Path, cfg: DictConfig) -> None:

@@ -2,11 +2,14 @@
 
     resume from a checkpoint (resume=auto|path)
     for epoch:
-        for micro-batch (x, y):
-            loss = loss_fn(model(transform(x)), y)      # under autocast
+        for micro-batch (any structure: tensors, tuples, dicts):
+            batch = task.prepare(batch)                  # the device transform
+            loss = task.step(model, batch)               # under autocast: the task's step
             scale(loss * share of the step's samples).backward()
+              (or, for a step returning (loss_sum, n_items): backward of the sum, and the
+              gradient divided once by the items of the whole accumulated, all-reduced batch)
             on an accumulation boundary: clip, optimizer step, schedule step, techniques' hooks
-            every log_every_n_steps: ONE host sync (loss, train acc, stop votes), metrics
+            every log_every_n_steps: ONE host sync (loss, the task's metrics, stop votes)
             every ckpt_every_n_steps: save last
         validate (every val_every_n_epochs and at the end); checkpoint.monitor ranks the
             weights: keep the top k files and best (train/checkpointing.py); save last
@@ -36,10 +39,13 @@ from omegaconf import DictConfig
 from accel_train import checkpoint as ckpt_io
 from accel_train.config.run_config import flatten, to_container, write_run_config
 from accel_train.console import Progress, start_curves_plot, summary_table
+from accel_train.data.batch import count_samples
 from accel_train.errors import UserError
 from accel_train.loggers import MetricsLogger, json_safe
 from accel_train.models import count_parameters
 from accel_train.parallel import SHARDED_STRATEGIES, DistEnv, process_group
+from accel_train.tasks import split_output
+from accel_train.techniques import Technique
 from accel_train.train.auto_batch import resolve_batch_size
 from accel_train.train.build import Components, build_components, make_loader
 from accel_train.train.checkpointing import Checkpointing, known_metrics
@@ -95,19 +101,19 @@ class Loop:
         # Shortcuts for what the step touches (and what techniques read).
         self.model, self.module, self.eval_model = parts.model, parts.module, parts.eval_model
         self.optimizer, self.scheduler, self.scaler = parts.optimizer, parts.scheduler, parts.scaler
-        self.loss_fn, self.precision, self.transform = (
-            parts.loss_fn,
-            parts.precision,
-            parts.batch_transform,
-        )
+        self.task, self.precision = parts.task, parts.precision
         self.train_loader, self.val_loader = parts.train_loader, parts.val_loader
         self.techniques = parts.techniques
-        # The training loss, wrapped by techniques that change what is computed (selective
-        # backprop, distillation): compute_loss(x, labels) -> mean loss. The first technique in
-        # the list wraps outermost.
+        # The training loss: the task's step, wrapped by techniques that change what is
+        # computed (selective backprop, distillation): compute_loss(batch) -> the step's output.
+        # The first technique in the list wraps outermost.
         self.compute_loss = self._base_loss
         for technique in reversed(self.techniques):
             self.compute_loss = technique.wrap_loss(self, self.compute_loss)
+        # Techniques that watch every micro-batch's loss (nonfinite).
+        self._loss_watchers = [
+            t for t in self.techniques if type(t).on_loss is not Technique.on_loss
+        ]
         self.run_dir = Path(cfg.paths.output_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         # FSDP checkpoints are sharded (torch.distributed.checkpoint); others are one file.
@@ -119,16 +125,17 @@ class Loop:
         self.pipeline = parts.pipeline
         self.data_world = env.world_size // (self.pipeline.layout.stages if self.pipeline else 1)
         self.log_every = log_interval(cfg.trainer.log_every_n_steps, parts.steps_per_epoch)
-        # train/acc: correct predictions counted on the device by the base loss (no host sync),
-        # read with the loss at the logging step; `_acc_seen` counts the samples it scored.
-        self.train_correct = torch.zeros((), device=env.device)
-        self._acc_seen = 0
+        # The normaliser: a step that returns (loss_sum, n_items) has its items counted on the
+        # device; at the accumulation boundary the gradient is divided once by the items of the
+        # whole accumulated, all-reduced batch.
+        self.items = torch.zeros((), device=env.device)
+        self.normalise = False  # this accumulation window's steps returned (loss_sum, n_items)
         # Which files are kept, named and ranked (checkpoint.*): train/checkpointing.py.
         self.checkpoints = Checkpointing(
             cfg.checkpoint,
             self.ckpt_dir,
             self.ckpt_suffix,
-            known_metrics(self.techniques),
+            known_metrics(cfg, self.techniques),
             env.is_main,
         )
 
@@ -137,7 +144,7 @@ class Loop:
         self.data_wait_s = 0.0  # seconds spent waiting for the next training batch
         self.samples_seen = 0  # training samples, all processes
         self.best_val_acc = -1.0
-        self.last_val: tuple[float, float] | None = None
+        self.last_val: dict[str, float] | None = None  # the last validation's metrics
         # Set by a signal on this rank; one process acts on it at the next step, several agree
         # at the next logging step.
         self.stop = StopRequest(env.rank, every_step=not env.distributed)
@@ -229,22 +236,27 @@ class Loop:
         start_batch = self.batch_in_epoch
         self.progress.start_epoch(self.epoch, order.num_batches, start_batch)
         loss_sum = torch.zeros((), device=self.env.device)  # sample-weighted, for logging
+        loss_items = torch.zeros((), device=self.env.device)  # items of summed losses
         loss_samples, samples = 0, 0
         log_every = self.log_every
         ckpt_every = self.cfg.trainer.ckpt_every_n_steps
         batches = self._timed(self.train_loader.epoch(self.epoch, start_batch))
-        for b, (images, labels) in enumerate(batches, start_batch):
-            x = self.transform(images, train=True, epoch=self.epoch, batch=b)
+        for b, batch in enumerate(batches, start_batch):
+            batch = self.task.prepare(batch, train=True, epoch=self.epoch, index=b)
             boundary = (b + 1) % self.accum == 0 or b + 1 == order.num_batches
-            n = labels.shape[0]
+            n = count_samples(batch)  # a shape: no host sync
             # Weight by the samples in this step's accumulation window, so that a short last
             # batch or a last window of fewer micro-batches gives the mean over its samples,
             # the same gradient as one batch holding them all.
             window = order.window_len(b, self.accum)
             with _gradient_sync(self.model, boundary):
-                loss = self._forward_backward(x, labels, n / window)
-            loss_sum.add_(loss, alpha=n)
-            loss_samples += n
+                loss, items = self._forward_backward(batch, n / window)
+            if items is None:
+                loss_sum.add_(loss, alpha=n)
+                loss_samples += n
+            else:  # a summed loss: train/loss is the mean over the items
+                loss_sum.add_(loss)
+                loss_items.add_(items)
             samples += n
             self.samples_seen += n * self.data_world
             self.progress.advance()
@@ -254,8 +266,9 @@ class Loop:
             self.batch_in_epoch = b + 1
             self._fire("on_train_step_end")
             if self.step % log_every == 0:
-                self._log_train(loss_sum, loss_samples)
+                self._log_train(loss_sum, loss_items, loss_samples)
                 loss_sum.zero_()
+                loss_items.zero_()
                 loss_samples = 0
             if ckpt_every and self.step % ckpt_every == 0:
                 self._save("last")
@@ -299,25 +312,53 @@ class Loop:
             self.data_wait_s += time.perf_counter() - start
             yield batch
 
-    def _forward_backward(self, x: torch.Tensor, labels: torch.Tensor, weight: float):
-        """One micro-batch: the (technique-wrapped) loss under autocast, then backward of its
-        `weight`ed, scaled value. Returns the loss, detached, on the device (no host sync)."""
+    def _forward_backward(self, batch, weight: float):
+        """One micro-batch: the (technique-wrapped) task step under autocast, then backward of
+        its `weight`ed, scaled loss, or of its summed loss (the normaliser divides the gradient
+        at the boundary). Returns (the loss, detached, on the device; its item count or None):
+        no host sync."""
         if self.pipeline is not None:  # the schedule's step: forward + backward of all stages
-            return self.pipeline.step(x, labels, weight, self.loss_fn, self.scaler)
-        with self.precision.autocast():
-            loss = self.compute_loss(x, labels)
-        self.scaler.scale(loss * weight).backward()
-        return loss.detach()
+            x, labels = self.task.loss_split(batch)
+            loss = self.pipeline.step(x, labels, weight, self.task.loss_fn, self.scaler)
+            items = None
+        else:
+            with self.precision.autocast():
+                loss, items = self.compute_loss(batch)
+            if items is None:
+                self.scaler.scale(loss * weight).backward()
+            else:
+                self.scaler.scale(loss).backward()
+                self.items.add_(items)
+                self.normalise = True
+            loss = loss.detach()
+        if self._loss_watchers:
+            mean = loss if items is None else loss / items
+            n = count_samples(batch)
+            for technique in self._loss_watchers:
+                technique.on_loss(self, mean, n)
+        return loss, items
 
-    def _base_loss(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        logits = self.model(x)
-        if logits.dim() == 2 and labels.dim() == 1:  # class scores and class indices
-            with torch.no_grad():
-                self.train_correct.add_((logits.argmax(1) == labels).sum())
-            self._acc_seen += labels.shape[0]
-        return self.loss_fn(logits, labels)
+    def _base_loss(self, batch):
+        """The task's step: (loss, None) for a mean loss, (loss_sum, n_items) for a sum."""
+        loss, items, _ = split_output(self.task.step(self.model, batch))
+        return loss, items
+
+    def _normalise_gradients(self) -> None:
+        """The normaliser: the window's steps returned summed losses; divide the gradients once
+        by the items of the whole accumulated batch over all data-parallel processes. DDP and
+        FSDP average the gradients over the processes, hence the factor world / items. The
+        all-reduce of the count runs on the device: no host sync."""
+        items = self.env.all_reduce_sum(self.items) if self.data_world > 1 else self.items
+        factor = self.data_world / items.clamp(min=1)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, factor)
+        self.items.zero_()
+        self.normalise = False
 
     def _optimizer_step(self) -> None:
+        if self.normalise:
+            self._normalise_gradients()
         clip = self.cfg.trainer.gradient_clip_val
         if clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
@@ -332,25 +373,32 @@ class Loop:
             self.scheduler.step()
         self.step += 1
 
-    def _log_train(self, loss_sum, loss_samples) -> None:
+    def _log_train(self, loss_sum, loss_items, loss_samples) -> None:
         if self.pipeline is not None:  # only the last stages hold a loss
             loss_samples = self.pipeline.counted(loss_samples)
-        counts = torch.tensor(
-            [loss_samples, self._acc_seen, self.stop.requested], dtype=torch.float32
-        )
+        # The task's metrics ride in the same all-reduce: device sums, then host counts.
+        on_device, on_host = self.task.train_metrics.pack()
+        counts = torch.tensor([loss_samples, self.stop.requested, *on_host], dtype=torch.float32)
         device = loss_sum.device
         stats = torch.cat(
-            [loss_sum.float().view(1), self.train_correct.float().view(1), counts.to(device)]
+            [
+                loss_sum.float().view(1),
+                loss_items.float().view(1),
+                *(t.float().view(1) for t in on_device),
+                counts.to(device),
+            ]
         )
         # HOST SYNC (logging step): the step's one wait for the device; the all-reduce also
         # tells every rank whether any rank was asked to stop.
-        loss_total, correct, count, seen, stop_votes = self.env.all_reduce_sum(stats).tolist()
-        self.train_correct.zero_()
-        self._acc_seen = 0
+        values = self.env.all_reduce_sum(stats).tolist()
+        k = len(on_device)
+        loss_total, items = values[0], values[1]
+        count, stop_votes = values[2 + k], values[3 + k]
+        task_metrics = self.task.train_metrics.read(values[2 : 2 + k], values[4 + k :])
         self.stopping = stop_votes > 0
         metrics = {
-            "train/loss": loss_total / max(count, 1),
-            **({"train/acc": correct / seen} if seen else {}),
+            "train/loss": loss_total / max(count + items, 1),
+            **{f"train/{name}": value for name, value in task_metrics.items()},
             "train/lr": self.optimizer.param_groups[0]["lr"],
         }
         self._fire("on_log", metrics)  # techniques/speed.py adds samples/s, step time, ...
@@ -369,19 +417,16 @@ class Loop:
 
     def _validate(self, final: bool = False) -> None:
         self._fire("on_validation_start")
-        # HOST SYNC (validation): score() reads the summed loss and accuracy once at its end.
-        loss, acc = score(
-            self.eval_model, self.val_loader, self.transform, self.precision, self.loss_fn, self.env
-        )
-        self.last_val = (loss, acc)
-        metrics = {"val/loss": loss, "val/acc": acc}
+        # HOST SYNC (validation): score() reads the task's summed metrics once at its end.
+        scored = score(self.eval_model, self.val_loader, self.task, self.precision, self.env)
+        self.last_val = scored
+        metrics = {f"val/{name}": value for name, value in scored.items()}
         self._fire("on_validation_end", metrics)
         self.metrics.log(metrics, self.step, self.epoch)
-        self.progress.message(
-            f"epoch {self._trained_epoch()} step {self.step}  val/loss={loss:.4f}  "
-            f"val/acc={acc:.4f}"
-        )
-        self.best_val_acc = max(self.best_val_acc, acc)  # summary.json's, whatever is monitored
+        shown = "  ".join(f"val/{name}={value:.4f}" for name, value in scored.items())
+        self.progress.message(f"epoch {self._trained_epoch()} step {self.step}  {shown}")
+        if "acc" in scored:  # summary.json's, whatever is monitored
+            self.best_val_acc = max(self.best_val_acc, scored["acc"])
         epoch = self._trained_epoch()
         plan = self.checkpoints.plan(metrics, epoch, self.step, self.checkpoints.due(epoch, final))
         if plan is not None:
@@ -409,16 +454,16 @@ class Loop:
             p.splits,
             train=False,
             limit=self.cfg.trainer.limit_test_batches,
+            labelled=self.task.labelled_data,
         )
         # HOST SYNC (test): one read at the end of the pass.
-        loss, acc = score(
-            self.eval_model, loader, self.transform, self.precision, self.loss_fn, self.env
+        scored = score(self.eval_model, loader, self.task, self.precision, self.env)
+        self.metrics.log(
+            {f"test/{name}": value for name, value in scored.items()}, self.step, self.epoch
         )
-        self.metrics.log({"test/loss": loss, "test/acc": acc}, self.step, self.epoch)
-        self.progress.message(
-            f"test ({which} checkpoint)  test/loss={loss:.4f}  test/acc={acc:.4f}"
-        )
-        return {"test_loss": loss, "test_acc": acc, "test_ckpt": which}
+        shown = "  ".join(f"test/{name}={value:.4f}" for name, value in scored.items())
+        self.progress.message(f"test ({which} checkpoint)  {shown}")
+        return {**{f"test_{name}": value for name, value in scored.items()}, "test_ckpt": which}
 
     def _stopped(self) -> dict[str, Any]:
         """Asked to stop by a signal (train/signals.py): save last, then return "preempted"
@@ -504,7 +549,7 @@ class Loop:
                 "batch_in_epoch": self.batch_in_epoch,
                 "best_val_acc": self.best_val_acc,
                 "checkpointing": self.checkpoints.state_dict(),  # checkpoint.monitor's best, top k
-                "last_val": list(self.last_val) if self.last_val else None,
+                "last_val": dict(self.last_val) if self.last_val else None,
                 # The run's length: a resume to another length rebuilds the lr schedule.
                 "total_steps": self.parts.total_steps,
                 # batch_in_epoch counts batches of this many processes' shards (resume checks);
@@ -592,11 +637,15 @@ class Loop:
     def _summary(self, samples_per_s: float, start: float, test: dict | None) -> dict[str, Any]:
         wall_s = time.perf_counter() - start
         summary = {
-            "best_val_acc": self.best_val_acc,
+            # (None for a task that logs no accuracy)
+            "best_val_acc": self.best_val_acc if "val/acc" in self.checkpoints.known else None,
             "monitor": self.checkpoints.monitor,
+            "monitor_mode": self.checkpoints.mode,
             "best_score": self.checkpoints.best,  # the best checkpoint.monitor value
-            "final_val_acc": self.last_val[1] if self.last_val else None,
-            "final_val_loss": self.last_val[0] if self.last_val else None,
+            "final_val_acc": self.last_val.get("acc") if self.last_val else None,
+            "final_val_loss": self.last_val.get("loss") if self.last_val else None,
+            # Every metric of the last validation (a task's own too), as final_val_<name>.
+            **{f"final_val_{k}": v for k, v in (self.last_val or {}).items()},
             **(test or {}),
             "epochs": self.epoch,
             "steps": self.step,
@@ -617,12 +666,18 @@ class Loop:
         if self.env.is_main:
             text = json.dumps(summary, indent=2, allow_nan=False)
             (self.run_dir / "summary.json").write_text(text + "\n")
-            test_text = f", test/acc {test['test_acc']:.4f}" if test else ""
+            test_text = "".join(
+                f", test/{k[5:]} {v:.4f}"
+                for k, v in (test or {}).items()
+                if k != "test_ckpt" and k != "test_loss"
+            )
+            best = self.checkpoints.best
             log.info(
-                "done: %d steps, %d epochs, best val/acc %.4f%s, %.0f samples/s, %.1f s",
+                "done: %d steps, %d epochs, best %s %s%s, %.0f samples/s, %.1f s",
                 self.step,
                 self.epoch,
-                self.best_val_acc,
+                self.checkpoints.monitor,
+                f"{best:.4f}" if best is not None else "-",
                 test_text,
                 samples_per_s,
                 wall_s,

@@ -66,11 +66,12 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig
 
 from accel_train import checkpoint as ckpt_io
-from accel_train.config.run_config import flatten, to_container
+from accel_train.config.run_config import DEFAULT_TASK, flatten, to_container
 from accel_train.errors import UserError
 from accel_train.optim import build_scheduler
 from accel_train.parallel import SHARDED_STRATEGIES
 from accel_train.train.checkpointing import best_score, link_or_copy
+from accel_train.train.found import find_checkpoint, read_checkpoint
 
 if TYPE_CHECKING:  # the loop calls this module; only the type is needed here
     from accel_train.train.loop import Loop
@@ -97,6 +98,12 @@ RULES: list[tuple[str, str | None]] = [
     ("dataset.cache_dir", None),
     ("dataset", "the checkpoint's weights, progress and best_val_acc belong to that data"),
     ("loss", "the weights and best_val_acc were trained and selected on that loss"),
+    ("task.monitor", None),  # checkpoint.monitor's default: checkpoint.* rules decide
+    ("task.monitor_mode", None),
+    ("task.objective", None),
+    ("task.top_k", None),  # which accuracies are logged
+    ("task.metrics", None),  # which metrics are declared
+    ("task", "the weights were trained on that task's step and loss"),
     ("optimizer.name", "the optimizer state (moments, momentum buffers) belongs to that optimizer"),
     ("optimizer", None),  # hyperparameters: written into the restored param groups
     ("scheduler", None),  # the schedule is rebuilt for the new config
@@ -206,6 +213,9 @@ def config_changes(
     """The keys in which this run's config differs from the checkpoint's (first by group, a
     group's `name` first), all of which may change; raises the UserError of the first that may
     not."""
+    if ("task" in old_cfg) != ("task" in new_cfg):  # one written before tasks: it classified
+        old_cfg = {"task": dict(DEFAULT_TASK), **old_cfg}
+        new_cfg = {"task": dict(DEFAULT_TASK), **new_cfg}
     old, new = _leaves(old_cfg), _leaves(with_recorded_batch(old_cfg, new_cfg))
     keys = list(new) + [k for k in old if k not in new]
     group_at: dict[str, int] = {}
@@ -309,35 +319,6 @@ def check_world_size(progress: dict[str, Any], world_size: int, wanted: str, pat
 # ---- finding and reading the checkpoint --------------------------------------------------
 
 
-def find_checkpoint(wanted: str | None, ckpt_dir: Path, suffix: str) -> Path | None:
-    """The checkpoint `resume` names (None: start fresh). `auto` is this run's last checkpoint
-    if there is one, in either format (`suffix`, .pt or .dcp, is what this run writes; FSDP
-    writes the other one at another world size): the newer of the two, rather than a silent
-    fresh start next to a checkpoint of the other kind."""
-    if wanted is None:
-        return None
-    if wanted != "auto":
-        return Path(wanted)
-
-    def written(p: Path) -> Path:  # a .dcp directory is complete once its meta.pt is there
-        return p / "meta.pt" if p.suffix == ".dcp" else p
-
-    other = ".dcp" if suffix == ".pt" else ".pt"
-    found = [
-        ckpt_dir / f"last{s}" for s in (suffix, other) if written(ckpt_dir / f"last{s}").is_file()
-    ]
-    if not found:
-        return None
-    return max(found, key=lambda p: written(p).stat().st_mtime_ns)  # a tie: this run's format
-
-
-def _read(path: Path) -> dict[str, Any]:
-    """Everything but the sharded weights (those load into the module later)."""
-    if path.is_dir():
-        return ckpt_io.load_sharded_meta(path, key="resume")
-    return ckpt_io.load_checkpoint(path, key="resume")
-
-
 def _is_own(path: Path, ckpt_dir: Path) -> bool:
     return path.resolve().parent == ckpt_dir.resolve()
 
@@ -381,7 +362,7 @@ def check_resume(cfg: DictConfig, world_size: int | None = None) -> dict[str, An
     path = find_checkpoint(cfg.resume, ckpt_dir, suffix)
     if path is None:
         return None
-    state = _read(path)
+    state = read_checkpoint(path)
     changes = config_changes(state["config"], to_container(cfg), cfg.resume, path)
     progress = state["progress"]
     if world_size is not None:
@@ -413,7 +394,7 @@ def resume(loop: Loop) -> Resumed | None:
     path = find_checkpoint(wanted, loop.ckpt_dir, loop.ckpt_suffix)
     if path is None:
         return None  # nothing to resume from: a fresh start, not an error
-    state = _read(path)
+    state = read_checkpoint(path)
     if not path.is_dir() and loop.sharded:
         raise UserError(
             f"resume={path}: a single-file checkpoint cannot be loaded into "
@@ -447,7 +428,10 @@ def resume(loop: Loop) -> Resumed | None:
         loop.finish_reason = p["finished_early"]  # only the test pass is left
     loop.best_val_acc = p["best_val_acc"]
     loop.checkpoints.load_state_dict(p, own)
-    loop.last_val = tuple(p["last_val"]) if p["last_val"] else None
+    last = p["last_val"]
+    if isinstance(last, list | tuple):  # written before tasks: (val/loss, val/acc)
+        last = {"loss": last[0], "acc": last[1]}
+    loop.last_val = dict(last) if last else None
     saved = state.get("techniques", {})
     for technique in loop.techniques:
         if technique.name in saved:
@@ -583,7 +567,7 @@ def _carry_best(loop: Loop, path: Path, state: dict, wanted: str) -> None:
                 loop.ckpt_suffix,
             )
         return
-    src_best = best_score(_read(src)["progress"])
+    src_best = best_score(read_checkpoint(src)["progress"])
     if src_best != best:
         if loop.env.is_main:
             log.warning(

@@ -1,0 +1,1 @@
+"""A user's token model with its own training step."""

@@ -1,0 +1,1 @@
+"""A user's regression project: data and model, nothing accel-train specific."""

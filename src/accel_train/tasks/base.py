@@ -1,0 +1,208 @@
+"""What a task is: the piece that turns a batch into the model call, a loss and its metrics.
+
+The loop calls a task through this interface only and never learns which task it runs:
+
+    batch = task.prepare(batch, train=True, epoch=e, index=b)   # the device transform
+    out = task.step(model, batch)      # under autocast: a mean loss, or (loss_sum, n_items)
+    task.evaluate(model, batch, valid, autocast)                # validation / test
+    task.train_metrics / task.eval_metrics                      # named sums on the device
+
+A step that returns ``(loss_sum, n_items)`` lets the loop divide once by the items of the
+whole accumulated and all-reduced batch (the "normaliser": token losses with padding, uneven
+micro-batches), instead of averaging micro-batch means.
+
+What the config checks need to know about a task is plain data on its class (read without
+building anything): the validation metrics it logs (`metric_modes`), whether it can score
+each sample alone (`per_sample_loss`, for selective backprop), whether its model outputs class
+logits (`class_logits`, for distillation and export's agreement check), whether its data are
+(input, class index) pairs (`labelled_data`), whether it reads the `loss` group
+(`uses_loss_group`), and whether it runs under the pipeline schedule (`pipeline`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from accel_train.data.batch import cast_floats, count_samples, take
+
+StepOutput = torch.Tensor | tuple[torch.Tensor, torch.Tensor | int]
+
+
+class Running:
+    """Named sums on the device, each with its count: a host int (samples, known from shapes)
+    plus a device count (items a step counted itself, e.g. valid tokens).
+
+    `add` is an in-place add on the device (no host read); the values are packed into the
+    loop's one all-reduce at logging and validation steps and read there."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32):
+        self.dtype = dtype
+        self.names: list[str] = []
+        self.sums: dict[str, torch.Tensor] = {}
+        self.device_counts: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
+
+    def declare(self, name: str, device: torch.device) -> None:
+        """Make the sum now (a rank that scores only padding still packs it)."""
+        if name not in self.sums:
+            self.sums[name] = torch.zeros((), dtype=self.dtype, device=device)
+            self.device_counts[name] = torch.zeros((), dtype=self.dtype, device=device)
+            self.counts[name] = 0
+            self.names.append(name)
+
+    def add(self, name: str, total: torch.Tensor, count: int | torch.Tensor) -> None:
+        """Add `total` (a device scalar: the metric summed over `count` samples or items)."""
+        s = self.sums.get(name)
+        if s is None:
+            s = self.sums[name] = torch.zeros((), dtype=self.dtype, device=total.device)
+            self.device_counts[name] = torch.zeros((), dtype=self.dtype, device=total.device)
+            self.counts[name] = 0
+            self.names.append(name)
+        s.add_(total)
+        if isinstance(count, torch.Tensor):
+            self.device_counts[name].add_(count)
+        else:
+            self.counts[name] += count
+
+    def pack(self) -> tuple[list[torch.Tensor], list[int]]:
+        """(the sums then the device counts, as 0-d device tensors; the host counts), in
+        `names` order."""
+        device = [self.sums[n] for n in self.names] + [self.device_counts[n] for n in self.names]
+        return device, [self.counts[n] for n in self.names]
+
+    def read(self, device: list[float], host: list[float]) -> dict[str, float]:
+        """The means from the reduced values (host floats); then start again from zero."""
+        k = len(self.names)
+        sums, device_counts = device[:k], device[k:]
+        out = {}
+        for name, s, dc, hc in zip(self.names, sums, device_counts, host, strict=True):
+            if hc + dc:
+                out[name] = s / (hc + dc)
+        self.reset()
+        return out
+
+    def reset(self) -> None:
+        for name in self.names:
+            self.sums[name].zero_()
+            self.device_counts[name].zero_()
+            self.counts[name] = 0
+
+
+@dataclass
+class TaskContext:
+    """What `Task.setup` may look at: the config, the data's shape, the device transform and
+    two real training samples (already on the device) with the model they go through."""
+
+    cfg: DictConfig
+    device: torch.device
+    num_classes: int  # 0 when the data set has no classes
+    transform: Any  # accel_train.data.transform.BatchTransform, or None
+    model: nn.Module
+    batch: Any  # two training samples, as the loader gives them, on the device
+    augment: bool = False  # prepare the sample as a training batch (a device augment's size)
+
+    def prepared(self, task: Task) -> Any:
+        """The sample batch as the model will see it."""
+        return task.prepare(self.batch, train=self.augment)
+
+
+class Task:
+    """Base class. Subclasses override `step` (and usually `evaluate`)."""
+
+    name = "task"
+    # Plain data the config checks read from the class: see the module docstring.
+    uses_loss_group = False
+    per_sample_loss = False
+    class_logits = False
+    labelled_data = False
+    pipeline = False
+
+    def __init__(self) -> None:
+        self.train_metrics = Running(torch.float32)  # logged as train/<name>
+        self.eval_metrics = Running(torch.float64)  # logged as val/<name>, test/<name>
+        # The parameters' dtype: precision=bf16_true casts float inputs to it in prepare().
+        self.param_dtype = torch.float32
+
+    @classmethod
+    def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
+        """The metrics validation logs (without the `val/` prefix) -> min or max."""
+        return {"loss": "min", **{str(k): str(v) for k, v in (cfg.get("metrics") or {}).items()}}
+
+    # ---- build time ----------------------------------------------------------------------
+
+    def setup(self, ctx: TaskContext) -> None:
+        """Build what the task needs (losses) and check the model's output contract on two real
+        samples (`ctx.prepared(self)`), before training: a UserError naming the key. Also
+        declares the metrics validation logs, so every rank packs the same sums."""
+        for name in ("loss", *self.metric_modes(ctx.cfg.task)):  # the loss first, as logged
+            self.eval_metrics.declare(name, ctx.device)
+        param = next(ctx.model.parameters(), None)
+        self.param_dtype = param.dtype if param is not None else torch.float32
+
+    # ---- the step ------------------------------------------------------------------------
+
+    def prepare(self, batch: Any, *, train: bool, epoch: int = 0, index: int = 0) -> Any:
+        """The batch as the model sees it (the device transform). By default as it came, its
+        float tensors cast to the parameters' dtype when that is not fp32 (bf16_true)."""
+        if self.param_dtype == torch.float32:
+            return batch
+        return cast_floats(batch, self.param_dtype)
+
+    def inputs(self, batch: Any) -> Any:
+        """What the model is called with (an export's example input, a teacher's input)."""
+        return batch
+
+    def forward(self, model: nn.Module, batch: Any) -> Any:
+        """The model's forward as this task calls it, nothing recorded (FLOP counting)."""
+        return model(self.inputs(batch))
+
+    def step(self, model: nn.Module, batch: Any) -> StepOutput:
+        """One training micro-batch under autocast: the mean loss, or (loss_sum, n_items)."""
+        raise NotImplementedError
+
+    def eval_output(self, model: nn.Module, batch: Any) -> Any:
+        """What `evaluate` scores by default: the step's own output (no grad)."""
+        return self.step(model, batch)
+
+    def evaluate(
+        self,
+        model: nn.Module,
+        batch: Any,
+        valid: int,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> None:
+        """One evaluation batch (no grad): add into `eval_metrics`. The first `valid` samples
+        are real, the rest padding (every rank runs the same batches). By default: the
+        training step's loss (and metrics) on the real samples."""
+        n = valid
+        if valid < count_samples(batch):
+            batch = take(batch, max(valid, 1))  # (all padding: still run, collectives need it)
+        with autocast():
+            out = self.eval_output(model, batch)
+        if n == 0:
+            return
+        loss, items, metrics = split_output(out)
+        if items is None:
+            self.eval_metrics.add("loss", loss.detach().double() * n, n)
+        else:  # a summed loss over `items`: the mean is over the items, not the samples
+            self.eval_metrics.add("loss", loss.detach().to(self.eval_metrics.dtype), items)
+        for key, value in metrics.items():
+            self.eval_metrics.add(key, value.detach().double() * n, n)
+
+
+def split_output(out: Any) -> tuple[torch.Tensor, Any, Mapping[str, torch.Tensor]]:
+    """A step's return value -> (loss, n_items or None, metrics)."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
+        return out[0], None, out[1]
+    if isinstance(out, tuple) and len(out) == 2:
+        return out[0], out[1], {}
+    if isinstance(out, tuple) and len(out) == 3:  # (loss_sum, n_items, metrics)
+        return out[0], out[1], out[2]
+    return out, None, {}

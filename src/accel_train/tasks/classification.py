@@ -1,0 +1,144 @@
+"""task=classification (the default): `model(x)` gives class logits `(batch, classes)`, the loss
+is the `loss` group's module (cross-entropy by default) on the labels; logs loss and accuracy
+(top-1 as `acc`, `task.top_k=[1,5]` adds `acc_top5`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from accel_train.errors import UserError
+from accel_train.losses import build_loss
+from accel_train.models import check_output
+from accel_train.tasks.base import Task, TaskContext
+
+
+class Classification(Task):
+    name = "classification"
+    uses_loss_group = True
+    per_sample_loss = True
+    class_logits = True
+    labelled_data = True
+    pipeline = True
+
+    def __init__(self, top_k: list[int] | tuple[int, ...] = (1,)):
+        super().__init__()
+        self.top_k = [int(k) for k in top_k]
+        self.loss_fn: nn.Module | None = None
+        self.loss_cfg: DictConfig | None = None
+        self.num_classes = 0
+        self.transform: Any = None
+        self.device: torch.device | None = None
+
+    @classmethod
+    def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
+        modes = {"acc": "max", "loss": "min"}
+        modes.update({f"acc_top{k}": "max" for k in cfg.get("top_k") or (1,) if k != 1})
+        return modes
+
+    def setup(self, ctx: TaskContext) -> None:
+        if not self.top_k or any(k < 1 or k > max(ctx.num_classes, 1) for k in self.top_k):
+            raise UserError(
+                f"task.top_k={self.top_k}: each k must be in [1, {ctx.num_classes}] (the number "
+                "of classes), e.g. `task.top_k=[1,5]`."
+            )
+        self.num_classes, self.transform, self.device = ctx.num_classes, ctx.transform, ctx.device
+        self.loss_cfg = ctx.cfg.loss
+        self.loss_fn = build_loss(ctx.cfg.loss, ctx.num_classes).to(ctx.device)
+        super().setup(ctx)
+        x, _ = ctx.prepared(self)
+        check_output(ctx.model, x, ctx.num_classes, ctx.cfg.model._target_)
+
+    def prepare(self, batch: Any, *, train: bool, epoch: int = 0, index: int = 0) -> Any:
+        images, labels = batch
+        return self.transform(images, train=train, epoch=epoch, batch=index), labels
+
+    def inputs(self, batch: Any) -> Any:
+        return batch[0]
+
+    def step(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        x, labels = batch
+        logits = model(x)
+        if logits.dim() == 2 and labels.dim() == 1:  # class scores and class indices
+            with torch.no_grad():
+                # train/acc, counted on the device (no host sync), read at the logging step.
+                correct = (logits.argmax(1) == labels).sum()
+            self.train_metrics.add("acc", correct, labels.shape[0])
+        return self.loss_fn(logits, labels)
+
+    # ---- what techniques and the pipeline ask of a classifier ---------------------------
+
+    def loss_split(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets): the pipeline runs model(inputs) over its stages and the loss on
+        the last one."""
+        return batch
+
+    def per_sample(self) -> Callable[[nn.Module, Any], torch.Tensor]:
+        """A function (model, batch) -> the loss of each sample, shape (batch,): selective
+        backprop's score. The loss is rebuilt with reduction='none' and checked here."""
+        target = self.loss_cfg._target_
+        key = "selective_backprop"
+        try:
+            per_sample = build_loss(self.loss_cfg, self.num_classes, reduction="none")
+        except UserError as err:
+            raise UserError(
+                f"{key} needs the loss of each sample, but the loss could not be built with "
+                f"reduction='none' ({err}). Give loss._target_={target} a `reduction` argument "
+                "as torch's losses have, or turn selective backprop off "
+                "(`selective_backprop.keep=1`)."
+            ) from None
+        if per_sample is None:
+            raise UserError(
+                f"{key} needs the loss of each sample, but loss._target_={target} takes no "
+                "`reduction` argument. Give its constructor `reduction='mean'` and return the "
+                "per-sample losses when it is 'none' (as torch's losses do), or turn selective "
+                "backprop off (`selective_backprop.keep=1`)."
+            )
+        per_sample = per_sample.to(self.device)
+        logits = torch.zeros(2, self.num_classes, device=self.device)
+        labels = torch.zeros(2, dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            out = per_sample(logits, labels)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2,):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise UserError(
+                f"{key} needs the loss of each sample: loss._target_={target} with "
+                f"reduction='none' returned {got} for a batch of 2, not one value per sample. "
+                "Make it return shape (batch,) when reduction='none', or turn selective "
+                "backprop off (`selective_backprop.keep=1`)."
+            )
+
+        def score(model: nn.Module, batch: Any) -> torch.Tensor:
+            x, labels = batch
+            return per_sample(model(x), labels)
+
+        return score
+
+    # ---- evaluation ----------------------------------------------------------------------
+
+    def evaluate(
+        self,
+        model: nn.Module,
+        batch: Any,
+        valid: int,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> None:
+        images, labels = batch
+        with autocast():
+            logits = model(images)
+        k = valid
+        if k == 0:
+            return  # all padding: the forward still ran, as collectives in it require
+        logits, labels = logits[:k].float(), labels[:k]
+        m = self.eval_metrics
+        m.add("loss", self.loss_fn(logits, labels).double() * k, k)
+        m.add("acc", (logits.argmax(1) == labels).sum(), k)
+        for top in self.top_k:
+            if top != 1:
+                hits = (logits.topk(top, dim=1).indices == labels[:, None]).any(1).sum()
+                m.add(f"acc_top{top}", hits, k)
