@@ -39,6 +39,7 @@ def pytest_configure(config):
 LONGEST_FIRST = (
     "test_slurm.py",
     "test_distributed.py",
+    "test_teardown.py",
     "test_pipeline.py",
     "test_user_code.py",
     "test_memory_techniques.py",

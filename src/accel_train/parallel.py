@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import logging
 import os
 from collections import Counter
@@ -110,6 +111,11 @@ def process_group(
     try:
         yield DistEnv(rank, local_rank, world, device)
     finally:
+        # Whatever still refers to the group (a DDP reducer, an FSDP state, a pipeline stage)
+        # must be collected before it is destroyed: left to the interpreter's finalisation,
+        # gloo's worker threads are torn down in no particular order and the process aborts
+        # ("terminate called without an active exception") after its work is done.
+        gc.collect()
         dist.destroy_process_group()
 
 

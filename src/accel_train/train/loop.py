@@ -62,7 +62,14 @@ def run_training(cfg: DictConfig) -> dict[str, Any]:
         if env.distributed:
             agree_on_config(cfg, env)
         resolve_batch_size(cfg, env)  # loader.batch_size=auto: probed or taken from the resume
-        return Loop(cfg, env, build_components(cfg, env)).fit()
+        loop = Loop(cfg, env, build_components(cfg, env))
+        try:
+            return loop.fit()
+        finally:
+            # Before process_group tears the group down: the DDP/FSDP module, the optimizer and
+            # the loaders must be gone, or gloo's threads are still held when the interpreter
+            # finalises and the rank aborts after its work is done (issue 22, section 0).
+            loop.release()
 
 
 def agree_on_config(cfg: DictConfig, env: DistEnv) -> None:
@@ -145,6 +152,13 @@ class Loop:
         self.finish_reason: str | None = None  # set by finish(): training is over, early
         self.metrics = MetricsLogger(self.run_dir, cfg.logger, enabled=env.is_main, run_config=cfg)
         self.progress = Progress(cfg.trainer.progress, enabled=env.is_main)
+
+    def release(self) -> None:
+        """Drop everything this loop holds (model, optimizer, loaders, techniques): the
+        techniques' loss wrappers close over the loop, so without this the DDP module would
+        live in a reference cycle until a garbage collection long after the process group is
+        destroyed."""
+        self.__dict__.clear()
 
     def _fire(self, hook: str, *args) -> None:
         for technique in self.techniques:
