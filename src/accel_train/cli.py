@@ -196,3 +196,40 @@ def export() -> None:
         _print_help("export.yaml")
         return
     _export()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="tokenize")
+@report_user_errors
+def _tokenize(cfg: DictConfig):
+    from accel_train.launch.tokenize import tokenize  # deferred: see the module docstring
+
+    tokenize(cfg)
+
+
+# `accel-data <command> key=value ...`: one Hydra config per command.
+_DATA_COMMANDS = {"tokenize": (_tokenize, "tokenize.yaml")}
+
+
+def data() -> None:
+    _check_config_dir()
+    argv = sys.argv[1:]
+    command = argv[0] if argv else None
+    if command not in _DATA_COMMANDS:
+        if command in (None, "--help", "-h"):
+            print("usage: accel-data COMMAND key=value ...   (accel-data COMMAND --help)")
+            print(f"commands: {', '.join(_DATA_COMMANDS)}")
+            return
+        report_user_errors(_unknown_data_command)(command)
+    run, config_file = _DATA_COMMANDS[command]
+    if _wants_help(argv[1:]):
+        _print_help(config_file)
+        return
+    sys.argv = [f"{sys.argv[0]}", *argv[1:]]  # Hydra parses the overrides after the command
+    run()
+
+
+def _unknown_data_command(command: str) -> None:
+    raise UserError(
+        f"{command!r} is not an accel-data command. The commands: {', '.join(_DATA_COMMANDS)} "
+        "(e.g. `accel-data tokenize input=input.txt out=data/mytext`)."
+    )

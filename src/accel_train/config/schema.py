@@ -511,6 +511,16 @@ class ExportConfig:
     min_agreement: float = 0.999
 
 
+@dataclass
+class TokenizeConfig:
+    input: str = MISSING
+    out: str = MISSING
+    tokenizer: str = "char"
+    vocab_size: int = 8192
+    val_fraction: float = 0.1
+    overwrite: bool = False
+
+
 # group -> option name -> schema. The option names are the YAML files' `name:` values; an
 # option a user adds in their own config dir (hydra.searchpath) may use any name and is typed
 # by the group's base schema when it names one of these, untyped otherwise.
@@ -597,6 +607,7 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="eval_schema", node=EvalConfig)
     cs.store(name="export_schema", node=ExportConfig)
+    cs.store(name="tokenize_schema", node=TokenizeConfig)
     for group, options in OPTION_SCHEMAS.items():
         for schema in set(options.values()):
             cs.store(group=group, name=schema_name(schema), node=schema)
