@@ -206,6 +206,22 @@ def _tokenize(cfg: DictConfig):
     tokenize(cfg)
 
 
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="sample")
+@report_user_errors
+def _sample(cfg: DictConfig):
+    from accel_train.launch.sample import sample_checkpoint  # deferred: see the module docstring
+
+    sample_checkpoint(cfg)
+
+
+def sample() -> None:
+    _check_config_dir()
+    if _wants_help(sys.argv[1:]):
+        _print_help("sample.yaml")
+        return
+    _sample()
+
+
 # `accel-data <command> key=value ...`: one Hydra config per command.
 _DATA_COMMANDS = {"tokenize": (_tokenize, "tokenize.yaml")}
 
