@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
 import pickle
 import zipfile
 
 import pytest
 import torch
 from helpers import FAST
+from omegaconf import OmegaConf
 
 from accel_train.checkpoint import FORMAT_VERSION, load_checkpoint
 from accel_train.errors import UserError
@@ -110,3 +112,125 @@ def test_load_checkpoint_rejects_every_kind_of_bad_file(tmp_path):
     for path in bad_files:
         with pytest.raises(UserError, match="resume="):
             load_checkpoint(path, key="resume")
+
+
+# ---- Hydra's and OmegaConf's errors, every entry point (issue 22): config/hydra_errors.py ----
+
+# (program, arguments, texts the one paragraph must hold)
+CONFIG_ERRORS = {
+    "plus-unknown": ("accel-train", ["+trainer.no_such_key=1"], ["trainer.no_such_key", "added"]),
+    "plus-top": ("accel-train", ["+no_such_key=1"], ["no_such_key is not a key"]),
+    "typo-suggests": ("accel-train", ["trainer.max_step=3"], ["`trainer.max_steps`"]),
+    "model-arg-needs-plus": ("accel-train", ["model.width=3"], ["`+model.width=...`"]),
+    "delete-typed": ("accel-train", ["~trainer.max_steps"], ["~trainer.max_steps", "deleted"]),
+    "delete-group": ("accel-train", ["~loader"], ["loader is required"]),
+    "bad-interpolation": ("accel-train", ["name=${nope}"], ["name=${nope}", "\\${...}"]),
+    "env-interpolation": ("accel-train", ["name=${oc.env:ACCEL_NO_SUCH_VAR}"], ["ACCEL_NO_SUCH"]),
+    "missing-option": ("accel-train", ["trainer=nosuch"], ["trainer=nosuch", "default"]),
+    "option-in-list": ("accel-train", ["logger=[csv,nosuch]"], ["logger=nosuch", "tensorboard"]),
+    "lht-key-added": ("accel-train", ["+seed=3"], ["accel-train's is trainer.seed"]),
+    "group-twice": (
+        "accel-train",
+        ["+experiment=mnist_amp", "experiment=mnist_amp"],
+        ["experiment appears more than once"],
+    ),
+    "unparsable": ("accel-train", ["trainer.max_steps=[1"], ["could not be parsed", "Quote"]),
+    "wrong-type": ("accel-train", ["trainer.seed=abc"], ["trainer.seed=abc", "Integer"]),
+    "sweep-bad-value": ("accel-train", ["-m", "trainer.seed=1,abc"], ["trainer.seed=abc"]),
+    "eval-plus": ("accel-eval", ["ckpt_path=x.pt", "+nokey=1"], ["nokey", "ckpt_path"]),
+    "eval-delete": ("accel-eval", ["ckpt_path=x.pt", "~ckpt_path"], ["ckpt_path", "deleted"]),
+    "eval-interpolation": ("accel-eval", ["ckpt_path=${nope}"], ["ckpt_path=${nope}"]),
+    "export-unknown": ("accel-export", ["ckpt_path=x.pt", "nokey=1"], ["nokey", "format"]),
+    "report-plus": ("accel-report", ["+trainer.nokey=1"], ["trainer.nokey", "added"]),
+    "report-option": ("accel-report", ["model=nosuch"], ["model=nosuch", "mnist_cnn"]),
+}
+
+
+def _one_paragraph(proc, prog: str, *expected: str) -> None:
+    _check_error(proc, *expected)
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1] == "(Set HYDRA_FULL_ERROR=1 for the traceback.)", proc.stderr
+    assert lines[-2].startswith(f"{prog}: error: "), proc.stderr  # the paragraph is one line
+
+
+@pytest.mark.parametrize("name", sorted(CONFIG_ERRORS))
+def test_hydra_and_omegaconf_errors_are_one_paragraph(name, run_cli, tmp_path):
+    prog, args, expected = CONFIG_ERRORS[name]
+    extra = ["hydra.run.dir=run", "hydra.sweep.dir=sweep"] if prog == "accel-train" else []
+    if prog == "accel-report":
+        extra = ["--out", "report"]
+    proc = run_cli([*args, *extra], prog=prog)
+    _one_paragraph(proc, prog, *expected)
+    assert not (tmp_path / "run").exists()  # a refused config leaves no run dir behind
+
+
+def test_a_users_own_options_without_a_schema(run_cli, tmp_path):
+    """Option YAMLs in the user's config dir that set only `_target_` and its arguments, as in
+    lightning-hydra-template, get the group's defaults; a named group's option without a name
+    is refused, saying how to start it from one of ours."""
+    (tmp_path / "mine.py").write_text(
+        "import torch\nfrom torch import nn\nfrom torch.utils.data import TensorDataset\n\n\n"
+        "def net(in_channels, image_size, num_classes, width=8):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size**2, width),\n"
+        "                         nn.ReLU(), nn.Linear(width, num_classes))\n\n\n"
+        "def data(n=96):\n"
+        "    g = torch.Generator().manual_seed(0)\n"
+        "    ds = TensorDataset(torch.rand(n, 1, 8, 8, generator=g), torch.arange(n) % 4)\n"
+        "    ds.classes = list(range(4))\n"
+        "    return ds\n"
+    )
+    own = tmp_path / "my_configs"
+    for group, text in {
+        "model": "_target_: mine.net\nwidth: 16\n",
+        "dataset": "_target_: mine.data\nn: 64\n",
+        "loss": "_target_: torch.nn.CrossEntropyLoss\nlabel_smoothing: 0.1\n",
+        "optimizer": "_target_: torch.optim.SGD\nlr: 0.1\n",
+    }.items():
+        (own / group).mkdir(parents=True)
+        (own / group / "mine.yaml").write_text(text)
+    common = [
+        f"hydra.searchpath=[file://{own}]",
+        "model=mine",
+        "dataset=mine",
+        "loss=mine",
+        "loader.batch_size=16",
+        "trainer.max_steps=2",
+        "trainer.progress=none",
+        "logger=none",
+    ]
+    env = {"PYTHONPATH": str(tmp_path)}
+    proc = run_cli([*common, "hydra.run.dir=run"], env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = OmegaConf.load(tmp_path / "run" / "config.yaml")
+    assert run.model.width == 16 and run.dataset.n == 64 and run.dataset.val_fraction == 0.1
+    assert run.loss.label_smoothing == 0.1
+    proc = run_cli([*common, "optimizer=mine", "hydra.run.dir=run2"], env=env)
+    _one_paragraph(proc, "accel-train", "optimizer.name", "defaults: [sgd, _self_]")
+    # An experiment ported from lightning-hydra-template, with its top-level seed.
+    (own / "experiment").mkdir()
+    (own / "experiment" / "lht.yaml").write_text("# @package _global_\nseed: 5\n")
+    proc = run_cli([*common, "experiment=lht", "hydra.run.dir=run3"], env=env)
+    _one_paragraph(proc, "accel-train", "experiment/lht.yaml", "`trainer: {seed: ...}`")
+
+
+def test_a_sweep_whose_every_trial_fails(run_cli, tmp_path):
+    """Optuna with every trial failing (no data where paths.data_dir points): the summary is
+    written, each trial's reason is in the paragraph, and the exit is non-zero."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    sweep = tmp_path / "sweep"
+    proc = run_cli(
+        [
+            "hparams_search=mnist_optuna",
+            "hydra.sweeper.n_trials=2",
+            "dataset=mnist",
+            "dataset.download=false",
+            f"paths.data_dir={tmp_path / 'no-such-dir'}",
+            "trainer.progress=none",
+            f"hydra.sweep.dir={sweep}",
+        ]
+    )
+    _one_paragraph(proc, "accel-train", "2 of 2 sweep jobs failed", "jobs 0, 1: dataset=mnist")
+    assert "the sweep stopped" in proc.stderr and "sweep_summary.csv" in proc.stderr
+    rows = json.loads((sweep / "sweep_summary.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+    assert all("no-such-dir" in r["error"] for r in rows)

@@ -15,7 +15,7 @@ import pytest
 from helpers import FAST, check_ok, read_jsonl, run_cli, slurm_job_field, wait_for
 from omegaconf import OmegaConf
 
-from accel_train.config.run_config import typed
+from accel_train.config.run_config import load_run_config, typed
 from accel_train.launch.slurm import render_sbatch
 
 # One test process for all of them: they share the local cluster's queue (pytest-xdist).
@@ -134,6 +134,26 @@ def test_submit_false_writes_and_prints(tmp_path):
     script = (tmp_path / "run" / "submit.sbatch").read_text()
     assert "#SBATCH --nodes=2" in proc.stdout and script.splitlines()[0] == "#!/bin/bash"
     assert OmegaConf.load(tmp_path / "run" / "config.yaml").resume == "auto"
+
+
+def test_an_escaped_dollar_reaches_the_script_literally(tmp_path):
+    """`\\${HOME}` escaped for the shell of the job stays `${HOME}` in submit.sbatch, and in
+    config.yaml, which the nodes load again (issue 22)."""
+    proc = run_cli(
+        [
+            *FAST,
+            "launcher=slurm",
+            "launcher.submit=false",
+            'launcher.setup=["source \\${HOME}/venv/bin/activate"]',
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        tmp_path,
+    )
+    check_ok(proc)
+    script = (tmp_path / "run" / "submit.sbatch").read_text()
+    assert "\nsource ${HOME}/venv/bin/activate\n" in script
+    loaded = load_run_config(tmp_path / "run" / "config.yaml")
+    assert list(loaded.launcher.setup) == ["source ${HOME}/venv/bin/activate"]  # as read
 
 
 def test_no_sbatch_is_a_clear_error(tmp_path):

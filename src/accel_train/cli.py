@@ -20,9 +20,17 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train.config import CONFIG_DIR
+from accel_train.config import CONFIG_DIR, hydra_errors
+from accel_train.config.aliases import alias_overrides, apply_process_wide, eval_argv
 from accel_train.config.checks import check_export_config
-from accel_train.config.schema import register_configs
+from accel_train.config.hydra_errors import refuse_unknown_keys, report_config_errors
+from accel_train.config.schema import (
+    EvalConfig,
+    ExportConfig,
+    SampleConfig,
+    TokenizeConfig,
+    register_configs,
+)
 from accel_train.environment import register_resolvers
 from accel_train.errors import UserError, report_user_errors
 from accel_train.launch import sweep_summary
@@ -65,6 +73,23 @@ def config_groups_help() -> str:
 register_configs()
 register_resolvers()
 OmegaConf.register_new_resolver("accel_config_groups", config_groups_help, replace=True)
+# Hydra's errors (composing, sweepers) as one paragraph: config/hydra_errors.py.
+hydra_errors.install()
+
+
+def _sweep_failure(err: BaseException) -> str | None:
+    """The paragraph for a sweeper that raised after its jobs ran (Optuna with every trial
+    failed): the summary is written first, then what each job failed with."""
+    if not sweep_summary.pending():
+        return None
+    sweep_summary.finish_pending()
+    result = sweep_summary.last_result
+    if result is None or not result.rows:
+        return None
+    return sweep_summary.failure_paragraph(result, stopped=err)
+
+
+hydra_errors.sweep_failure = _sweep_failure
 
 
 def _print_help(config_file: str) -> None:
@@ -87,6 +112,7 @@ class FreshRunDir(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         global _fresh_run_dir
+        hydra_errors.check_dir_resolves(config, "hydra.run.dir")
         run_dir = OmegaConf.select(config, "hydra.run.dir")
         nodes = str(OmegaConf.select(config, "launcher.nnodes", default=1))
         # A multi-node run's dir is shared with the other nodes' launchers: never removed.
@@ -119,8 +145,13 @@ def _remove_fresh_run_dir() -> None:
         parent = parent.parent
 
 
+_enforce_tags = False  # extras.enforce_tags=true (an alias): a run must have tags
+
+
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def _train(cfg: DictConfig):
+    if _enforce_tags and not cfg.get("tags"):
+        report_user_errors(_refuse_untagged)()
     if sweep_summary.in_multirun():
         from accel_train.launch.sweep import run_job  # deferred: see the module docstring
 
@@ -129,20 +160,31 @@ def _train(cfg: DictConfig):
     return _train_single(cfg)
 
 
+def _refuse_untagged() -> None:
+    raise UserError(
+        "extras.enforce_tags=true but the run has no tags: give some, e.g. "
+        "`tags=[baseline,mnist]` (recorded in every logger and summary.json)."
+    )
+
+
 @report_user_errors
+@report_config_errors
 def _train_single(cfg: DictConfig):
     from accel_train.launch.launcher import launch  # deferred: see the module docstring
 
     try:
         return launch(cfg)
-    except UserError:
-        _remove_fresh_run_dir()  # a refused config leaves no run dir behind
+    except Exception as err:
+        if hydra_errors.as_user_error(err) is not None:  # a UserError, or a config error
+            _remove_fresh_run_dir()  # a refused config leaves no run dir behind
         raise
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="eval")
 @report_user_errors
+@report_config_errors
 def _evaluate(cfg: DictConfig):
+    refuse_unknown_keys(cfg, EvalConfig)
     from accel_train.train.evaluate import evaluate_checkpoint  # deferred: see the docstring
 
     evaluate_checkpoint(cfg)
@@ -150,7 +192,9 @@ def _evaluate(cfg: DictConfig):
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="export")
 @report_user_errors
+@report_config_errors
 def _export(cfg: DictConfig):
+    refuse_unknown_keys(cfg, ExportConfig)
     check_export_config(cfg)  # a wrong key fails before torch is imported
     from accel_train.export import export_checkpoint  # deferred: see the module docstring
 
@@ -158,9 +202,19 @@ def _export(cfg: DictConfig):
 
 
 def train() -> None:
+    global _enforce_tags
     _check_config_dir()
     if _wants_help(sys.argv[1:]):
         _print_help("hydra/default.yaml")
+        return
+    # lightning-hydra-template's spellings (seed=, ckpt_path=, trainer=gpu, ...) become ours.
+    aliased = report_user_errors(alias_overrides)(sys.argv[1:])
+    sys.argv[1:] = aliased.argv
+    apply_process_wide(aliased)
+    _enforce_tags = aliased.enforce_tags
+    if aliased.test_only is not None:  # train=false ckpt_path=...: test it, train nothing
+        sys.argv[1:] = eval_argv(aliased)
+        _evaluate()
         return
     report_user_errors(sweep_summary.check_plugins)(sys.argv[1:])
     try:
@@ -174,11 +228,7 @@ def train() -> None:
         sweep_summary.finish_pending()  # the sweeper raised: still write the jobs' summary
     result = sweep_summary.last_result
     if result is not None and result.failed:
-        print(
-            f"accel-train: {len(result.failed)} of {len(result.rows)} sweep jobs failed "
-            f"(see {result.sweep_dir / sweep_summary.SUMMARY_NAME}.csv).",
-            file=sys.stderr,
-        )
+        print(f"accel-train: {sweep_summary.failure_paragraph(result)}", file=sys.stderr)
         sys.exit(1)
 
 
@@ -200,7 +250,9 @@ def export() -> None:
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="tokenize")
 @report_user_errors
+@report_config_errors
 def _tokenize(cfg: DictConfig):
+    refuse_unknown_keys(cfg, TokenizeConfig)
     from accel_train.launch.tokenize import tokenize  # deferred: see the module docstring
 
     tokenize(cfg)
@@ -208,7 +260,9 @@ def _tokenize(cfg: DictConfig):
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="sample")
 @report_user_errors
+@report_config_errors
 def _sample(cfg: DictConfig):
+    refuse_unknown_keys(cfg, SampleConfig)
     from accel_train.launch.sample import sample_checkpoint  # deferred: see the module docstring
 
     sample_checkpoint(cfg)

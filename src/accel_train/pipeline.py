@@ -132,11 +132,6 @@ def check_pipeline(cfg: DictConfig, world: int | None) -> None:
     if world is not None:
         _check_degree(sc, world)
     refused = {
-        "trainer.compile": (
-            t.compile,
-            "torch.compile of the stage modules is not wired in (the schedule calls the stage "
-            "modules itself)",
-        ),
         "precision=fp16": (
             cfg.precision.name == "fp16"
             or (cfg.precision.name == "amp" and t.device != "cpu" and torch.cuda.is_available()),

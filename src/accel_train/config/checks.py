@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from accel_train.config.combinations import check_strategy_transforms
 from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS
 from accel_train.errors import UserError
 
@@ -144,6 +145,15 @@ def validate(cfg: DictConfig) -> None:
         )
     for group in NAMED_GROUPS:
         allowed = tuple(OPTION_SCHEMAS[group])
+        if not isinstance(cfg[group], DictConfig) or "name" not in cfg[group]:
+            # A user's own YAML in the group (hydra.searchpath) with a `_target_` of its own.
+            raise UserError(
+                f"{group}: the chosen {group} option sets no {group}.name. accel-train builds "
+                f"the {group} itself, picked by name ({', '.join(allowed)}), so an option of "
+                f"your own in the {group} group starts from one of those and changes its keys: "
+                f"`defaults: [{allowed[0]}, _self_]` at its top. (Classes of your own by "
+                "`_target_` go under model, dataset, loss and callbacks.)"
+            )
         if cfg[group].name not in allowed:
             raise UserError(
                 f"{group}.name={cfg[group].name!r} is not one of {', '.join(allowed)}. "
@@ -165,6 +175,7 @@ def validate(cfg: DictConfig) -> None:
                 f"{group} has no _target_: every {group} option names the class or factory that "
                 f"builds it. Pick an option (`{group}=custom {group}._target_=my_pkg.module.Name`)."
             )
+    check_strategy_transforms(cfg)
     check_memory_techniques(cfg)
     check_task(cfg)
     t = cfg.trainer

@@ -39,16 +39,41 @@ DEFAULT_TASK = {
 }
 
 
-def typed(tree: dict[str, Any]) -> DictConfig:
-    """A plain config tree typed against the schema: each group by its option's dataclass
-    (looked up by `name`; an option of the user's own with another name stays as written)."""
+def escape_interpolations(value: Any) -> Any:
+    """A resolved tree with every literal `${` escaped again (`\\${`): a value the user escaped
+    on the command line (`'launcher.setup=["source \\${HOME}/venv/bin/activate"]'`) resolved
+    to a plain `${HOME}`, which OmegaConf would read as an interpolation once the tree is a
+    config again. Escaped, it stays the user's literal text (in config.yaml too)."""
+    if isinstance(value, str):
+        return value.replace("${", "\\${")
+    if isinstance(value, dict):
+        return {k: escape_interpolations(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [escape_interpolations(v) for v in value]
+    return value
+
+
+def typed(tree: dict[str, Any], *, resolved: bool = True) -> DictConfig:
+    """A resolved, plain config tree typed against the schema: each group by its option's
+    dataclass, looked up by `name`. In the groups built by `_target_` (model, dataset, loss) an
+    option of the user's own (their YAML with `_target_` and its arguments, no `name` and no
+    schema in its defaults, as in lightning-hydra-template) is typed by the group's `custom`
+    schema, so it gets that schema's defaults (dataset.val_fraction, ...). `resolved=False`:
+    a tree whose interpolations are still to resolve (to check its keys and types only)."""
     if "task" not in tree:  # written before tasks existed: every such run classified
         tree = {**tree, "task": dict(DEFAULT_TASK)}
+    if resolved:
+        tree = escape_interpolations(tree)
     cfg = OmegaConf.structured(TrainConfig)
     for group, options in OPTION_SCHEMAS.items():
         node = tree.get(group)
-        if isinstance(node, dict) and node.get("name") in options:
-            cfg[group] = OmegaConf.structured(options[node["name"]])
+        if not isinstance(node, dict):
+            continue
+        schema = options.get(node.get("name"))
+        if schema is None and group in OPEN_GROUPS:
+            schema = options["custom"]
+        if schema is not None:
+            cfg[group] = OmegaConf.structured(schema)
             if group in OPEN_GROUPS:
                 OmegaConf.set_struct(cfg[group], False)
     loggers = tree.get("logger")
@@ -69,7 +94,8 @@ def resolve(cfg: DictConfig) -> DictConfig:
 
 def load_run_config(path: str | Path) -> DictConfig:
     """Load a resolved config written by the launcher, typed against the schema again."""
-    loaded = OmegaConf.to_container(OmegaConf.load(path))
+    # resolve=True: the file is resolved already, except the literal `${` escaped by typed().
+    loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     if not isinstance(loaded, dict):
         raise UserError(f"{path} is not an accel-train run config (no mapping at the top).")
     return typed(loaded)

@@ -45,7 +45,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from accel_train.config import CONFIG_DIR
+from accel_train.config.aliases import alias_overrides
 from accel_train.config.checks import validate
+from accel_train.config.hydra_errors import as_user_error
+from accel_train.config.run_config import typed
 from accel_train.config.schema import register_configs
 from accel_train.environment import register_resolvers
 from accel_train.errors import UserError, report_user_errors
@@ -147,14 +150,15 @@ def plan(variants: list[str], base: list[str], out: Path) -> list[str]:
         try:
             cfg = compose_run([*base, *VARIANTS[name]], out / name)
             validate(cfg)
+            typed(OmegaConf.to_container(cfg), resolved=False)  # a key added with `+`
         except UserError as err:
             shown = " ".join(VARIANTS[name]) or "no change"
             raise UserError(f"the {name} variant ({shown}): {err}") from None
         except Exception as err:  # Hydra's compose errors: a misspelled override
-            raise UserError(
-                f"the overrides {' '.join(base)} do not compose ({type(err).__name__}: {err}). "
-                "Check them with `accel-train <overrides> --cfg job`."
-            ) from None
+            user = as_user_error(err)
+            if user is None:
+                raise
+            raise UserError(f"the overrides {' '.join(base)} do not compose: {user}") from None
         configs[name] = comparable(cfg)
     kept = ["baseline"]
     for name in configs:
@@ -392,6 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="[accel-report] %(message)s")
     opts, base = parse_args(argv)
+    base = alias_overrides(base).argv  # lightning-hydra-template's spellings too
     if opts.repeats < 1:
         raise UserError(f"accel-report --repeats {opts.repeats}: must be >= 1.")
     out = Path(opts.out or f"outputs/speed_report/{datetime.now():%Y-%m-%d_%H-%M-%S}")

@@ -29,6 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from accel_train.config.checks import OBJECTIVES, validate
+from accel_train.config.hydra_errors import as_user_error
 from accel_train.config.run_config import flatten, resolve, to_container
 from accel_train.errors import UserError
 from accel_train.launch.launcher import launch
@@ -108,8 +109,9 @@ def run_job(cfg: DictConfig) -> float | None:
         _write_status(job_dir, status, "stopped", error=error)
         raise stop
     except Exception as err:  # one failed job must not stop the sweep
-        if isinstance(err, UserError):
-            error = one_line(str(err))
+        user = as_user_error(err)  # Hydra's and OmegaConf's config errors too
+        if user is not None:
+            error = one_line(str(user))
             log.error("job %s failed: %s", hc.job.num, error)
         else:
             error = one_line(f"{type(err).__name__}: {err}")
@@ -140,7 +142,7 @@ def _finished_run(cfg: DictConfig, job_dir: Path) -> dict[str, Any] | None:
     summary = read_json(job_dir / SUMMARY_FILE)
     if not stored_cfg.is_file() or (summary is None and not (job_dir / "checkpoints").is_dir()):
         return None  # nothing there to skip or resume from
-    previous = flatten(OmegaConf.to_container(OmegaConf.load(stored_cfg)))
+    previous = flatten(OmegaConf.to_container(OmegaConf.load(stored_cfg), resolve=True))
     current = flatten(to_container(resolve(cfg)))
     differs = sorted(
         k

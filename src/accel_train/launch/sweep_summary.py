@@ -31,6 +31,7 @@ from rich.table import Table
 
 from accel_train.config import CONFIG_DIR
 from accel_train.config.checks import OBJECTIVES
+from accel_train.config.hydra_errors import as_user_error, check_dir_resolves
 from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
@@ -88,6 +89,7 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         global _pending, last_result
+        check_dir_resolves(config, "hydra.sweep.dir")
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         self.sweep_id = uuid.uuid4().hex
@@ -98,6 +100,34 @@ class SweepSummary(Callback):
         global _pending, last_result
         _pending = None
         last_result = summarize(config, self.sweep_id, print_table=self.print_table)
+
+
+def pending() -> bool:
+    """A sweep started in this process and its summary is not written yet."""
+    return _pending is not None
+
+
+def failure_paragraph(result: SweepResult, stopped: BaseException | None = None) -> str:
+    """One paragraph: how many jobs failed, each failure's reason (jobs with the same reason
+    together) and, when the sweeper itself raised afterwards, that it stopped and why."""
+    by_reason: dict[str, list[str]] = {}
+    for row in result.failed:
+        reason = one_line(str(row.get("error") or row["status"]))
+        by_reason.setdefault(reason, []).append(str(row["job"]))
+    reasons = "; ".join(
+        f"job{'s' if len(jobs) > 1 else ''} {', '.join(jobs)}: {reason.rstrip('.')}"
+        for reason, jobs in by_reason.items()
+    )
+    if result.failed:
+        text = f"{len(result.failed)} of {len(result.rows)} sweep jobs failed ({reasons})."
+    else:
+        text = f"the sweep's {len(result.rows)} job(s) so far finished."
+    if stopped is not None:
+        user = as_user_error(stopped)
+        why = str(user) if user is not None else f"{type(stopped).__name__}: {stopped}"
+        text += f" Then the sweep stopped: {one_line(why).rstrip('.')}."
+    summary = result.sweep_dir / SUMMARY_NAME
+    return text + f" Each job's status and reason: {summary}.csv (and .json)."
 
 
 def finish_pending() -> None:

@@ -1,11 +1,27 @@
-"""trainer.channels_last: NHWC memory format for conv nets (tensor cores on CUDA)."""
+"""trainer.channels_last: NHWC memory format for conv nets (tensor cores on CUDA).
+
+Under FSDP (strategy=fsdp with several processes) only the inputs are converted: FSDP2 shards
+a parameter by flattening its storage and refuses non-contiguous ones (a channels_last 4-D
+weight is one). The convolutions still run in NHWC, since PyTorch's conv kernels (oneDNN on the
+CPU, cuDNN on CUDA) pick the channels_last path when the input is channels_last and keep their
+outputs in it; the weights are converted inside the kernel, once per call. Whether that still
+pays is measured by scripts/bench/fsdp_channels_last.sh."""
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch import nn
 
 from accel_train.techniques import LAYOUT, BuildContext, Technique
+
+log = logging.getLogger("accel_train")
+
+
+def keeps_parameters_contiguous(ctx: BuildContext) -> bool:
+    """True where the model will be sharded by FSDP (strategy=fsdp in a process group)."""
+    return ctx.cfg.strategy.name == "fsdp" and ctx.env.distributed
 
 
 class ChannelsLast(Technique):
@@ -15,4 +31,11 @@ class ChannelsLast(Technique):
     def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
         # The inputs must match, or every conv converts them back and forth.
         ctx.batch_transform.memory_format = torch.channels_last
+        if keeps_parameters_contiguous(ctx):
+            if ctx.env.is_main:
+                log.info(
+                    "channels_last with strategy=fsdp: inputs (and so activations) in NHWC, "
+                    "parameters kept contiguous (FSDP2 shards only contiguous parameters)"
+                )
+            return model
         return model.to(memory_format=torch.channels_last)

@@ -125,10 +125,5 @@ class QAT(Technique):
         self.quant = quant
 
     def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
-        if ctx.cfg.strategy.name == "fsdp":
-            raise UserError(
-                "quant=qat with strategy=fsdp is not supported by accel-train (torchao's "
-                "fake-quantized Linear is not tested under FSDP2 sharding here). Use "
-                "strategy=ddp or strategy=single with quant=qat."
-            )
+        # (quant=qat with strategy=fsdp is refused at compose: config/combinations.py)
         return prepare_qat(model, self.quant, ctx.cfg.model._target_)

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# The GPU paths, run on a GPU (issue 22, section 6): each check is one real accel-train run (or
+# accel-report), timed, its outcome and samples/s written to a report with the GPU's name.
+#
+#   scripts/gpu_check.sh                        # tiny synthetic digits, short runs (minutes)
+#   DATA_DIR=/data scripts/gpu_check.sh         # real MNIST under $DATA_DIR/MNIST
+#   FULL=1 DATA_DIR=/data scripts/gpu_check.sh  # the whole mnist_amp recipe per check
+#   OUT=/tmp/gpu_check STEPS=300 scripts/gpu_check.sh
+#
+# Checks: mnist_amp in fp16 (with its GradScaler) and in bf16; trainer.compile=true;
+# loader=device and the torch loader with pinned memory and workers; FSDP2 on one GPU (a
+# torchrun group of one, so the model really is sharded); the memory techniques (EMA,
+# activation checkpointing, loader.batch_size=auto); accel-report; DDP over every GPU when more
+# than one is visible; the GPT recipe once an experiment named *gpt* exists.
+#
+# GPU_CHECK_ON_CPU=1 runs the same commands on the CPU: a smoke test of the script itself.
+#
+# Exit: 0 when every check passed, 1 when one failed (the report says which, each run dir keeps
+# its logs). Without CUDA it says so and exits 0 at once (REQUIRE_GPU=1: exit 3 instead), so it
+# can be smoke-tested anywhere.
+set -uo pipefail
+
+ACCEL_TRAIN=${ACCEL_TRAIN:-accel-train}
+ACCEL_REPORT=${ACCEL_REPORT:-accel-report}
+PYTHON=${PYTHON:-python}
+STEPS=${STEPS:-200}
+OUT=${OUT:-outputs/gpu_check/$(date +%Y-%m-%d_%H-%M-%S)}
+
+if ! gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null); then
+    echo "gpu_check: $PYTHON cannot import torch: activate the accel-train environment first" >&2
+    exit 2
+fi
+if [ "${GPU_CHECK_ON_CPU:-0}" = 1 ]; then
+    # Smoke test of this script's own commands without a GPU: every check on the CPU (slow,
+    # and precision=fp16 has no GradScaler there); not a GPU check.
+    gpus=1
+    cpu=(trainer.device=cpu)
+else
+    cpu=()
+fi
+if [ "$gpus" -eq 0 ]; then
+    echo "gpu_check: no CUDA device here (torch.cuda.is_available() is False): nothing to check"
+    if [ "${REQUIRE_GPU:-0}" = 1 ]; then exit 3; fi
+    exit 0
+fi
+
+mkdir -p "$OUT"
+REPORT="$OUT/gpu_check.md"
+if [ -n "${DATA_DIR:-}" ]; then
+    data=("paths.data_dir=$DATA_DIR" dataset.download=false)
+    data_note="MNIST from $DATA_DIR"
+else
+    data=(dataset=synthetic dataset.num_train=8192 dataset.num_test=2048)
+    data_note="synthetic digits (8192 train, 2048 test); set DATA_DIR for real MNIST"
+fi
+if [ "${FULL:-0}" = 1 ]; then
+    length=()
+    length_note="the whole recipe"
+else
+    length=("trainer.max_steps=$STEPS" trainer.target=null)
+    length_note="$STEPS optimizer steps"
+fi
+common=(logger=none trainer.progress=none trainer.plot_curves=false "${cpu[@]}")
+
+{
+    echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    "$PYTHON" - <<'EOF'
+import torch
+names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+print(f"- GPUs: {len(names)} x {', '.join(sorted(set(names)))}")
+print(f"- torch {torch.__version__}, CUDA {torch.version.cuda}, "
+      f"bf16 supported: {torch.cuda.is_bf16_supported()}")
+EOF
+    echo "- data: $data_note; length: $length_note"
+    echo "- command per check: \`$ACCEL_TRAIN +experiment=mnist_amp ${data[*]} ${length[*]} ${common[*]} <overrides> hydra.run.dir=$OUT/<check>\`"
+    echo
+    echo "| check | overrides | result | wall s | train samples/s | best val acc | test acc |"
+    echo "|---|---|---|---|---|---|---|"
+} > "$REPORT"
+
+failed=()
+
+# summary.json fields for the report row ("-" where absent).
+fields() {
+    "$PYTHON" - "$1" <<'EOF'
+import json, sys
+try:
+    s = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    print("- | - | -"); sys.exit()
+def f(key, fmt):
+    v = s.get(key)
+    return "-" if v is None else format(v, fmt)
+print(f"{f('train_samples_per_s', ',.0f')} | {f('best_val_acc', '.4f')} | {f('test_acc', '.4f')}")
+EOF
+}
+
+# check NAME SHOWN COMMAND...: run COMMAND (output to $OUT/NAME.log), time it, add a row to the
+# report (SHOWN: the check's own overrides, for the report).
+check() {
+    local name=$1 shown=$2
+    shift 2
+    echo "gpu_check: $name ..."
+    local start end status
+    start=$(date +%s.%N)
+    "$@" > "$OUT/$name.log" 2>&1
+    status=$?
+    end=$(date +%s.%N)
+    local wall result
+    wall=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+    if [ "$status" -eq 0 ]; then
+        result="ok"
+    else
+        result="**FAILED** (exit $status, see $name.log)"
+        failed+=("$name")
+    fi
+    echo "| $name | \`${shown//|/\\|}\` | $result | $wall | $(fields "$OUT/$name/summary.json") |" >> "$REPORT"
+    echo "gpu_check: $name: $result (${wall} s)"
+}
+
+# train NAME OVERRIDES...: mnist_amp with the data, the length and the check's overrides.
+train() {
+    local name=$1
+    shift
+    check "$name" "$*" "$ACCEL_TRAIN" +experiment=mnist_amp "${data[@]}" "${length[@]}" "${common[@]}" \
+        "$@" "hydra.run.dir=$OUT/$name"
+}
+
+train fp16_gradscaler precision=fp16
+if [ -f "$OUT/fp16_gradscaler.log" ] && ! grep -q "float16 autocast + GradScaler" "$OUT/fp16_gradscaler.log"; then
+    echo "| fp16_gradscaler | | **FAILED**: the log does not say float16 autocast + GradScaler | | | | |" >> "$REPORT"
+    failed+=(fp16_gradscaler_no_scaler)
+fi
+train bf16 precision=bf16
+train compile precision=bf16 trainer.compile=true
+train device_loader precision=bf16 loader=device
+train pinned_workers precision=bf16 loader=torch loader.pin_memory=true loader.num_workers=2
+train fsdp_one_gpu precision=bf16 strategy=fsdp launcher=torchrun launcher.nproc_per_node=1
+train memory_techniques precision=bf16 ema.enabled=true activation_checkpointing.mode=full \
+    loader.batch_size=auto
+check accel_report "--variants baseline,amp,bf16,compile,channels_last" "$ACCEL_REPORT" --repeats 1 --variants baseline,amp,bf16,compile,channels_last \
+    --out "$OUT/accel_report" +experiment=mnist_amp "${data[@]}" "${length[@]}" "${common[@]}"
+if [ "$gpus" -gt 1 ]; then
+    train ddp_all_gpus precision=bf16 strategy=ddp launcher.nproc_per_node=auto
+else
+    echo "| ddp_all_gpus | | skipped: 1 GPU visible | | | | |" >> "$REPORT"
+fi
+
+# The GPT recipe: run once an experiment whose name holds "gpt" exists (issue 22 names it; it
+# has its own data and model, so none of the MNIST overrides above).
+gpt=$("$PYTHON" -c '
+from accel_train.config import CONFIG_DIR
+print(" ".join(sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*gpt*.yaml"))))')
+if [ -n "$gpt" ]; then
+    for recipe in $gpt; do
+        check "gpt_$recipe" "+experiment=$recipe" "$ACCEL_TRAIN" "+experiment=$recipe" "${length[@]}" "${common[@]}" \
+            "hydra.run.dir=$OUT/gpt_$recipe"
+    done
+else
+    echo "| gpt | | skipped: no GPT recipe yet (configs/experiment/*gpt*.yaml) | | | | |" >> "$REPORT"
+fi
+
+echo >> "$REPORT"
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "Failed: ${failed[*]}." >> "$REPORT"
+    echo "gpu_check: FAILED: ${failed[*]} (report: $REPORT)" >&2
+    exit 1
+fi
+echo "Every check passed." >> "$REPORT"
+echo "gpu_check: every check passed (report: $REPORT)"

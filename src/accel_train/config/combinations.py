@@ -1,0 +1,69 @@
+"""Which model transforms each multi-process strategy supports: one table, checked at compose.
+
+Every pair of a strategy (ddp, fsdp, pipeline) and a model transform (compile, channels_last,
+activation checkpointing, QAT, pruning) either works or is refused here, before any process
+starts, with one paragraph naming both keys and the way out. tests/test_strategy_transforms.py
+checks every pair and runs the working ones in real 2-process runs.
+
+How the working pairs fit together (techniques/__init__.py has the order):
+  * channels_last under FSDP converts the inputs only: FSDP2 shards only contiguous parameters,
+    and a conv with a channels_last input runs (and returns) NHWC anyway (techniques/
+    channels_last.py).
+  * under pipeline, every transform before the parallel wrap runs on the whole model before it
+    is cut (train/build.py, pipeline_transforms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from omegaconf import DictConfig
+
+from accel_train.errors import UserError
+
+# transform -> (the key that turns it on, as a user writes it; is it on in this config?)
+TRANSFORMS: dict[str, tuple[str, Callable[[DictConfig], bool]]] = {
+    "compile": ("trainer.compile=true", lambda cfg: bool(cfg.trainer.compile)),
+    "channels_last": ("trainer.channels_last=true", lambda cfg: bool(cfg.trainer.channels_last)),
+    "activation_checkpointing": (
+        "activation_checkpointing.mode",
+        lambda cfg: cfg.activation_checkpointing.mode != "off",
+    ),
+    "qat": ("quant=qat", lambda cfg: cfg.quant.name == "qat"),
+    "prune": ("prune.amount", lambda cfg: cfg.prune.amount > 0),
+}
+
+STRATEGIES = ("ddp", "fsdp", "pipeline")
+
+# (strategy, transform) -> why it is refused and what to do instead. A pair not listed works.
+REFUSED: dict[tuple[str, str], str] = {
+    ("fsdp", "qat"): (
+        "quant=qat with strategy=fsdp is not supported by accel-train: torchao's fake-quantized "
+        "Linear is not tested under FSDP2 sharding here (nor is exporting its sharded "
+        "checkpoints). Use `strategy=ddp` (or single) with quant=qat, or `quant=none`."
+    ),
+    ("fsdp", "prune"): (
+        "prune with strategy=fsdp is not supported: torch.nn.utils.prune keeps a full mask per "
+        "weight and ranks the weights of the whole model, while fsdp spreads the weights over "
+        "the ranks. Use `strategy=ddp` (or single), or `prune.amount=0`."
+    ),
+    ("pipeline", "prune"): (
+        "prune with strategy=pipeline is not supported: torch.nn.utils.prune keeps a full mask "
+        "per weight and ranks the weights of the whole model, while pipeline spreads the layers "
+        "over the ranks. Use `strategy=ddp` (or single), or `prune.amount=0`."
+    ),
+    ("pipeline", "compile"): (
+        "trainer.compile with strategy=pipeline: torch.compile of the stage modules is not "
+        "wired in (the pipeline schedule calls the stage modules itself). Turn it off "
+        "(`trainer.compile=false`) or train with `strategy=ddp` or `strategy=fsdp`."
+    ),
+}
+
+
+def check_strategy_transforms(cfg: DictConfig) -> None:
+    """Refuse a model transform the chosen strategy does not support (the REFUSED table)."""
+    strategy = cfg.strategy.name
+    for transform, (_, on) in TRANSFORMS.items():
+        why = REFUSED.get((strategy, transform))
+        if why is not None and on(cfg):
+            raise UserError(why)
