@@ -47,6 +47,10 @@ REFUSED.update(
     {f"logger={m}": f"accel-train[{m}]" for m in ("mlflow", "wandb") if not find_spec(m)}
 )
 
+# Options that only make sense together (a language model): each is composed with the others.
+LANGUAGE_MODEL = ["task=language_model", "model=gpt", "dataset=tokens", "dataset.path=tokens"]
+COMPANIONS = {o: [c for c in LANGUAGE_MODEL if c != o] for o in LANGUAGE_MODEL[:3]}
+
 OVERRIDES = [f"{g}={o}" for g in PLAIN_GROUPS for o in _options(g)] + [
     f"+{g}={o}" for g in ADDED_GROUPS for o in _options(g)
 ]
@@ -70,7 +74,7 @@ def test_every_group_has_options():
 
 @pytest.mark.parametrize("override", OVERRIDES)
 def test_compose_validate_instantiate(override, compose_cfg, tmp_path):
-    cfg = compose_cfg([override, f"paths.output_dir={tmp_path}"])
+    cfg = compose_cfg([override, *COMPANIONS.get(override, []), f"paths.output_dir={tmp_path}"])
     group, _, option = override.lstrip("+").partition("=")
     if "name" in cfg.get(group, {}) and group in PLAIN_GROUPS:
         assert cfg[group].name == option, f"{group}/{option}.yaml sets name={cfg[group].name}"
@@ -85,11 +89,16 @@ def test_compose_validate_instantiate(override, compose_cfg, tmp_path):
     assert "${" not in OmegaConf.to_yaml(resolved)
 
     device = torch.device("cpu")
-    # The data shape comes from the data set at run time; a 3-channel 32x32 stand-in here.
-    model = build_model(resolved.model, in_channels=3, image_size=32, num_classes=7)
-    model.eval()
-    with torch.no_grad():
-        assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 7)
+    if override in COMPANIONS:  # token ids in, logits per position out; the data's vocab
+        model = build_model(resolved.model, 0, 0, 0, {"vocab_size": 7}).eval()
+        with torch.no_grad():
+            assert model(torch.zeros(2, 5, dtype=torch.long)).shape == (2, 5, 7)
+    else:
+        # The data shape comes from the data set at run time; a 3-channel 32x32 stand-in here.
+        model = build_model(resolved.model, in_channels=3, image_size=32, num_classes=7)
+        model.eval()
+        with torch.no_grad():
+            assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 7)
     assert build_loss(resolved.loss, 7)(torch.zeros(2, 7), torch.tensor([1, 2])) > 0
 
     global_batch = resolved.loader.batch_size * resolved.trainer.accumulate_grad_batches

@@ -27,7 +27,13 @@ from accel_train.config import CONFIG_DIR, hydra_compose, hydra_errors
 from accel_train.config.aliases import alias_overrides, apply_process_wide, eval_argv
 from accel_train.config.checks import check_export_config
 from accel_train.config.hydra_errors import refuse_unknown_keys, report_config_errors
-from accel_train.config.schema import EvalConfig, ExportConfig, register_configs
+from accel_train.config.schema import (
+    EvalConfig,
+    ExportConfig,
+    SampleConfig,
+    TokenizeConfig,
+    register_configs,
+)
 from accel_train.environment import register_resolvers
 from accel_train.errors import UserError, report_user_errors
 from accel_train.launch import sweep_summary
@@ -269,3 +275,60 @@ def export() -> None:
         _print_help("export.yaml")
         return
     _export()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="tokenize")
+@report_user_errors
+@report_config_errors
+def _tokenize(cfg: DictConfig):
+    refuse_unknown_keys(cfg, TokenizeConfig)
+    from accel_train.launch.tokenize import tokenize  # deferred: see the module docstring
+
+    tokenize(cfg)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="sample")
+@report_user_errors
+@report_config_errors
+def _sample(cfg: DictConfig):
+    refuse_unknown_keys(cfg, SampleConfig)
+    from accel_train.launch.sample import sample_checkpoint  # deferred: see the module docstring
+
+    sample_checkpoint(cfg)
+
+
+def sample() -> None:
+    _check_config_dir()
+    if _wants_help(sys.argv[1:]):
+        _print_help("sample.yaml")
+        return
+    _sample()
+
+
+# `accel-data <command> key=value ...`: one Hydra config per command.
+_DATA_COMMANDS = {"tokenize": (_tokenize, "tokenize.yaml")}
+
+
+def data() -> None:
+    _check_config_dir()
+    argv = sys.argv[1:]
+    command = argv[0] if argv else None
+    if command not in _DATA_COMMANDS:
+        if command in (None, "--help", "-h"):
+            print("usage: accel-data COMMAND key=value ...   (accel-data COMMAND --help)")
+            print(f"commands: {', '.join(_DATA_COMMANDS)}")
+            return
+        report_user_errors(_unknown_data_command)(command)
+    run, config_file = _DATA_COMMANDS[command]
+    if _wants_help(argv[1:]):
+        _print_help(config_file)
+        return
+    sys.argv = [f"{sys.argv[0]}", *argv[1:]]  # Hydra parses the overrides after the command
+    run()
+
+
+def _unknown_data_command(command: str) -> None:
+    raise UserError(
+        f"{command!r} is not an accel-data command. The commands: {', '.join(_DATA_COMMANDS)} "
+        "(e.g. `accel-data tokenize input=input.txt out=data/mytext`)."
+    )

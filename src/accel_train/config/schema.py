@@ -50,6 +50,16 @@ class Resnet18Config(ModelConfig):
     pass
 
 
+@dataclass
+class GptConfig(ModelConfig):
+    block_size: int = 256
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    dropout: float = 0.0
+    bias: bool = False
+
+
 # ---- dataset: a factory by _target_ returning the splits ---------------------------------
 
 # Keys every dataset option has that accel-train itself consumes (not passed to the factory
@@ -81,6 +91,14 @@ class SyntheticDatasetConfig(DatasetConfig):
     image_size: int = 28
     num_train: int = 2048
     num_test: int = 512
+
+
+@dataclass
+class TokensDatasetConfig(DatasetConfig):
+    path: str = MISSING
+    block_size: int = 256
+    windows_per_epoch: int = 0
+    eval_windows: int = 200
 
 
 @dataclass
@@ -138,6 +156,11 @@ class RegressionTaskConfig(TaskConfig):
     huber_delta: float = 1.0
     input_key: str = "x"
     target_key: str = "y"
+
+
+@dataclass
+class LanguageModelTaskConfig(TaskConfig):
+    ignore_index: int = -1
 
 
 @dataclass
@@ -513,6 +536,30 @@ class ExportConfig:
     min_agreement: float = 0.999
 
 
+@dataclass
+class SampleConfig:
+    ckpt_path: str = MISSING
+    prompt: str = ""
+    max_new_tokens: int = 200
+    temperature: float = 0.8
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 1
+    num_samples: int = 1
+    data_dir: str | None = None
+    device: str = "auto"
+
+
+@dataclass
+class TokenizeConfig:
+    input: str = MISSING
+    out: str = MISSING
+    tokenizer: str = "char"
+    vocab_size: int = 8192
+    val_fraction: float = 0.1
+    overwrite: bool = False
+
+
 # group -> option name -> schema. The option names are the YAML files' `name:` values; an
 # option a user adds in their own config dir (hydra.searchpath) may use any name and is typed
 # by the group's base schema when it names one of these, untyped otherwise.
@@ -522,6 +569,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "small_cnn": SmallCnnConfig,
         "mlp": MlpConfig,
         "resnet18": Resnet18Config,
+        "gpt": GptConfig,
         "custom": ModelConfig,
     },
     "dataset": {
@@ -530,6 +578,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "cifar10": TorchvisionDatasetConfig,
         "synthetic": SyntheticDatasetConfig,
         "image_folder": ImageFolderDatasetConfig,
+        "tokens": TokensDatasetConfig,
         "custom": DatasetConfig,
     },
     "loss": {"cross_entropy": CrossEntropyConfig, "custom": LossConfig},
@@ -537,6 +586,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "classification": ClassificationTaskConfig,
         "regression": RegressionTaskConfig,
         "model_loss": TaskConfig,
+        "language_model": LanguageModelTaskConfig,
         "custom": CustomTaskConfig,
     },
     "precision": {n: PrecisionConfig for n in ("fp32", "amp", "fp16", "bf16", "bf16_true")},
@@ -599,6 +649,8 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="eval_schema", node=EvalConfig)
     cs.store(name="export_schema", node=ExportConfig)
+    cs.store(name="tokenize_schema", node=TokenizeConfig)
+    cs.store(name="sample_schema", node=SampleConfig)
     for group, options in OPTION_SCHEMAS.items():
         for schema in set(options.values()):
             cs.store(group=group, name=schema_name(schema), node=schema)

@@ -14,7 +14,7 @@ same batches for any ``num_workers`` and after a mid-epoch resume.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.data import Dataset
@@ -58,6 +58,9 @@ class Splits:
     # sets pass dataset.random_shift / random_hflip here; a set that augments by itself, 0/False).
     random_shift: int = 0
     random_hflip: bool = False
+    # What the data tells the model's constructor beyond the shape (a token folder's
+    # vocab_size): passed when the constructor names it.
+    model_args: dict = field(default_factory=dict)
 
 
 def held_out_indices(

@@ -123,6 +123,7 @@ class Task:
     class_logits = False
     labelled_data = False
     pipeline = False
+    generates_text = False  # accel-sample may sample it: token ids in, next-token logits out
 
     def __init__(self) -> None:
         self.train_metrics = Running(torch.float32)  # logged as train/<name>
@@ -166,6 +167,11 @@ class Task:
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
         """One training micro-batch under autocast: the mean loss, or (loss_sum, n_items)."""
         raise NotImplementedError
+
+    def derived(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Metrics computed from the reduced means (e.g. perplexity from the mean loss): read
+        after the one host sync of a validation or test pass."""
+        return metrics
 
     def eval_output(self, model: nn.Module, batch: Any) -> Any:
         """What `evaluate` scores by default: the step's own output (no grad)."""

@@ -146,7 +146,11 @@ class _Probe:
             cfg.dataset, self.splits, env.device, self.precision.param_dtype, seed=t.seed, rank=0
         )
         module = build_model(
-            cfg.model, self.splits.in_channels, self.splits.image_size, self.splits.num_classes
+            cfg.model,
+            self.splits.in_channels,
+            self.splits.image_size,
+            self.splits.num_classes,
+            self.splits.model_args,
         )
         module = module.to(env.device, dtype=self.precision.param_dtype)
         ctx = TaskContext(

@@ -203,7 +203,9 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
         cfg.dataset, splits, env.device, precision.param_dtype, seed=t.seed, rank=env.rank
     )
 
-    module = build_model(cfg.model, splits.in_channels, splits.image_size, splits.num_classes)
+    module = build_model(
+        cfg.model, splits.in_channels, splits.image_size, splits.num_classes, splits.model_args
+    )
     module = module.to(env.device, dtype=precision.param_dtype)
     # As the model will see them: a device augment (e.g. image_folder's crop) changes the size.
     augment = splits.device_augment is not None

@@ -49,7 +49,7 @@ def score(model, loader, task: Task, precision: Precision, env: DistEnv) -> dict
     # HOST SYNC: the one read of the pass.
     values = env.all_reduce_sum(totals).tolist()
     k = len(on_device)
-    return task.eval_metrics.read(values[:k], values[k:])
+    return task.derived(task.eval_metrics.read(values[:k], values[k:]))
 
 
 # accel-eval's own keys, as its messages name them.
@@ -88,7 +88,9 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
             f"ckpt_path={ckpt_path}: the checkpoint's data set ({cfg.dataset.get('name')}) has "
             "no test split to score. Give it one (for dataset=custom: return (train, val, test))."
         )
-    model = build_model(cfg.model, splits.in_channels, splits.image_size, splits.num_classes)
+    model = build_model(
+        cfg.model, splits.in_channels, splits.image_size, splits.num_classes, splits.model_args
+    )
     model = model.to(device, dtype=precision.param_dtype)
     if sharded:
         load_sharded(model, None, ckpt_path)

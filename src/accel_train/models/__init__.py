@@ -78,9 +78,16 @@ def resnet18(*, in_channels: int, image_size: int, num_classes: int) -> nn.Modul
 
 
 def build_model(
-    model_cfg: DictConfig, in_channels: int, image_size: int, num_classes: int
+    model_cfg: DictConfig,
+    in_channels: int,
+    image_size: int,
+    num_classes: int,
+    data_args: dict | None = None,
 ) -> nn.Module:
+    """The model, given the data's shape (and `data_args`, e.g. a token folder's vocab_size)
+    where its constructor names them."""
     shape = {"in_channels": in_channels, "image_size": image_size, "num_classes": num_classes}
+    shape.update(data_args or {})
     model = build(model_cfg, "model", runtime=shape)
     if not isinstance(model, nn.Module):
         raise UserError(

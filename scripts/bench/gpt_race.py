@@ -1,0 +1,182 @@
+#!/usr/bin/env python
+"""The gpt_char race (issue 18): `accel-train +experiment=gpt_char`, launch to exit, against a
+hand-written nanoGPT-style loop doing the same job on the same machine.
+
+The hand loop (--hand-worker, its own subprocess so its imports count too) is nanoGPT's
+`train.py` reduced to this job, with no framework:
+
+- train.bin / val.bin memory-mapped; each batch is `batch` random windows of block_size + 1
+  tokens (nanoGPT's `get_batch`);
+- the same model (accel_train.models.gpt.GPT: 4 layers, 4 heads, 128 wide, context 64, no
+  dropout, no bias), AdamW (lr 1e-3, betas 0.9/0.99, weight decay 0.1) with 100 warm-up steps
+  and cosine decay to 1e-4, batch 12, 2,000 iterations, fp32 or bf16 autocast (--precision);
+- the validation loss at the end on the same fixed windows accel-train's `dataset.eval_windows`
+  scores (1,000 windows evenly spaced over val.bin).
+
+The two alternate (hand, accel, accel, hand, ...) for --rounds rounds per precision. Reported:
+wall seconds launch to exit, CPU seconds, tokens/s of training, the final val loss, and the
+ratio accel / hand.
+
+    python scripts/bench/gpt_race.py --data ../shared/data/pycode --rounds 2 --precisions fp32,bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import console_script, load_avg, machine, median, table  # noqa: E402
+
+STEPS, BATCH, BLOCK, EVAL_WINDOWS = 2000, 12, 64, 1000
+
+
+def hand_worker(a: argparse.Namespace) -> None:
+    start = time.perf_counter()
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from accel_train.models.gpt import GPT
+
+    folder = Path(a.data)
+    meta = json.loads((folder / "meta.json").read_text())
+    dtype = np.dtype(meta["dtype"])
+    train = np.memmap(folder / "train.bin", dtype=dtype, mode="r")
+    val = np.memmap(folder / "val.bin", dtype=dtype, mode="r")
+    torch.manual_seed(0)
+    model = GPT(vocab_size=meta["vocab_size"], block_size=BLOCK, n_layer=4, n_head=4, n_embd=128)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16")
+
+    def lr_at(it: int) -> float:
+        if it < 100:
+            return 1e-3 * (it + 1) / 100
+        progress = (it - 100) / (STEPS - 100)
+        return 1e-4 + 0.5 * (1e-3 - 1e-4) * (1 + math.cos(math.pi * progress))
+
+    def windows(data, starts) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = np.stack([np.asarray(data[s : s + BLOCK + 1], dtype=np.int64) for s in starts])
+        xy = torch.from_numpy(rows)
+        return xy[:, :-1], xy[:, 1:]
+
+    gen = np.random.default_rng(0)
+    t_train = time.perf_counter()
+    for it in range(STEPS):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(it)
+        x, y = windows(train, gen.integers(0, len(train) - BLOCK - 1, size=BATCH))
+        with autocast:
+            logits = model(x)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    train_s = time.perf_counter() - t_train
+    model.eval()
+    starts = np.linspace(0, len(val) - BLOCK - 1, EVAL_WINDOWS).astype(np.int64)
+    total, count = 0.0, 0
+    with torch.no_grad(), autocast:
+        for i in range(0, EVAL_WINDOWS, 250):
+            x, y = windows(val, starts[i : i + 250])
+            logits = model(x)
+            total += F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum")
+            count += y.numel()
+    out = {
+        "val_loss": float(total) / count,
+        "tokens_per_s": STEPS * BATCH * BLOCK / train_s,
+        "own_s": time.perf_counter() - start,
+    }
+    print(json.dumps(out))
+
+
+def timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        sys.exit(f"failed: {' '.join(cmd)}")
+    return proc, wall, cpu
+
+
+def accel_result(run_dir: Path) -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    tokens_s = summary["train_samples_per_s"] * BLOCK
+    val = [r["val/loss"] for r in rows if "val/loss" in r]
+    return {"val_loss": val[-1], "tokens_per_s": tokens_s}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default="../shared/data/pycode")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--out", default="outputs/bench_gpt_race")
+    p.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
+    p.add_argument("--hand-worker", action="store_true", help=argparse.SUPPRESS)
+    a, extra = p.parse_known_args()
+    if a.hand_worker:
+        hand_worker(a)
+        return
+    print(machine())
+    data = str(Path(a.data).resolve())
+    results: dict[tuple[str, str], list[dict]] = {}
+    for precision in a.precisions.split(","):
+        for r in range(a.rounds):
+            order = ("hand", "accel") if r % 2 == 0 else ("accel", "hand")
+            for side in order:
+                load = load_avg()
+                if side == "hand":
+                    cmd = [sys.executable, __file__, "--hand-worker", f"--data={data}"]
+                    proc, wall, cpu = timed([*cmd, f"--precision={precision}"])
+                    out = json.loads(proc.stdout.strip().splitlines()[-1])
+                else:
+                    run_dir = Path(a.out).resolve() / f"{precision}_r{r}"
+                    cmd = [
+                        console_script("accel-train"),
+                        "+experiment=gpt_char",
+                        f"dataset.path={data}",
+                        f"precision={precision}",
+                        "trainer.progress=none",
+                        "trainer.plot_curves=false",
+                        f"hydra.run.dir={run_dir}",
+                        *extra,
+                    ]
+                    proc, wall, cpu = timed(cmd)
+                    out = accel_result(run_dir)
+                row = {"wall": wall, "cpu": cpu, "load": load, **out}
+                results.setdefault((precision, side), []).append(row)
+                print(f"{precision} round {r + 1} {side}: {json.dumps(row)}", flush=True)
+    rows = []
+    for (precision, side), runs in results.items():
+        walls = [x["wall"] for x in runs]
+        rows.append(
+            [
+                precision,
+                side,
+                f"{median(walls):.1f} ({min(walls):.1f}-{max(walls):.1f})",
+                f"{median([x['cpu'] for x in runs]):.1f}",
+                f"{median([x['tokens_per_s'] for x in runs]):.0f}",
+                " ".join(f"{x['val_loss']:.3f}" for x in runs),
+            ]
+        )
+    print(table(["precision", "side", "wall s (min-max)", "CPU s", "tokens/s", "val loss"], rows))
+    for precision in a.precisions.split(","):
+        hand = median([x["wall"] for x in results[(precision, "hand")]])
+        accel = median([x["wall"] for x in results[(precision, "accel")]])
+        print(f"{precision}: accel / hand wall {accel / hand:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""`dataset=tokens`: a token folder (`train.bin`, `val.bin`, `meta.json`; made by `accel-data
+tokenize`, or nanoGPT's prepare scripts) as windows of `block_size + 1` tokens: the input is the
+first `block_size`, the target the same shifted by one.
+
+- Training: `windows_per_epoch` windows an epoch, each starting at a position drawn from a
+  generator seeded by (seed, epoch): window i of epoch e is always the same, so a resumed run sees
+  exactly the windows it would have, and since the loader's order hands each rank its own window
+  indices, DDP ranks draw different windows.
+- Validation: `eval_windows` windows evenly spaced over val.bin, the same in every run, so val
+  losses compare between runs.
+
+The files are memory-mapped (numpy), opened lazily in each process that reads them (the loader's
+workers too): nothing is loaded whole.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from accel_train.data.splits import Splits
+from accel_train.data.tokenizer import read_meta
+from accel_train.errors import UserError
+
+
+class TokenWindows(Dataset):
+    def __init__(self, path: Path, dtype: str, block_size: int, starts: np.ndarray | None, n: int):
+        self.path, self.dtype, self.block_size = path, dtype, block_size
+        self.fixed = starts  # evaluation: these windows; training: None (drawn per epoch)
+        self.n = n  # windows in the split (per epoch, for training)
+        self.tokens = len(np.memmap(path, dtype=dtype, mode="r"))
+        self.seed = 0
+        self._data: np.memmap | None = None
+        self._epoch_starts: tuple[int, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _memmap(self) -> np.memmap:
+        if self._data is None:  # opened in the process that reads (a loader worker too)
+            self._data = np.memmap(self.path, dtype=self.dtype, mode="r")
+        return self._data
+
+    def starts(self, epoch: int) -> np.ndarray:
+        if self.fixed is not None:
+            return self.fixed
+        if self._epoch_starts is None or self._epoch_starts[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            high = self.tokens - self.block_size - 1
+            self._epoch_starts = (epoch, rng.integers(0, high + 1, size=self.n))
+        return self._epoch_starts[1]
+
+    def getitem(self, i: int, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = int(self.starts(epoch)[i])
+        chunk = np.asarray(self._memmap()[start : start + self.block_size + 1], dtype=np.int64)
+        window = torch.from_numpy(chunk)
+        return window[:-1], window[1:]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.getitem(i, 0)
+
+    def __getstate__(self):  # to loader workers: without the open memmap
+        return {**self.__dict__, "_data": None}
+
+
+def token_splits(
+    path: str,
+    block_size: int,
+    windows_per_epoch: int = 0,
+    eval_windows: int = 200,
+    seed: int = 0,
+    data_dir: str | None = None,
+) -> Splits:
+    """The `dataset=tokens` splits of the folder `path` (relative paths: to the current directory,
+    else to paths.data_dir). windows_per_epoch 0 = train.bin's tokens // block_size."""
+    folder = token_folder(path, data_dir)
+    meta = read_meta(folder)
+    dtype = meta.get("dtype", "uint16")
+    sets = {}
+    for name in ("train", "val"):
+        file = folder / f"{name}.bin"
+        if not file.is_file():
+            raise UserError(f"{file} not found: a token folder holds train.bin and val.bin.")
+        tokens = file.stat().st_size // np.dtype(dtype).itemsize
+        if tokens < block_size + 1:
+            raise UserError(
+                f"{file} holds {tokens} tokens, fewer than one window of block_size + 1 = "
+                f"{block_size + 1}. Use a smaller `model.block_size` or more text."
+            )
+        if name == "train":
+            n = windows_per_epoch or max(1, tokens // block_size)
+            sets[name] = TokenWindows(file, dtype, block_size, None, n)
+            sets[name].seed = seed
+        else:
+            n = max(1, min(eval_windows, tokens - block_size))
+            starts = np.linspace(0, tokens - block_size - 1, n).astype(np.int64)
+            sets[name] = TokenWindows(file, dtype, block_size, starts, n)
+    splits = Splits(sets["train"], sets["val"], None, in_channels=0, image_size=0, num_classes=0)
+    splits.model_args = {"vocab_size": int(meta["vocab_size"])}
+    return splits
+
+
+def token_folder(path: str, data_dir: str | None) -> Path:
+    folder = Path(path)
+    if not folder.is_dir() and data_dir and (Path(data_dir) / path).is_dir():
+        folder = Path(data_dir) / path
+    if not folder.is_dir():
+        raise UserError(
+            f"dataset.path={path}: no such folder. Point it at a token folder (train.bin, "
+            "val.bin, meta.json), e.g. one made by `accel-data tokenize input=<text> "
+            "out=<folder>`."
+        )
+    return folder

@@ -1,0 +1,132 @@
+"""`model=gpt`: a GPT-2-style decoder-only transformer in one file (nanoGPT's `model.py` shape).
+
+Pre-LayerNorm blocks, causal self-attention through `scaled_dot_product_attention(is_causal=True)`
+(flash / memory-efficient kernels where the device has them), a GELU MLP, the token embedding
+tied to the output head, and GPT-2's initialisation: N(0, 0.02) everywhere, the residual
+projections scaled by 1/sqrt(2 * n_layer) so the residual stream's variance does not grow with
+depth. The vocabulary size comes from the data (a token folder's meta.json), not from the user.
+
+`forward(idx)` returns logits (batch, time, vocab); the language-model task computes the loss,
+so every technique that wraps a task's step (accumulation, the normaliser, precision) applies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.dropout = dropout
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        # (b, t, c) -> (b, heads, t, head size)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )
+        y = y.transpose(1, 2).contiguous().view(b, t, c)
+        return self.resid_dropout(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, n_embd: int, dropout: float, bias: bool):
+        super().__init__()
+        self.fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+        self.gelu = nn.GELU()
+        self.proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(self.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm transformer block: the unit activation checkpointing and the pipeline
+    strategy cut at."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.mlp = MLP(n_embd, dropout, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        block_size: int = 256,
+        n_layer: int = 6,
+        n_head: int = 6,
+        n_embd: int = 384,
+        dropout: float = 0.0,
+        bias: bool = False,
+    ):
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"n_embd={n_embd} must be a multiple of n_head={n_head}")
+        self.vocab_size, self.block_size = vocab_size, block_size
+        self.n_layer, self.n_head, self.n_embd = n_layer, n_head, n_embd
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd, bias=bias)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf, 2017), as GPT-2
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):  # the residual projections: GPT-2's scaled init
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        if t > self.block_size:
+            raise ValueError(
+                f"a sequence of {t} tokens is longer than block_size={self.block_size}"
+            )
+        pos = torch.arange(t, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameters; the position embedding left out by default, as nanoGPT counts N for the
+        FLOPs (the token embedding is tied to the head, which does matmul work)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wpe.weight.numel() if non_embedding else n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token: 6N + 12 * L * H * Q * T (nanoGPT's `estimate_mfu`, from the
+        PaLM paper's appendix B): the weights' matmuls forward and backward, plus attention."""
+        t = seq_len or self.block_size
+        head = self.n_embd // self.n_head
+        return 6 * self.num_params() + 12 * self.n_layer * self.n_head * head * t

@@ -1,0 +1,131 @@
+"""A language model end to end through the real console scripts (issue 18): `accel-data
+tokenize` a tiny text -> `accel-train task=language_model model=gpt dataset=tokens` ->
+`accel-sample`. The corpus is the test's own (a few KB); the shared one is for benchmarks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import check_ok, read_jsonl, run_cli
+
+from accel_train.data.tokens import token_splits
+
+TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
+TINY_GPT = [
+    "task=language_model",
+    "model=gpt",
+    "model.n_layer=2",
+    "model.n_head=2",
+    "model.n_embd=32",
+    "model.block_size=32",
+    "dataset=tokens",
+    "dataset.path=tokens",
+    "dataset.windows_per_epoch=64",
+    "dataset.eval_windows=16",
+    "loader.batch_size=8",
+    "optimizer=adamw",
+    "optimizer.lr=0.003",
+    "trainer.progress=none",
+    "logger=csv",
+]
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    """One tokenized corpus and one short training run, shared by the tests below."""
+    cwd = tmp_path_factory.mktemp("lm")
+    (cwd / "input.txt").write_text(TEXT)
+    check_ok(run_cli(["tokenize", "input=input.txt", "out=tokens"], cwd, prog="accel-data"))
+    proc = run_cli([*TINY_GPT, "trainer.max_epochs=3", "hydra.run.dir=run"], cwd)
+    check_ok(proc)
+    return cwd, proc
+
+
+def test_a_tiny_gpt_trains_on_a_token_folder(lm_run):
+    cwd, proc = lm_run
+    rows = read_jsonl(cwd / "run/metrics.jsonl")
+    val = [r for r in rows if "val/loss" in r]
+    assert len(val) == 3
+    assert val[-1]["val/loss"] < val[0]["val/loss"] < np.log(len(set(TEXT))) + 0.5
+    assert val[-1]["val/ppl"] == pytest.approx(np.exp(val[-1]["val/loss"]), rel=1e-6)
+    summary = json.loads((cwd / "run/summary.json").read_text())
+    assert summary["monitor"] == "val/loss" and summary["best_val_acc"] is None
+    assert "vocab" not in proc.stderr.lower() or "Traceback" not in proc.stderr
+
+
+def test_sampling_is_seeded(lm_run):
+    cwd, _ = lm_run
+    best = f"ckpt_path={cwd / 'run/checkpoints/best.pt'}"
+    args = [best, "prompt=def", "max_new_tokens=40", "top_k=5"]
+    first = run_cli([*args, "seed=3"], cwd, prog="accel-sample")
+    check_ok(first)
+    again = run_cli([*args, "seed=3"], cwd, prog="accel-sample")
+    other = run_cli([*args, "seed=4"], cwd, prog="accel-sample")
+    assert first.stdout == again.stdout and first.stdout != other.stdout
+    assert first.stdout.startswith("def") and len(first.stdout.strip()) >= 30
+    assert set(first.stdout) <= set(TEXT) | {"\n"}
+
+
+def test_sampling_refusals_are_one_paragraph(lm_run, tmp_path):
+    cwd, _ = lm_run
+    best = f"ckpt_path={cwd / 'run/checkpoints/best.pt'}"
+    cases = [
+        ([best, "prompt=Q"], "not in this model's vocabulary"),  # no capital Q in TEXT
+        ([best, "top_p=0"], "top_p=0.0 must be"),
+        (["ckpt_path=missing.pt"], "no such file"),
+    ]
+    for args, message in cases:
+        proc = run_cli(args, cwd, prog="accel-sample")
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    # A long prompt is cropped to the context, with a warning.
+    long = run_cli([best, f"prompt={'x' * 40}", "max_new_tokens=2"], cwd, prog="accel-sample")
+    check_ok(long)
+    assert "longer than the model's context" in long.stdout + long.stderr
+
+
+def test_a_classifier_checkpoint_is_not_sampled(run_cli_in, tmp_path):
+    proc = run_cli_in(
+        [
+            "model=mlp",
+            "dataset.num_train=64",
+            "dataset.num_test=16",
+            "trainer.max_steps=1",
+            "trainer.progress=none",
+            "hydra.run.dir=cls",
+        ],
+        tmp_path,
+    )
+    check_ok(proc)
+    proc = run_cli_in(
+        [f"ckpt_path={tmp_path / 'cls/checkpoints/last.pt'}"], tmp_path, prog="accel-sample"
+    )
+    assert proc.returncode == 2 and "not a language model" in proc.stderr
+
+
+def _write_tokens(folder: Path, n: int) -> None:
+    folder.mkdir()
+    np.arange(n, dtype=np.uint16).tofile(folder / "train.bin")
+    np.arange(n // 4, dtype=np.uint16).tofile(folder / "val.bin")
+    (folder / "meta.json").write_text(json.dumps({"vocab_size": 65535, "dtype": "uint16"}))
+
+
+def test_windows_are_seeded_by_epoch_and_fixed_for_validation(tmp_path):
+    """(In-process.) The training windows of an epoch depend only on (seed, epoch, index): a
+    resumed run reads the same ones; validation windows never change."""
+    _write_tokens(tmp_path / "t", 5000)
+    a = token_splits(str(tmp_path / "t"), block_size=16, windows_per_epoch=50, seed=7)
+    b = token_splits(str(tmp_path / "t"), block_size=16, windows_per_epoch=50, seed=7)
+    x, y = a.train.getitem(3, 0)
+    assert x.tolist() == list(range(int(x[0]), int(x[0]) + 16)) and (y == x + 1).all()
+    assert all(
+        a.train.getitem(i, e)[0].tolist() == b.train.getitem(i, e)[0].tolist()
+        for e in (0, 1)
+        for i in (0, 17, 49)
+    )
+    assert a.train.getitem(3, 0)[0].tolist() != a.train.getitem(3, 1)[0].tolist()
+    assert [a.val[i][0][0].item() for i in range(3)] == [b.val[i][0][0].item() for i in range(3)]
+    assert a.model_args == {"vocab_size": 65535} and a.test is None
