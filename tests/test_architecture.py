@@ -273,3 +273,16 @@ def test_no_import_cycle_inside_train():
             assert "accel_train.train.loop" not in imported, path.name
         if path.stem == "auto_batch":
             assert "accel_train.train.resume" not in imported
+
+
+def test_the_config_groups_live_at_the_top_of_the_repository():
+    """configs/ at the top is the one place the YAML groups are edited (as in
+    lightning-hydra-template); the package reaches it through a link, so an editable install
+    reads the same files (the wheel test checks that a wheel carries copies)."""
+    repo = SRC.parents[1]
+    link = SRC / "configs"
+    assert link.is_symlink() and link.resolve() == (repo / "configs").resolve()
+    assert (repo / "configs" / "train.yaml").is_file()
+    from accel_train.config import CONFIG_DIR
+
+    assert CONFIG_DIR.resolve() == (repo / "configs").resolve()
