@@ -169,3 +169,17 @@ def composed(overrides: list[str]):
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
         cfg = compose("train", overrides=[*overrides, "paths.output_dir=unused"])
     return resolve(cfg)
+
+
+def timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float, float]:
+    """Run a benchmark child to the end: (the process, wall s, CPU s of it); exit on failure."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        sys.exit(f"failed: {' '.join(cmd)}")
+    return proc, wall, cpu

@@ -25,14 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import console_script, load_avg, machine, median, table  # noqa: E402
+from _common import console_script, load_avg, machine, median, table, timed  # noqa: E402
 
 STEPS, BATCH, BLOCK, EVAL_WINDOWS = 2000, 12, 64, 1000
 
@@ -94,19 +92,6 @@ def hand_worker(a: argparse.Namespace) -> None:
         "own_s": time.perf_counter() - start,
     }
     print(json.dumps(out))
-
-
-def timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float, float]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-        sys.exit(f"failed: {' '.join(cmd)}")
-    return proc, wall, cpu
 
 
 def accel_result(run_dir: Path) -> dict:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +34,7 @@ from _common import (  # noqa: E402
     machine,
     median,
     table,
+    timed,
 )
 
 
@@ -114,19 +113,6 @@ def hand_worker(a: argparse.Namespace) -> None:
     test_acc = evaluate(x_test, y_test.long())
     own_s = time.perf_counter() - start
     print(json.dumps({"val_acc": val_acc, "test_acc": test_acc, "own_s": own_s}))
-
-
-def timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float, float]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-        sys.exit(f"failed: {' '.join(cmd)}")
-    return proc, wall, cpu
 
 
 def main() -> None:
