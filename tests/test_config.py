@@ -50,6 +50,7 @@ REFUSED.update(
 # Options that only make sense together (a language model): each is composed with the others.
 LANGUAGE_MODEL = ["task=language_model", "model=gpt", "dataset=tokens", "dataset.path=tokens"]
 COMPANIONS = {o: [c for c in LANGUAGE_MODEL if c != o] for o in LANGUAGE_MODEL[:3]}
+COMPANIONS["+experiment=gpt_char"] = ["dataset.path=tokens"]
 
 OVERRIDES = [f"{g}={o}" for g in PLAIN_GROUPS for o in _options(g)] + [
     f"+{g}={o}" for g in ADDED_GROUPS for o in _options(g)
@@ -104,7 +105,7 @@ def test_compose_validate_instantiate(override, compose_cfg, tmp_path):
     global_batch = resolved.loader.batch_size * resolved.trainer.accumulate_grad_batches
     lr = scaled_lr(resolved.optimizer, global_batch)
     optimizer = build_optimizer(model.parameters(), resolved.optimizer, lr, device)
-    total_steps = 100
+    total_steps = max(100, 2 * resolved.scheduler.get("warmup_steps", 0))  # past any warmup
     scheduler = build_scheduler(
         optimizer, resolved.scheduler, total_steps, lr / resolved.optimizer.lr
     )

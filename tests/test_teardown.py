@@ -112,5 +112,5 @@ def test_a_rank_that_really_dies_is_reported_failed(tmp_path):
     assert proc.returncode != 0
     assert "worker rank 1 failed" in proc.stderr, proc.stderr[-2000:]
     assert f"exit code -{int(signal.SIGKILL)}" in proc.stderr or "SIGKILL" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    # (Rank 0's own error, its peer gone, may precede this on the console: torchrun tees it.)
     assert not (run_dir / "summary.json").exists()
