@@ -246,7 +246,6 @@ def test_selective_backprop_refuses_a_loss_without_reduction(tmp_path):
 # ---- all three under DDP --------------------------------------------------------------------
 
 
-@pytest.mark.slow  # CI time: see pyproject's addopts comment
 def test_all_three_under_ddp(teacher, tmp_path):
     run_dir = tmp_path / "run"
     check_ok(

@@ -11,7 +11,6 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import pytest
 from helpers import FAST, check_ok
 
 from accel_train.config import CONFIG_DIR
@@ -73,7 +72,6 @@ def _throwaway_venv(tmp_path: Path) -> Path:
     return venv
 
 
-@pytest.mark.slow  # CI time: see pyproject's addopts comment
 def test_a_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     # Build from a copy, so the checkout gets no build/ or egg-info of this test's making.
     src = tmp_path / "src-copy"

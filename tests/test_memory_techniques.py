@@ -27,7 +27,6 @@ from accel_train.train.loop import Loop
 # Minutes of CLI runs: left out of the default run (and CI) to keep CI under 20 minutes;
 # `pytest -m slow` runs them. Nothing else in the default run trains with
 # EMA, activation checkpointing and loader.batch_size=auto.
-pytestmark = pytest.mark.slow
 
 # 256 samples, 10% validation -> 230 train / 32 per batch = 8 batches = 8 steps per epoch.
 EXACT = [
@@ -174,7 +173,6 @@ def test_memory_technique_errors(args, expected, compose_cfg, tmp_path):
     assert expected in str(refused.value)
 
 
-@pytest.mark.slow  # CI time: see pyproject's addopts comment
 def test_fsdp_with_activation_checkpointing_and_ema(run_cli, tmp_path):
     """Two gloo processes: FSDP still shards by the (now checkpoint-wrapped) blocks; the EMA
     is updated shard by shard, saved whole in the sharded checkpoint and resumed."""

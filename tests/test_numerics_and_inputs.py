@@ -142,7 +142,6 @@ def test_nan_stop_keeps_the_last_finite_checkpoints(nan_stop):
         assert all(_finite(s) for s in state.values())
 
 
-@pytest.mark.slow  # CI time: see pyproject's addopts comment
 def test_ddp_ranks_stop_together(run_cli, tmp_path):
     """Two processes agree at the logging step (one small all-reduce) and both stop."""
     (tmp_path / "nanloss.py").write_text(NANLOSS)

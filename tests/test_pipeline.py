@@ -26,7 +26,6 @@ from accel_train.launch.launcher import check_strategy
 # Minutes of CLI runs: left out of the default run (and CI) to keep CI under 20 minutes;
 # `pytest -m slow` runs them. Nothing else in the default run trains with
 # strategy=pipeline.
-pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
 TIMEOUT = 420  # seconds for one run while other runs share the two cores

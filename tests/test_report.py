@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 
-import pytest
 from helpers import FAST, check_ok
 
 from accel_train.launch.report import Run, combination, plan
@@ -13,7 +12,6 @@ from accel_train.launch.report import Run, combination, plan
 TINY = [*FAST, "trainer.max_epochs=1", "trainer.log_every_n_steps=1", "logger=csv"]
 
 
-@pytest.mark.slow  # CI time: see pyproject's addopts comment
 def test_the_report_runs_each_switch_then_the_combination(run_cli, tmp_path):
     """--min-gain 0: both switches count as winners, so phase 2 runs their combination
     against the baseline again. 5 tiny runs."""

@@ -244,7 +244,6 @@ def test_stop_request_ignores_signals_in_forked_children():
 # ---- under torchrun -----------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # CI time: see pyproject's addopts comment
 def test_sigterm_to_the_torchrun_launcher_checkpoints_every_rank(tmp_path, run_cli):
     """`kill -TERM <accel-train>` of a 2-process DDP run: the torchrun agent forwards it, the
     ranks agree at the next logging step, save last.pt and exit within the agent's shutdown

@@ -90,7 +90,6 @@ def _array_id(sweep_dir: Path) -> str:
     return array
 
 
-@pytest.mark.slow  # 30 s (load 4) to 140 s (load 7) on 2 cores, most of it the jobs' start-up
 @slurm_cluster
 def test_two_job_sweep_runs_on_slurm(tmp_path):
     sweep_dir = tmp_path / "sweep"
@@ -126,7 +125,6 @@ def test_two_job_sweep_runs_on_slurm(tmp_path):
     assert "--cpus-per-task=1" in script and "--signal=USR2@" in script
 
 
-@pytest.mark.slow  # 110 s (load 7) to 250 s: three jobs, two of them started twice
 @slurm_cluster
 def test_preempted_jobs_are_requeued_and_resume_exactly(tmp_path):
     """Two of three identical jobs are interrupted mid-run: job 0 by SIGUSR2 alone (submitit's

@@ -18,7 +18,6 @@ from accel_train.errors import UserError
 TINY = [*FAST, "+debug=fast_dev_run", "checkpoint.save_top_k=1", "trainer.deterministic=true"]
 
 
-@pytest.mark.slow  # CI time: see pyproject's addopts comment
 def test_a_sweep_with_csv_tensorboard_and_mlflow(run_cli, tmp_path):
     """Two sweep jobs, three loggers each, one MLflow experiment; every logger has the rows."""
     pytest.importorskip("mlflow")
