@@ -261,20 +261,21 @@ def _exit_without_teardown(code: int) -> None:
     os._exit(code)
 
 
-def evaluate() -> None:
+def _run_entry(task_function, config_file: str) -> None:
+    """A plain entry point: the config dir checked, our own --help, else the Hydra task."""
     _check_config_dir()
     if _wants_help(sys.argv[1:]):
-        _print_help("eval.yaml")
+        _print_help(config_file)
         return
-    _evaluate()
+    task_function()
+
+
+def evaluate() -> None:
+    _run_entry(_evaluate, "eval.yaml")
 
 
 def export() -> None:
-    _check_config_dir()
-    if _wants_help(sys.argv[1:]):
-        _print_help("export.yaml")
-        return
-    _export()
+    _run_entry(_export, "export.yaml")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="tokenize")
@@ -298,11 +299,7 @@ def _sample(cfg: DictConfig):
 
 
 def sample() -> None:
-    _check_config_dir()
-    if _wants_help(sys.argv[1:]):
-        _print_help("sample.yaml")
-        return
-    _sample()
+    _run_entry(_sample, "sample.yaml")
 
 
 # `accel-data <command> key=value ...`: one Hydra config per command.
@@ -310,7 +307,6 @@ _DATA_COMMANDS = {"tokenize": (_tokenize, "tokenize.yaml")}
 
 
 def data() -> None:
-    _check_config_dir()
     argv = sys.argv[1:]
     command = argv[0] if argv else None
     if command not in _DATA_COMMANDS:
@@ -320,11 +316,8 @@ def data() -> None:
             return
         report_user_errors(_unknown_data_command)(command)
     run, config_file = _DATA_COMMANDS[command]
-    if _wants_help(argv[1:]):
-        _print_help(config_file)
-        return
-    sys.argv = [f"{sys.argv[0]}", *argv[1:]]  # Hydra parses the overrides after the command
-    run()
+    sys.argv = [sys.argv[0], *argv[1:]]  # Hydra parses the overrides after the command
+    _run_entry(run, config_file)
 
 
 def _unknown_data_command(command: str) -> None:
