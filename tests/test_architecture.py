@@ -286,3 +286,30 @@ def test_the_config_groups_live_at_the_top_of_the_repository():
     from accel_train.config import CONFIG_DIR
 
     assert CONFIG_DIR.resolve() == (repo / "configs").resolve()
+
+
+def test_every_config_group_uses_one_style():
+    """Each group is an untyped slot of TrainConfig filled by its chosen option, and every
+    option YAML names its own schema in `defaults:` (OPTION_SCHEMAS, or a logger's), so no
+    group is typed one way and another group the other (issue 17)."""
+    import dataclasses
+
+    from accel_train.config import CONFIG_DIR
+    from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS, TrainConfig, schema_name
+
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    groups = sorted(
+        p.name
+        for p in CONFIG_DIR.iterdir()
+        if p.is_dir() and p.name not in ("hydra", "experiment", "debug", "hparams_search")
+    )
+    for group in groups:
+        assert fields[group].type in ("Any", "dict[str, Any]"), group
+        stores = {f"{name}_schema" for name in LOGGER_SCHEMAS}
+        if group != "logger":
+            assert group in OPTION_SCHEMAS, group
+            stores = {schema_name(s) for s in OPTION_SCHEMAS[group].values()}
+        for option in (CONFIG_DIR / group).glob("*.yaml"):
+            text = option.read_text()
+            named = [s for s in stores if f"- {s}" in text]
+            assert named or option.stem == "none", f"{group}/{option.name} names no schema"

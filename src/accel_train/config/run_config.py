@@ -72,6 +72,10 @@ def typed(tree: dict[str, Any], *, resolved: bool = True) -> DictConfig:
         schema = options.get(node.get("name"))
         if schema is None and group in OPEN_GROUPS:
             schema = options["custom"]
+        elif schema is None and "name" not in node and list(options) == ["default"]:
+            # A group with one option (trainer, ema, ...) and a config written before its
+            # option recorded `name`, or a user's own option of it: typed by that option.
+            schema = options["default"]
         if schema is not None:
             cfg[group] = OmegaConf.structured(schema)
             if group in OPEN_GROUPS or group == "task":  # (a task class's own arguments)

@@ -331,6 +331,7 @@ class QatConfig(QuantConfig):
 
 @dataclass
 class TrainerConfig:
+    name: str = "default"
     max_epochs: int = 3
     max_steps: int = -1
     accumulate_grad_batches: int = 1
@@ -375,6 +376,7 @@ class EarlyStoppingConfig:
 
 @dataclass
 class DistillConfig:
+    name: str = "default"
     # A teacher checkpoint path (.pt, or an FSDP .dcp dir), or a model node with a _target_.
     teacher: Any = None
     alpha: float = 0.5
@@ -391,6 +393,7 @@ class PruneScheduleConfig:
 
 @dataclass
 class PruneConfig:
+    name: str = "default"
     amount: float = 0.0
     method: str = "unstructured"
     scope: str = "global"
@@ -399,6 +402,7 @@ class PruneConfig:
 
 @dataclass
 class SelectiveBackpropConfig:
+    name: str = "default"
     keep: float = 1.0
     start: float = 0.5
     end: float = 0.9
@@ -414,6 +418,7 @@ class SelectiveBackpropConfig:
 class CheckpointConfig:
     """Which checkpoint files a run keeps (Lightning's ModelCheckpoint keys)."""
 
+    name: str = "default"
     monitor: str = "val/acc"
     mode: str = "max"
     save_top_k: int = 1
@@ -458,6 +463,7 @@ LOGGER_SCHEMAS: dict[str, type] = {
 
 @dataclass
 class EmaConfig:
+    name: str = "default"
     enabled: bool = False
     decay: float = 0.999
     every_n_steps: int = 1
@@ -466,6 +472,7 @@ class EmaConfig:
 
 @dataclass
 class ActivationCheckpointingConfig:
+    name: str = "default"
     mode: str = "off"
     every: int = 2
     classes: list[str] = field(default_factory=list)
@@ -473,6 +480,7 @@ class ActivationCheckpointingConfig:
 
 @dataclass
 class PathsConfig:
+    name: str = "default"
     data_dir: str = MISSING
     log_dir: str = MISSING
     output_dir: str = MISSING
@@ -483,7 +491,9 @@ class TrainConfig:
     name: str = "train"
     resume: str | None = None
     objective: str = "best_val_acc"
-    # Options of the groups below are typed by their own schema (OPTION_SCHEMAS).
+    # One style for every group: the field holds whichever option YAML the defaults list (or
+    # the command line) picks, and that option names its own schema (OPTION_SCHEMAS) in its
+    # `defaults:`, so `group=option` swaps the whole node and typos fail at compose time.
     task: Any = MISSING
     model: Any = MISSING
     dataset: Any = MISSING
@@ -494,22 +504,20 @@ class TrainConfig:
     loader: Any = MISSING
     optimizer: Any = MISSING
     scheduler: Any = MISSING
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: Any = MISSING
     early_stopping: Any = MISSING
-    ema: EmaConfig = field(default_factory=EmaConfig)
-    activation_checkpointing: ActivationCheckpointingConfig = field(
-        default_factory=ActivationCheckpointingConfig
-    )
+    ema: Any = MISSING
+    activation_checkpointing: Any = MISSING
+    checkpoint: Any = MISSING
+    quant: Any = MISSING
+    paths: Any = MISSING
+    distill: Any = MISSING
+    prune: Any = MISSING
+    selective_backprop: Any = MISSING
     # The chosen loggers by name (LOGGER_SCHEMAS); {} = metrics.jsonl only.
     logger: dict[str, Any] = field(default_factory=dict)
     # Free-form labels of the run, recorded in every logger and in summary.json.
     tags: list[str] = field(default_factory=list)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    quant: Any = MISSING
-    paths: PathsConfig = field(default_factory=PathsConfig)
-    distill: DistillConfig = field(default_factory=DistillConfig)
-    prune: PruneConfig = field(default_factory=PruneConfig)
-    selective_backprop: SelectiveBackpropConfig = field(default_factory=SelectiveBackpropConfig)
     # Loop hooks by _target_ (accel_train.techniques.Technique subclasses), by name.
     callbacks: dict[str, Any] = field(default_factory=dict)
 
@@ -612,6 +620,14 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     },
     "early_stopping": {"default": EarlyStoppingConfig},
     "quant": {"none": QuantConfig, "qat": QatConfig},
+    "trainer": {"default": TrainerConfig},
+    "ema": {"default": EmaConfig},
+    "activation_checkpointing": {"default": ActivationCheckpointingConfig},
+    "checkpoint": {"default": CheckpointConfig},
+    "paths": {"default": PathsConfig},
+    "distill": {"default": DistillConfig},
+    "prune": {"default": PruneConfig},
+    "selective_backprop": {"default": SelectiveBackpropConfig},
 }
 
 
