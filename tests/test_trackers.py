@@ -15,7 +15,13 @@ from accel_train.config.checks import validate
 from accel_train.errors import UserError
 
 # fast_dev_run keeps no checkpoint; these tests check that trackers record best.pt.
-TINY = [*FAST, "+debug=fast_dev_run", "checkpoint.save_top_k=1", "trainer.deterministic=true"]
+TINY = [
+    *FAST,
+    "+debug=fast_dev_run",
+    "trainer.limit_train_batches=2",
+    "checkpoint.save_top_k=1",
+    "trainer.deterministic=true",
+]
 
 
 def test_a_sweep_with_csv_tensorboard_and_mlflow(run_cli, tmp_path):

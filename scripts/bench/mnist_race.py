@@ -9,8 +9,9 @@ experienced engineer writes for this job, with no framework:
   out for validation like accel-train's `dataset.val_fraction`, so both train on 4,500 images);
 - a 0.32 M-parameter CNN (conv32 5x5 - pool - conv64 5x5 - pool - fc256 - fc10: accel-train's
   `model=small_cnn`), Adam + OneCycle, +-2 px random shifts drawn on the batch, batch 64;
-- bf16 autocast where the CPU has native bf16, else fp32 (what `precision=amp` does: bf16 is
-  emulated, 5x slower, on CPUs without AVX512-BF16/AMX);
+- `--precision amp` (the default): bf16 autocast where the CPU has native bf16, else fp32 (what
+  `precision=amp` does: bf16 is emulated, 5x slower, on CPUs without AVX512-BF16/AMX);
+  `--precision fp32` or `bf16`: that precision on both sides (accel-train gets `precision=`);
 - one validation pass at the end and one test pass on the 10,000 test images.
 
 The two alternate (hand, accel, accel, hand, ...) for --rounds rounds. Reported per side: wall
@@ -62,6 +63,7 @@ def hand_worker(a: argparse.Namespace) -> None:
     val_idx, train_idx = perm[:n_val], perm[n_val:]
     x_train, y_train = x_all[train_idx], y_all[train_idx].long()
     x_val, y_val = x_all[val_idx], y_all[val_idx].long()
+    torch.manual_seed(a.seed)  # the split stays fixed (seed 0); weights and order follow --seed
 
     def prep(x: torch.Tensor) -> torch.Tensor:
         return ((x.float() / 255.0) - 0.1307).div_(0.3081).unsqueeze(1)
@@ -80,7 +82,8 @@ def hand_worker(a: argparse.Namespace) -> None:
         nn.Linear(256, 10),
     )
     fast_bf16 = torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")
-    dtype = torch.bfloat16 if fast_bf16 else None
+    amp = torch.bfloat16 if fast_bf16 else None
+    dtype = {"amp": amp, "bf16": torch.bfloat16, "fp32": None}[a.precision]
     epochs, bs = a.epochs, 64
     steps = epochs * ((len(x_train) + bs - 1) // bs)
     opt = torch.optim.Adam(model.parameters(), lr=0.002)
@@ -121,6 +124,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=8, help="the hand loop's epochs")
     p.add_argument("--out", default="outputs/bench_race")
+    p.add_argument("--precision", choices=["amp", "fp32", "bf16"], default="amp")
+    p.add_argument("--seed", type=int, default=42, help="both sides' training seed")
     p.add_argument("--hand-worker", action="store_true", help=argparse.SUPPRESS)
     a, extra = p.parse_known_args()
     if a.hand_worker:
@@ -134,6 +139,7 @@ def main() -> None:
             load = load_avg()
             if side == "hand":
                 cmd = [sys.executable, __file__, "--hand-worker", f"--data-dir={a.data_dir}"]
+                cmd += [f"--precision={a.precision}", f"--seed={a.seed}"]
                 proc, wall, cpu = timed([*cmd, f"--epochs={a.epochs}"])
                 out = json.loads(proc.stdout.strip().splitlines()[-1])
             else:
@@ -143,6 +149,8 @@ def main() -> None:
                     "+experiment=mnist_amp",
                     f"paths.data_dir={a.data_dir}",
                     "trainer.progress=none",
+                    f"precision={a.precision}",
+                    f"trainer.seed={a.seed}",
                     f"hydra.run.dir={run_dir}",
                     *extra,
                 ]
