@@ -1,5 +1,5 @@
 """Start-up cost: `accel-train +debug=fast_dev_run logger=none` (a whole smoke run: compose,
-validate, build, 2 training + 2 validation batches, 2 test batches) against
+validate, build, one training, one validation and one test batch) against
 `python -c "import torch"` (the bar: at most 2.0x), and against the least a hand-written torch
 training script pays before its first step (import torch and build an optimizer, which imports
 torch._dynamo).
@@ -12,6 +12,10 @@ startup_phases.py (not counted in the ratio) and the median of each phase is pri
 a `git worktree` of the commit before) to the alternation: before and after in the same rounds.
 
 python scripts/bench/startup.py --rounds 7 [--compare /tmp/before/src]
+
+Byte-compile an editable install first (`python -m compileall -q src`), as `pip install .` does at
+install time and CI does: with PYTHONDONTWRITEBYTECODE set, every run otherwise compiles
+accel_train's modules again (~0.2 s here).
 """
 
 from __future__ import annotations
