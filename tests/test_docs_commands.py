@@ -56,6 +56,8 @@ def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
         text = text.replace(data, str(mnist_dir))
     text = text.replace("/tmp/bench/readme_run/run", "outputs/readme_run")
     argv = [a for a in shlex.split(text) if a != "..."]
+    if any(a.startswith("hparams_search=") for a in argv):
+        argv.append("hydra.sweeper.n_trials=2")  # checks the same as 20 or 50 trials
     return argv + APPENDED.get(argv[0], [])
 
 
