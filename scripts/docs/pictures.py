@@ -62,7 +62,7 @@ def curves(run_dir: Path, name: str = "curves_mnist_amp.png") -> Path:
             ax_acc.plot(*series[key], style, label=key, markersize=3)
     if "test/acc" in series:
         test = series["test/acc"][1][-1]
-        ax_acc.axhline(test, linestyle="--", color="gray", label=f"test/acc {test:.4f}")
+        ax_acc.axhline(test, linestyle="--", color="gray", label="test/acc (best.pt)")
     ax_loss.set(xlabel="optimizer step", ylabel="loss", yscale="log", title="loss")
     ax_acc.set(xlabel="optimizer step", ylabel="accuracy", title="accuracy", ylim=(0.8, 1.0))
     for ax in (ax_loss, ax_acc):
