@@ -67,3 +67,10 @@ def test_config_reference_is_up_to_date(tmp_path):
         "docs/reference/config.md is out of date with configs/ or schema.py: run "
         "python scripts/docs/config_reference.py"
     )
+
+
+def test_pictures_are_small_and_shown():
+    pages = "".join(p.read_text() for p in DOCS.rglob("*.md"))
+    for png in (DOCS / "images").glob("*.png"):
+        assert png.stat().st_size < 100_000, f"{png.name}: keep docs pictures under 100 KB"
+        assert f"images/{png.name}" in pages, f"{png.name} is shown on no page"

@@ -8,6 +8,11 @@ fixtures (a one-epoch run, a two-step GPT, a token folder from a short text), wi
 overrides appended where the command would take long. Placeholders (`<run>`, `...`, `/data`,
 `../shared/data`) become those fixtures. A code block marked `<!-- needs: REASON -->` on the line
 before it (a GPU, a cluster, a network) is skipped with that reason.
+
+Why not `accel-train ... --cfg job`: Hydra prints the composed config and exits before the task
+function, so the schema's types are checked but none of accel-train's own checks run
+(`loader.batch_size=0` passes). The dry run is about as cheap and runs them all; two canaries
+(a misspelled key, an impossible value) check that it refuses what it should.
 """
 
 from __future__ import annotations
@@ -36,6 +41,14 @@ APPENDED = {
     "accel-sample": ["max_new_tokens=20", "num_samples=1"],
     "accel-data": ["overwrite=true"],
 }
+
+
+# Commands the dry run must refuse (exit 2): a key the schema does not have, a value a check
+# refuses. If these passed, the docs' commands passing would prove nothing.
+CANARIES = [
+    DocCommand("canary:unknown-key", "accel-train trainer.max_epoch=3", None),
+    DocCommand("canary:bad-value", "accel-train loader.batch_size=0", None),
+]
 
 
 def _ids(commands: list[DocCommand]) -> list[str]:
@@ -105,6 +118,7 @@ def dry_results(workspace, mnist_dir, tmp_path_factory) -> dict[str, dict]:
     """The exit status and output of every accel-train / accel-report command, run in one
     process (tests/doc_dry_run.py)."""
     todo = [c for c in COMMANDS if c.program in DRY and not c.needs]
+    todo += CANARIES
     argvs = [substitute(c, mnist_dir) for c in todo]
     tmp = tmp_path_factory.mktemp("dry")
     (tmp / "commands.json").write_text(json.dumps(argvs))
@@ -158,3 +172,10 @@ def test_doc_command(command: DocCommand, workspace, mnist_dir, request):
         f"{command.source}: `{command.text}` exits {proc.returncode}:\n"
         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
+
+
+@pytest.mark.parametrize("canary", CANARIES, ids=[c.source for c in CANARIES])
+def test_the_dry_run_refuses_a_broken_command(canary: DocCommand, dry_results):
+    result = dry_results[canary.source + " " + canary.text]
+    assert result["rc"] == 2, result["output"]
+    assert "error" in result["output"], result["output"]
