@@ -1,0 +1,181 @@
+"""Every `accel-*` command a reader would copy from README.md and docs/**/*.md runs (issue 19):
+a renamed key, group or option breaks this test, not a reader.
+
+Cheaply: `accel-train` and `accel-report` lines run in one process up to where training would
+start (tests/doc_dry_run.py: compose, validate, resolve and every launch-time check; a sweep's
+jobs too); `accel-eval`, `accel-export`, `accel-sample` and `accel-data` run for real on tiny
+fixtures (a one-epoch run, a two-step GPT, a token folder from a short text), with tiny
+overrides appended where the command would take long. Placeholders (`<run>`, `...`, `/data`,
+`../shared/data`) become those fixtures. A code block marked `<!-- needs: REASON -->` on the line
+before it (a GPU, a cluster, a network) is skipped with that reason.
+
+Why not `accel-train ... --cfg job`: Hydra prints the composed config and exits before the task
+function, so the schema's types are checked but none of accel-train's own checks run
+(`loader.batch_size=0` passes). The dry run is about as cheap and runs them all; two canaries
+(a misspelled key, an impossible value) check that it refuses what it should.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from doc_commands import DocCommand, all_commands
+from helpers import check_ok, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = all_commands()
+DRY = ("accel-train", "accel-report")
+RUN = "RUN"  # what `<run>` becomes: a run dir of the fixtures
+
+TEXT = "def main():\n    print('hello, world')\n\n" * 400
+
+# accel-train arguments appended to every dry command: none; and per program, for real runs.
+APPENDED = {
+    "accel-export": ["verify_samples=64", "calib_batches=2"],
+    "accel-sample": ["max_new_tokens=20", "num_samples=1"],
+    "accel-data": ["overwrite=true"],
+}
+
+
+# Commands the dry run must refuse (exit 2): a key the schema does not have, a value a check
+# refuses. If these passed, the docs' commands passing would prove nothing.
+CANARIES = [
+    DocCommand("canary:unknown-key", "accel-train trainer.max_epoch=3", None),
+    DocCommand("canary:bad-value", "accel-train loader.batch_size=0", None),
+]
+
+
+def _ids(commands: list[DocCommand]) -> list[str]:
+    seen: dict[str, int] = {}
+    ids = []
+    for c in commands:
+        base = f"{c.source}:{c.program}"
+        seen[base] = seen.get(base, 0) + 1
+        ids.append(base if seen[base] == 1 else f"{base}#{seen[base]}")
+    return ids
+
+
+def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
+    """The command's argv with its placeholders pointing at the fixtures."""
+    text = command.text.replace("<run>", RUN)
+    text = re.sub(r"ckpt_path=\.\.\.", "ckpt_path=outputs/my_run/checkpoints/best.pt", text)
+    for data in ("../shared/data", "/path/to/data", "/work/shared/data", "/elsewhere"):
+        text = text.replace(data, str(mnist_dir))
+    text = text.replace("/tmp/bench/readme_run/run", "outputs/readme_run")
+    argv = [a for a in shlex.split(text) if a != "..."]
+    if any(a.startswith("hparams_search=") for a in argv):
+        argv.append("hydra.sweeper.n_trials=2")  # checks the same as 20 or 50 trials
+    return argv + APPENDED.get(argv[0], [])
+
+
+def _write_user_code(root: Path) -> None:
+    """The user's project the docs' examples name (`my_project`, `my_pkg`, `my_configs`)."""
+    (root / "my_configs" / "model").mkdir(parents=True)
+    (root / "my_configs" / "experiment").mkdir(parents=True)
+    (root / "my_configs" / "model" / "my_net.yaml").write_text(
+        "defaults: [mlp_schema, _self_]\n_target_: accel_train.models.mlp\nname: my_net\n"
+    )
+    (root / "my_configs" / "experiment" / "my_exp.yaml").write_text(
+        "# @package _global_\ntrainer:\n  max_epochs: 2\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, mnist_dir) -> Path:
+    """The directory every command runs in, with the fixtures its placeholders name: a finished
+    one-epoch run (outputs/my_run, also RUN and outputs/{mnist_amp,train}/RUN), a token folder
+    (data/mytext) and a two-step GPT run on it (outputs/gpt_char/RUN)."""
+    root = tmp_path_factory.mktemp("docs-commands")
+    _write_user_code(root)
+    (root / "input.txt").write_text(TEXT)
+    check_ok(run_cli(["tokenize", "input=input.txt", "out=data/mytext"], root, prog="accel-data"))
+    fast = ["trainer.progress=none", "logger=none"]
+    # The default config, one epoch: the docs' resume commands continue it unchanged.
+    check_ok(run_cli(["hydra.run.dir=outputs/my_run", "trainer.max_epochs=1", *fast], root))
+    gpt = ["+experiment=gpt_char", "dataset.path=data/mytext", "trainer.max_steps=2"]
+    gpt += ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "dataset.eval_windows=4"]
+    gpt += [
+        "scheduler.warmup_steps=0",
+        "trainer.log_every_n_steps=1",
+        "trainer.val_check_interval=2",
+    ]
+    check_ok(run_cli([*gpt, f"hydra.run.dir=outputs/gpt_char/{RUN}", *fast], root))
+    (root / RUN).symlink_to(root / "outputs" / "my_run")
+    for name in ("mnist_amp", "train"):
+        (root / "outputs" / name).mkdir(parents=True, exist_ok=True)
+        (root / "outputs" / name / RUN).symlink_to(root / "outputs" / "my_run")
+    return root
+
+
+@pytest.fixture(scope="module")
+def dry_results(workspace, mnist_dir, tmp_path_factory) -> dict[str, dict]:
+    """The exit status and output of every accel-train / accel-report command, run in one
+    process (tests/doc_dry_run.py)."""
+    todo = [c for c in COMMANDS if c.program in DRY and not c.needs]
+    todo += CANARIES
+    argvs = [substitute(c, mnist_dir) for c in todo]
+    tmp = tmp_path_factory.mktemp("dry")
+    (tmp / "commands.json").write_text(json.dumps(argvs))
+    env_args = [sys.executable, str(ROOT / "tests" / "doc_dry_run.py")]
+    proc = subprocess.run(
+        [*env_args, str(tmp / "commands.json"), str(tmp / "results.json")],
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**_env(workspace)},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads((tmp / "results.json").read_text())
+    return {c.source + " " + c.text: r for c, r in zip(todo, results, strict=True)}
+
+
+def _env(cwd: Path) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["ACCEL_TRAIN_DATA_DIR"] = str(cwd / "no-data-here")
+    env["PYTHONPATH"] = str(cwd)
+    return env
+
+
+def test_the_docs_have_commands():
+    programs = {c.program for c in COMMANDS}
+    assert {"accel-train", "accel-eval", "accel-export", "accel-sample", "accel-data"} <= programs
+    assert "accel-report" in programs
+    skipped = [c for c in COMMANDS if c.needs]
+    # Marks are for what this machine cannot have; keep them few.
+    assert len(skipped) <= max(8, len(COMMANDS) // 8), [c.source for c in skipped]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=_ids(COMMANDS))
+def test_doc_command(command: DocCommand, workspace, mnist_dir, request):
+    if command.needs:
+        pytest.skip(f"needs: {command.needs} ({command.source})")
+    if command.program in DRY:
+        result = request.getfixturevalue("dry_results")[command.source + " " + command.text]
+        assert result["rc"] == 0, (
+            f"{command.source}: `{command.text}` exits {result['rc']}:\n{result['output']}"
+        )
+        return
+    argv = substitute(command, mnist_dir)
+    proc = run_cli(
+        argv[1:], workspace, prog=argv[0], timeout=300, env={"PYTHONPATH": str(workspace)}
+    )
+    assert proc.returncode == 0, (
+        f"{command.source}: `{command.text}` exits {proc.returncode}:\n"
+        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+
+
+@pytest.mark.parametrize("canary", CANARIES, ids=[c.source for c in CANARIES])
+def test_the_dry_run_refuses_a_broken_command(canary: DocCommand, dry_results):
+    result = dry_results[canary.source + " " + canary.text]
+    assert result["rc"] == 2, result["output"]
+    assert "error" in result["output"], result["output"]
