@@ -589,7 +589,7 @@ class StreamingLoader:
         self.batch_size = int(loader_cfg.batch_size)
         self.workers = int(loader_cfg.num_workers)
         # Every rank drops the same tail, so all ranks run the same number of steps (DDP).
-        self.dataset = source.open(shuffle=bool(loader_cfg.shuffle), seed=seed, drop_last=True)
+        self.dataset = source.open(shuffle=bool(loader_cfg.shuffle), seed=seed, drop_last=world > 1)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
         self.dataset.distributed_env = _DistributedEnv(world, rank, max(1, world // max(1, local)))
         try:
@@ -603,6 +603,9 @@ class StreamingLoader:
                 persistent_workers=False,
                 prefetch_factor=loader_cfg.prefetch_factor if self.workers > 0 else None,
                 worker_init_fn=ignore_stop_signals,
+                # Its own generator: an iterator otherwise draws its seed from the global RNG,
+                # and a resumed run would draw other dropout masks than the uninterrupted one.
+                generator=torch.Generator().manual_seed(seed),
                 multiprocessing_context=loader_cfg.multiprocessing_context
                 if self.workers > 0
                 else None,
