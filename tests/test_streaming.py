@@ -152,7 +152,7 @@ def test_local_and_s3_train_identically_through_a_cache_smaller_than_the_data(
         args = [*TRAIN, f"dataset.remote={remote}", "trainer.max_epochs=2"]
         args += [f"dataset.local={cache}", f"dataset.cache_limit={SMALL_CACHE}"]
         check_ok(run_cli([*args, f"hydra.run.dir={runs[name]}"], env=env))
-    assert len(losses(runs["s3"])) == 12
+    assert len(losses(runs["s3"])) == 14  # 2 epochs of 54 samples in batches of 8
     assert losses(runs["s3"]) == losses(runs["local"])
     train_cache = next(cache.glob("images-*")) / "train"
     # Used chunks were evicted: fewer training bytes are left than the data set has.
@@ -215,13 +215,17 @@ class _IndexOnly:
         return torch.zeros(1), int(item["index"])
 
 
-def test_the_order_depends_on_seed_and_epoch_and_workers_read_disjoint_samples(data):
+def test_the_order_is_seeded_by_epoch_and_workers_read_disjoint_samples(data):
     one = _indices(data, workers=0)
     flat = [i for b in one for i in b]
     assert len(flat) == len(set(flat)) == 54
     assert _indices(data, workers=0) == one  # the same seed and epoch: the same batches
-    assert _indices(data, workers=2) == one  # loader workers split it without overlap
     assert _indices(data, workers=0, epoch=2) != one
+    # Loader workers read disjoint chunks (LitData gives each its own), all of the epoch; the
+    # order depends on how many there are (docs/streaming.md).
+    two = [i for b in _indices(data, workers=2) for i in b]
+    assert len(two) == len(set(two)) == 54
+    assert _indices(data, workers=2) == _indices(data, workers=2)
 
 
 def test_ddp_ranks_read_disjoint_samples(data):
