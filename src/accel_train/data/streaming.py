@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from accel_train.config.checks import limited_batches
+from accel_train.data.batch import to_device
 from accel_train.data.image_folder import (
     DeviceRandomResizedCrop,
     RandomResizedCrop,
@@ -43,6 +45,7 @@ from accel_train.data.image_folder import (
     _check_options,
     decode_base_image,
 )
+from accel_train.data.loaders import _CheckedCollate, ignore_stop_signals
 from accel_train.data.splits import Splits
 from accel_train.errors import UserError
 
@@ -582,9 +585,6 @@ class StreamingLoader:
         from litdata import StreamingDataLoader
         from litdata.utilities.env import _DistributedEnv
 
-        from accel_train.config.checks import limited_batches
-        from accel_train.data.loaders import _CheckedCollate, ignore_stop_signals
-
         self.device, self.url = device, f"{source.remote}/{source.split}"
         self.batch_size = int(loader_cfg.batch_size)
         self.workers = int(loader_cfg.num_workers)
@@ -643,7 +643,6 @@ class StreamingLoader:
         }
 
     def epoch(self, epoch: int, start_batch: int = 0) -> Iterator:
-        from accel_train.data.batch import to_device
 
         self.order.set_epoch(epoch, start_batch)
         self.loader.restore = False
