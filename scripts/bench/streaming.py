@@ -254,8 +254,8 @@ def train_table(a, root: Path, shards: Path, work: Path, env: dict) -> None:
             speed, rss = results[(v, workers)]
             rows.append([v, str(workers), f"{speed:.1f}", f"{speed / base:.2f}", f"{rss:.0f}"])
     print(
-        f"\n2. resnet18, one training epoch through accel-train (fp32, CPU, batch 64, "
-        f"image_size {a.size}):"
+        f"\n2. resnet18, a training epoch of {a.train_batches} batches of 64 through "
+        f"accel-train (fp32, CPU, image_size {a.size}; peak RSS: the training process):"
     )
     print(table(["variant", "workers", "samples/s", "vs image_folder", "peak RSS MiB"], rows))
 
