@@ -31,6 +31,7 @@ from accel_train.config.schema import (
     EvalConfig,
     ExportConfig,
     SampleConfig,
+    ShardConfig,
     TokenizeConfig,
     register_configs,
 )
@@ -302,8 +303,18 @@ def sample() -> None:
     _run_entry(_sample, "sample.yaml")
 
 
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="shard")
+@report_user_errors
+@report_config_errors
+def _shard(cfg: DictConfig):
+    refuse_unknown_keys(cfg, ShardConfig)
+    from accel_train.launch.shard import shard  # deferred: see the module docstring
+
+    shard(cfg)
+
+
 # `accel-data <command> key=value ...`: one Hydra config per command.
-_DATA_COMMANDS = {"tokenize": (_tokenize, "tokenize.yaml")}
+_DATA_COMMANDS = {"tokenize": (_tokenize, "tokenize.yaml"), "shard": (_shard, "shard.yaml")}
 
 
 def data() -> None:

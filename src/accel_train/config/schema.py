@@ -114,6 +114,17 @@ class ImageFolderDatasetConfig(DatasetConfig):
     cache_dir: str | None = None
 
 
+@dataclass
+class StreamingDatasetConfig(DatasetConfig):
+    remote: str = MISSING
+    local: str | None = None
+    cache_limit: str = "20gb"
+    image_size: int = 64
+    resize_size: int = 0
+    augment: str = "cpu"
+    crop_scale: list[float] = field(default_factory=lambda: [0.35, 1.0])
+
+
 # ---- loss -------------------------------------------------------------------------------
 
 
@@ -568,6 +579,15 @@ class TokenizeConfig:
     overwrite: bool = False
 
 
+@dataclass
+class ShardConfig:
+    dataset: Any = MISSING
+    out: str = MISSING
+    chunk_bytes: str = "64MB"
+    num_workers: int = 1
+    overwrite: bool = False
+
+
 # group -> option name -> schema. The option names are the YAML files' `name:` values; an
 # option a user adds in their own config dir (hydra.searchpath) may use any name and is typed
 # by the group's base schema when it names one of these, untyped otherwise.
@@ -587,6 +607,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "synthetic": SyntheticDatasetConfig,
         "image_folder": ImageFolderDatasetConfig,
         "tokens": TokensDatasetConfig,
+        "streaming": StreamingDatasetConfig,
         "custom": DatasetConfig,
     },
     "loss": {"cross_entropy": CrossEntropyConfig, "custom": LossConfig},
@@ -666,6 +687,7 @@ def register_configs() -> None:
     cs.store(name="eval_schema", node=EvalConfig)
     cs.store(name="export_schema", node=ExportConfig)
     cs.store(name="tokenize_schema", node=TokenizeConfig)
+    cs.store(name="shard_schema", node=ShardConfig)
     cs.store(name="sample_schema", node=SampleConfig)
     for group, options in OPTION_SCHEMAS.items():
         for schema in set(options.values()):

@@ -245,17 +245,24 @@ def scan_folder(root: Path, split: str, key: str, classes: list[str] | None = No
 def load_base_image(path: str, size: int) -> torch.Tensor:
     """uint8 [3, size, size]: the file decoded to RGB, its shorter side resized to ``size``
     (antialiased bilinear, like torchvision's ``resize``), center-cropped."""
-    from torchvision.io import ImageReadMode, decode_image, read_file
+    from torchvision.io import read_file
 
     try:
-        img = decode_image(read_file(path), mode=ImageReadMode.RGB)
+        data = read_file(path)
     except (RuntimeError, OSError) as err:
-        # torchvision's message starts with its C++ source location: keep the reason only.
-        reason = re.sub(r"^.*?\.cpp:\d+, ", "", str(err).strip().splitlines()[0])
-        raise UnreadableImageError(
-            f"dataset.root: the image file {path} is corrupt or unreadable ({reason}). Delete "
-            "or replace that file (or re-download the data set)."
-        ) from err
+        raise _unreadable(err, f"dataset.root: the image file {path}") from err
+    return decode_base_image(data, size, f"dataset.root: the image file {path}")
+
+
+def decode_base_image(data: torch.Tensor, size: int, what: str) -> torch.Tensor:
+    """:func:`load_base_image` of an encoded file's bytes (uint8 [N]) already in memory, e.g.
+    read from a shard (data/streaming.py); ``what`` names the file in the error."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    try:
+        img = decode_image(data, mode=ImageReadMode.RGB)
+    except (RuntimeError, OSError) as err:
+        raise _unreadable(err, what) from err
     if img.dtype != torch.uint8:  # 16-bit PNGs: keep the high byte, as torchvision's to_dtype
         img = (img.to(torch.int32) >> 8).to(torch.uint8)
     h, w = img.shape[-2:]
@@ -264,6 +271,15 @@ def load_base_image(path: str, size: int) -> torch.Tensor:
     if (new_h, new_w) != (h, w):
         img = _resize(img, new_h, new_w)
     return _center(img, size).contiguous()
+
+
+def _unreadable(err: Exception, what: str) -> UnreadableImageError:
+    # torchvision's message starts with its C++ source location: keep the reason only.
+    reason = re.sub(r"^.*?\.cpp:\d+, ", "", str(err).strip().splitlines()[0])
+    return UnreadableImageError(
+        f"{what} is corrupt or unreadable ({reason}). Delete or replace that file (or "
+        "re-download the data set)."
+    )
 
 
 def _resize(img: torch.Tensor, h: int, w: int) -> torch.Tensor:

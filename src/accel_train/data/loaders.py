@@ -226,6 +226,20 @@ class DeviceLoader:
 def build_loader(
     split, loader_cfg, *, train, device, seed, rank, world, limit, num_classes, labelled=True
 ):
+    own = getattr(split, "make_loader", None) if train else None
+    if own is not None:
+        # A split that is read in an order of its own (a streaming data set reads chunk by
+        # chunk) brings its loader, with the same interface: epoch(), order, close().
+        return own(
+            loader_cfg,
+            device=device,
+            seed=seed,
+            rank=rank,
+            world=world,
+            limit=limit,
+            num_classes=num_classes,
+            labelled=labelled,
+        )
     batch_size = (
         loader_cfg.batch_size if train else (loader_cfg.eval_batch_size or loader_cfg.batch_size)
     )

@@ -96,6 +96,8 @@ RULES: list[tuple[str, str | None]] = [
     ("dataset.download", None),
     ("dataset.cache", None),
     ("dataset.cache_dir", None),
+    ("dataset.local", None),  # where remote shards are cached, and how much of them
+    ("dataset.cache_limit", None),
     ("dataset", "the checkpoint's weights, progress and best_val_acc belong to that data"),
     ("loss", "the weights and best_val_acc were trained and selected on that loss"),
     ("task.monitor", None),  # checkpoint.monitor's default: checkpoint.* rules decide

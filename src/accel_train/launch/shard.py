@@ -1,0 +1,178 @@
+"""`accel-data shard`: an image folder -> a LitData shard set in a local folder or an S3 bucket,
+the layout `dataset=streaming` trains from (data/streaming.py, docs/streaming.md).
+
+Each item is the image file's bytes as they are (JPEG/PNG, not decoded: shards stay the size of
+the data set and the image size is chosen at training time), its label and its index. The val
+split is held out from the training folder exactly as `dataset=image_folder` does (stratified,
+seeded by dataset.seed), so both options train on the same samples. LitData's `optimize`
+writes the chunks and their index.json; accel_train.index.json (the classes and labels) is
+written last, so a shard set without it is incomplete and is refused by `dataset=streaming`.
+A local `out` is written under a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from accel_train.data.image_folder import scan_folder
+from accel_train.data.splits import held_out_indices
+from accel_train.data.streaming import (
+    META,
+    META_FORMAT,
+    allow_plain_http,
+    is_s3,
+    require_litdata,
+    s3_client,
+    s3_error,
+    split_url,
+    storage_options,
+)
+from accel_train.errors import UserError
+
+log = logging.getLogger("accel_train")
+
+
+def read_item(entry: tuple[int, str, int]) -> dict:
+    """One shard item (LitData's optimize calls this in its writer processes)."""
+    index, path, label = entry
+    with open(path, "rb") as f:
+        return {"index": index, "image": f.read(), "label": label}
+
+
+def shard(cfg: DictConfig) -> str:
+    if OmegaConf.is_missing(cfg, "out"):
+        raise UserError(
+            "`out` is required: `accel-data shard dataset=image_folder dataset.root=<folder> "
+            "out=<folder or s3://bucket/prefix>`."
+        )
+    ds, out = cfg.dataset, str(cfg.out).rstrip("/")
+    require_litdata()
+    if ds.get("name") != "image_folder":
+        raise UserError(
+            f"dataset={ds.get('name')}: accel-data shard writes image folders only "
+            "(dataset=image_folder dataset.root=<folder>); token folders are not supported yet."
+        )
+    root = Path(str(ds.root)).expanduser()
+    if not root.is_dir():
+        raise UserError(
+            f"dataset.root={ds.root}: no such folder. Point it at the folder that holds "
+            f"`{ds.train_split}/<class>/*.jpg`."
+        )
+    train_folder = scan_folder(root, ds.train_split, "dataset.train_split")
+    labels = train_folder.labels
+    train_idx, val_idx = held_out_indices(len(labels), float(ds.val_fraction), int(ds.seed), labels)
+    files = [str(train_folder.path / f) for f in train_folder.files]
+    parts = {
+        "train": [(files[i], int(labels[i])) for i in train_idx.tolist()],
+        "val": [(files[i], int(labels[i])) for i in sorted(val_idx.tolist())],
+    }
+    if ds.test_split and (root / ds.test_split).is_dir():
+        test = scan_folder(root, ds.test_split, "dataset.test_split", train_folder.classes)
+        parts["test"] = [
+            (str(test.path / f), int(y)) for f, y in zip(test.files, test.labels.tolist())
+        ]
+    meta = {
+        "format": META_FORMAT,
+        "kind": "image_folder",
+        "source": str(root.absolute()),
+        "classes": train_folder.classes,
+        "splits": {
+            name: {"samples": len(items), "labels": [y for _, y in items]}
+            for name, items in parts.items()
+        },
+    }
+    if is_s3(out):
+        _write_s3(cfg, out, parts, meta)
+    else:
+        _write_local(cfg, Path(out).expanduser(), parts, meta)
+    counts = ", ".join(f"{len(v):,} {k}" for k, v in parts.items())
+    print(f"accel-data: {counts} images of {len(train_folder.classes)} classes -> {out}/")
+    return out
+
+
+def _optimize(cfg: DictConfig, items: list[tuple[str, int]], output_dir: str, mode) -> None:
+    import litdata
+
+    inputs = [(i, path, label) for i, (path, label) in enumerate(items)]
+    kwargs = {"mode": mode} if mode else {}
+    litdata.optimize(
+        fn=read_item,
+        inputs=inputs,
+        output_dir=output_dir,
+        chunk_bytes=str(cfg.chunk_bytes),
+        num_workers=max(1, int(cfg.num_workers)),
+        storage_options=storage_options(),
+        # fork: a spawned writer would import accel-data's CLI and torch again (seconds each)
+        start_method="fork",
+        verbose=False,
+        **kwargs,
+    )
+
+
+def _write_local(cfg: DictConfig, out: Path, parts: dict, meta: dict) -> None:
+    if out.exists() and not out.is_dir():
+        raise UserError(f"out={out} is a file, not a folder: choose another `out`.")
+    if out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
+        raise UserError(
+            f"out={out} exists and is not empty. Choose another folder, or replace it with "
+            "`overwrite=true`."
+        )
+    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    except OSError as err:
+        raise UserError(f"out={out}: cannot write there ({err.strerror or err}).") from None
+    try:
+        for name, items in parts.items():
+            _optimize(cfg, items, str(partial / name), None)
+        (partial / META).write_text(json.dumps(meta) + "\n")
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+        os.replace(partial, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def _write_s3(cfg: DictConfig, out: str, parts: dict, meta: dict) -> None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    allow_plain_http()
+    bucket, prefix = split_url(out)
+    if not bucket:
+        raise UserError(f"out={out}: name a bucket, e.g. `out=s3://my-bucket/imagenette`.")
+    client = s3_client()
+    try:
+        listed = client.list_objects_v2(
+            Bucket=bucket, Prefix=f"{prefix}/" if prefix else "", MaxKeys=1
+        )
+    except (BotoCoreError, ClientError, ConnectionError) as err:
+        raise s3_error(err, out, "out") from None
+    if listed.get("KeyCount", 0) and not cfg.overwrite:
+        raise UserError(
+            f"out={out} holds objects already. Choose another prefix, or replace it with "
+            "`overwrite=true`."
+        )
+    try:
+        if cfg.overwrite:  # the index goes first: a half-replaced set is never taken as whole
+            with contextlib.suppress(ClientError):
+                client.delete_object(Bucket=bucket, Key=f"{prefix}/{META}".lstrip("/"))
+        for name, items in parts.items():
+            _optimize(cfg, items, f"{out}/{name}", "overwrite" if cfg.overwrite else None)
+        client.put_object(
+            Bucket=bucket, Key=f"{prefix}/{META}".lstrip("/"), Body=json.dumps(meta).encode()
+        )
+    except (BotoCoreError, ClientError, ConnectionError) as err:
+        raise s3_error(err, out, "out") from None
