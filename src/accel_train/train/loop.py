@@ -130,6 +130,10 @@ class Loop:
         # whole accumulated, all-reduced batch.
         self.items = torch.zeros((), device=env.device)
         self.normalise = False  # this accumulation window's steps returned (loss_sum, n_items)
+        # One micro-batch a step in one data-parallel process: the window's items are this
+        # step's own, so dividing the summed loss before backward gives the same gradient
+        # without the normaliser's extra pass over every gradient (BENCHMARKS.md section 16).
+        self.divide_loss = self.accum == 1 and self.data_world == 1
         # Which files are kept, named and ranked (checkpoint.*): train/checkpointing.py.
         self.checkpoints = Checkpointing(
             cfg.checkpoint,
@@ -326,6 +330,9 @@ class Loop:
                 loss, items = self.compute_loss(batch)
             if items is None:
                 self.scaler.scale(loss * weight).backward()
+            elif self.divide_loss:  # the mean over this step's items, on the device
+                n_items = items.clamp(min=1) if isinstance(items, torch.Tensor) else max(items, 1)
+                self.scaler.scale(loss / n_items).backward()
             else:
                 self.scaler.scale(loss).backward()
                 self.items.add_(items)
