@@ -366,6 +366,8 @@ class Loop:
     def _optimizer_step(self) -> None:
         if self.normalise:
             self._normalise_gradients()
+        if self.pipeline is not None and self.pipeline.shared:
+            self.pipeline.sync_shared_grads()  # tied weights on two stages: one gradient
         clip = self.cfg.trainer.gradient_clip_val
         if clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
@@ -432,6 +434,9 @@ class Loop:
         self.metrics.log(metrics, self.step, self.epoch)
         shown = "  ".join(f"val/{name}={value:.4f}" for name, value in scored.items())
         self.progress.message(f"epoch {self._trained_epoch()} step {self.step}  {shown}")
+        for line in self.task.validation_text(self.eval_model, self.precision.autocast):
+            if self.env.is_main:  # (task.sample_lines: sampled text, into the log file too)
+                log.info("step %d %s", self.step, line)
         if "acc" in scored:  # summary.json's, whatever is monitored
             self.best_val_acc = max(self.best_val_acc, scored["acc"])
         epoch = self._trained_epoch()
