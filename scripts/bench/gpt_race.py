@@ -8,10 +8,11 @@ The hand loop (--hand-worker, its own subprocess so its imports count too) is na
 - train.bin / val.bin memory-mapped; each batch is `batch` random windows of block_size + 1
   tokens (nanoGPT's `get_batch`);
 - the same model (accel_train.models.gpt.GPT: 4 layers, 4 heads, 128 wide, context 64, no
-  dropout, no bias), AdamW (lr 1e-3, betas 0.9/0.99, weight decay 0.1) with 100 warm-up steps
-  and cosine decay to 1e-4, batch 12, 2,000 iterations, fp32 or bf16 autocast (--precision);
-- the validation loss at the end on the same fixed windows accel-train's `dataset.eval_windows`
-  scores (1,000 windows evenly spaced over val.bin).
+  dropout, no bias), fused AdamW (lr 1e-3, betas 0.9/0.99, weight decay 0.1) with 100 warm-up
+  steps and cosine decay to 1e-4, batch 12, 2,000 iterations, fp32 or bf16 autocast
+  (--precision);
+- the validation loss at steps 1,000 and 2,000 (where the recipe validates) on the same fixed
+  windows accel-train's `dataset.eval_windows` scores (1,000 windows evenly spaced over val.bin).
 
 The two alternate (hand, accel, accel, hand, ...) for --rounds rounds per precision. Reported:
 wall seconds launch to exit, CPU seconds, tokens/s of training, the final val loss, and the
