@@ -9,6 +9,7 @@ its start-up and little more."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -151,7 +152,8 @@ def test_ddp_matches_one_process_and_fsdp_and_pipeline_train(lm_dir, run_cli_in)
     assert "sample 1: '" in proc.stdout + proc.stderr  # sampling through the stages
     got = _train_losses(run)
     for step in ref:
-        assert abs(got[step] - ref[step]) < 1e-3, ("pipeline", step, got, ref)
+        # (1e-4, tighter: untied stage copies of the embedding would drift further)
+        assert abs(got[step] - ref[step]) < 1e-4, ("pipeline", step, got, ref)
 
 
 def test_rank_windows_are_disjoint_and_cover_the_one_process_batches(lm_dir):
@@ -242,9 +244,11 @@ def test_a_sweep_report_and_compile_on_a_gpt(lm_dir, run_cli_in):
         timeout=600,
     )
     check_ok(proc)
-    report = (out / "speed_report.md").read_text()
-    assert "compile" in report and "bf16" in report
-    assert "batch size probe" in proc.stdout + proc.stderr  # loader.batch_size=auto on a GPT
+    rows = list(csv.DictReader((out / "speed_report.csv").read_text().splitlines()))
+    assert [r["variant"] for r in rows if r["phase"] == "1"] == ["baseline", "compile", "bf16"]
+    assert all(r["status"] == "done" for r in rows), rows  # compile on a GPT included
+    # loader.batch_size=auto probed the GPT's batch size in each run
+    assert (out / "baseline" / "r0" / "batch_size_probe.csv").is_file()
 
 
 def test_onnx_export_with_a_dynamic_sequence_length(lm_dir, run_cli_in):

@@ -16,7 +16,10 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
+from accel_train.data.tokenizer import load_tokenizer
+from accel_train.data.tokens import token_folder
 from accel_train.errors import UserError
+from accel_train.models.generate import generate
 from accel_train.tasks.base import Task, TaskContext
 
 
@@ -67,9 +70,6 @@ class LanguageModel(Task):
             )
 
     def _setup_samples(self, ctx: TaskContext) -> None:
-        from accel_train.data.tokenizer import load_tokenizer
-        from accel_train.data.tokens import token_folder
-
         path = ctx.cfg.dataset.get("path")
         block = ctx.cfg.model.get("block_size") or getattr(ctx.model, "block_size", 0)
         if not path or not block:
@@ -88,7 +88,6 @@ class LanguageModel(Task):
         newline for a char tokenizer), the same seed each time: validations compare."""
         if self.tokenizer is None:
             return []
-        from accel_train.models.generate import generate
 
         device = next(iter(self.eval_metrics.sums.values())).device
         start = torch.zeros((self.sample_lines, 1), dtype=torch.long, device=device)
