@@ -443,8 +443,13 @@ class Pipeline:
         """Clip by the norm over ALL stages' gradients: the squared local norms all-reduced over
         the pipeline group (replicas hold the same, already averaged, gradients). No host sync."""
         params = [p for p in parameters if p.grad is not None]
-        if params:
-            local = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+        # A shared (tied) parameter counts once: on the first stage that holds it.
+        twice = {
+            id(p) for held, _, p in self.shared if p is not None and held[0] != self.layout.stage
+        }
+        counted = [p.grad for p in params if id(p) not in twice]
+        if counted:
+            local = torch.nn.utils.get_total_norm(counted, 2.0)
             squared = local.float() ** 2
         else:
             squared = torch.zeros((), device=self.device)
