@@ -65,7 +65,16 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     )
     cfg = _stored_config(state, ckpt_path)
     task = task_class(cfg)
-    if task is not None and not getattr(task, "class_logits", False):
+    # A text model (token ids in, next-token logits out) is verified by its next-token argmax
+    # at two sequence lengths; its artifact takes any length up to the trained context.
+    text = task is not None and getattr(task, "generates_text", False)
+    if text and quantize == "int8":
+        raise UserError(
+            f"ckpt_path={ckpt_path} is a language model (task={cfg.task.get('name')}): "
+            "quantize=int8 calibrates on image batches and is not wired for token ids. Drop "
+            "`quantize=int8` (the fp32 export works), or quantize the ONNX file yourself."
+        )
+    if task is not None and not getattr(task, "class_logits", False) and not text:
         raise UserError(
             f"ckpt_path={ckpt_path} was trained with task={cfg.task.get('name')}: accel-export "
             "verifies an artifact by its class predictions (argmax agreement with the PyTorch "
@@ -89,8 +98,9 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     if ecfg.batch_size:
         cfg.loader.eval_batch_size = ecfg.batch_size
     with hints_for("accel-export"):  # data errors name `data_dir=`, not paths.data_dir
-        splits = build_splits(cfg.dataset, cfg.paths.data_dir)
-    if splits.test is None:
+        splits = build_splits(cfg.dataset, cfg.paths.data_dir, labelled=not text)
+    verify_split = splits.test if splits.test is not None or not text else splits.val
+    if verify_split is None:
         raise UserError(
             f"ckpt_path={ckpt_path}: the checkpoint's data set ({cfg.dataset.get('name')}) has "
             "no test split to verify the export on. Give it one (for dataset=custom: return "
@@ -114,15 +124,20 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         qat.convert_qat(model, quant)
 
     transform = BatchTransform(cfg.dataset, splits, CPU, torch.float32, seed=0, rank=0)
-    test = _batches(splits.test, cfg, splits, transform, ecfg.verify_samples)
+    test = _batches(verify_split, cfg, splits, None if text else transform, ecfg.verify_samples)
     # Two samples: torch.export specialises a dimension whose example size is 0 or 1.
     example = torch.cat([test[0][0], test[0][0]])[:2]
     artifact = _artifact_path(ckpt_path, ecfg, FORMATS[fmt])
     t0 = time.perf_counter()
-    _export(model, example, fmt, artifact)
+    _export(model, example, fmt, artifact, seq_dim=text)
     export_s = time.perf_counter() - t0
     run = _load_runner(fmt, artifact)
-    check = _compare(model, run, test)
+    if text:  # the full context and half of it: the sequence length is dynamic
+        full = example.shape[1]
+        lens = [full, max(2, full // 2)]
+        check = _compare_text(model, run, test, lens)
+    else:
+        check = _compare(model, run, test)
     log.info(
         "%s -> %s (%s): max abs diff %.3g, argmax agreement %.4f%% on %d test samples; "
         "test acc %.4f (PyTorch) / %.4f (artifact)",
@@ -139,6 +154,8 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     card = _card(
         ecfg, cfg, ckpt_path, state, splits, artifact, fmt, params, sparsity, check, export_s
     )
+    if text:
+        card.update(_text_io(splits, example.shape[1]))
     card["quantization"] = qat.describe(quant) if is_qat else None
     _write_card(card, artifact)
     if not check["passed"]:
@@ -224,10 +241,11 @@ def _batches(split, cfg: DictConfig, splits: Splits, transform, limit: int):
         world=1,
         limit=0,
         num_classes=splits.num_classes,
+        labelled=transform is not None,  # token windows: the targets are ids, not classes
     )
     out, n = [], 0
     for images, labels in loader.epoch(0):
-        x = transform(images, train=False).contiguous()
+        x = images if transform is None else transform(images, train=False).contiguous()
         if limit and n + len(x) > limit:
             x, labels = x[: limit - n], labels[: limit - n]
         out.append((x, labels))
@@ -246,9 +264,15 @@ def _artifact_path(ckpt_path: Path, ecfg: DictConfig, suffix: str) -> Path:
     return ckpt_path.with_name(ckpt_path.name.split(".")[0] + suffix)
 
 
-def _export(model: nn.Module, example: torch.Tensor, fmt: str, path: Path) -> None:
-    """Write the artifact; a model the exporter cannot capture is a UserError naming it."""
+def _export(
+    model: nn.Module, example: torch.Tensor, fmt: str, path: Path, seq_dim: bool = False
+) -> None:
+    """Write the artifact; a model the exporter cannot capture is a UserError naming it.
+    `seq_dim`: token ids (batch, time), the time dimension dynamic up to the example's."""
     batch = torch.export.Dim("batch", min=1)
+    dims = {0: batch}
+    if seq_dim:
+        dims[1] = torch.export.Dim("seq", min=1, max=example.shape[1])
     for name in ("onnxscript", "onnx_ir"):  # the ONNX optimizer's per-pass INFO lines
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
@@ -256,7 +280,7 @@ def _export(model: nn.Module, example: torch.Tensor, fmt: str, path: Path) -> No
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # exporters' deprecation chatter: not the user's
             if fmt == "torch_export":
-                program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+                program = torch.export.export(model, (example,), dynamic_shapes=(dims,))
                 torch.export.save(program, path)
             elif fmt == "onnx":
                 torch.onnx.export(
@@ -265,7 +289,7 @@ def _export(model: nn.Module, example: torch.Tensor, fmt: str, path: Path) -> No
                     path,
                     input_names=["input"],
                     output_names=["logits"],
-                    dynamic_shapes=({0: batch},),
+                    dynamic_shapes=(dims,),
                     dynamo=True,
                     external_data=False,  # one self-contained file (models under 2 GB)
                     verbose=False,
@@ -299,6 +323,48 @@ def _load_runner(fmt: str, path: Path):
     session = _session(path)
     name = session.get_inputs()[0].name
     return lambda x: session.run(None, {name: x})[0]
+
+
+@torch.no_grad()
+def _compare_text(model: nn.Module, run, batches, lens: list[int]) -> dict[str, Any]:
+    """A text artifact vs PyTorch on the same token windows, cut to each of `lens` tokens: max
+    abs diff of the logits, next-token argmax agreement and accuracy, over every position."""
+    max_diff, agree, ref_correct, art_correct, n = 0.0, 0, 0, 0, 0
+    for t in lens:
+        for x, labels in batches:
+            x, y = x[:, :t].contiguous(), labels[:, :t].numpy()
+            ref = model(x).float().numpy()
+            out = np.asarray(run(x.numpy()), dtype=np.float32)
+            max_diff = max(max_diff, float(np.abs(out - ref).max()))
+            a, b = ref.argmax(-1), out.argmax(-1)
+            agree += int((a == b).sum())
+            ref_correct += int((a == y).sum())
+            art_correct += int((b == y).sum())
+            n += y.size
+    return {
+        "samples": n,  # token positions
+        "seq_lens": lens,
+        "max_abs_diff": max_diff,
+        "argmax_agreement": agree / max(n, 1),
+        "pytorch_test_acc": ref_correct / max(n, 1),  # next-token accuracy
+        "artifact_test_acc": art_correct / max(n, 1),
+    }
+
+
+def _text_io(splits: Splits, context: int) -> dict[str, Any]:
+    """The card's input/output for a text model (no pixels, no normalisation)."""
+    vocab = (getattr(splits, "model_args", None) or {}).get("vocab_size")
+    return {
+        "input": {
+            "name": "input",
+            "shape": ["batch", "seq"],
+            "dtype": "int64",
+            "layout": f"token ids, seq from 1 to {context}",
+        },
+        "normalisation": None,
+        "output": {"name": "logits", "shape": ["batch", "seq", vocab]},
+        "classes": vocab,
+    }
 
 
 def _session(path: Path):
@@ -441,7 +507,9 @@ def _card(ecfg, cfg, ckpt_path, state, splits, artifact, fmt, params, sparsity, 
             "formula": "x = (uint8_pixels / 255 - mean) / std, per channel",
             "mean": list(cfg.dataset.mean),
             "std": list(cfg.dataset.std),
-        },
+        }
+        if "mean" in cfg.dataset
+        else None,
         "output": {"name": "logits", "shape": ["batch", splits.num_classes]},
         "classes": splits.num_classes,
         "dataset": cfg.dataset.get("name", "custom"),

@@ -361,6 +361,11 @@ class Pipeline:
     total_params: int
     # (shape without batch, dtype) of this stage's input and output activations
     io: tuple[tuple[tuple[int, ...], torch.dtype], tuple[tuple[int, ...], torch.dtype]]
+    # Parameters held by several stages (a GPT's tied embedding and head): (the stages that hold
+    # it, its shape, this stage's Parameter or None).
+    shared: list[tuple[tuple[int, ...], torch.Size, nn.Parameter | None]] = field(
+        default_factory=list
+    )
     _schedules: dict[int, object] = field(default_factory=dict)
     # Set for each step (the schedule's loss function reads them).
     _n: int = 1
@@ -417,6 +422,19 @@ class Pipeline:
         schedule.step(*args, target=target, return_outputs=False)
         return self._total / n
 
+    def sync_shared_grads(self) -> None:
+        """A parameter held by several stages (tied weights) has one gradient per stage, each
+        the part of the whole model's gradient that flows through that stage: sum them over the
+        pipeline group, so every copy takes the same step and the copies stay equal, as
+        Megatron-LM keeps its tied embeddings. One all-reduce per shared parameter and step, on
+        the device (no host sync)."""
+        for _stages, shape, param in self.shared:
+            if param is not None and param.grad is not None:
+                grad = param.grad
+            else:  # a stage without it adds zeros (every rank of the group must take part)
+                grad = torch.zeros(shape, device=self.device)
+            dist.all_reduce(grad, group=self.pp_group)
+
     def counted(self, samples: int) -> int:
         """Samples whose loss this rank holds (the logged mean is over the last stages)."""
         return samples if self.layout.is_last else 0
@@ -425,8 +443,13 @@ class Pipeline:
         """Clip by the norm over ALL stages' gradients: the squared local norms all-reduced over
         the pipeline group (replicas hold the same, already averaged, gradients). No host sync."""
         params = [p for p in parameters if p.grad is not None]
-        if params:
-            local = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+        # A shared (tied) parameter counts once: on the first stage that holds it.
+        twice = {
+            id(p) for held, _, p in self.shared if p is not None and held[0] != self.layout.stage
+        }
+        counted = [p.grad for p in params if id(p) not in twice]
+        if counted:
+            local = torch.nn.utils.get_total_norm(counted, 2.0)
             squared = local.float() ** 2
         else:
             squared = torch.zeros((), device=self.device)
@@ -465,9 +488,19 @@ class PipelineEval(nn.Module):
         h = self.stage(h)
         if not lay.is_last:
             _send(h, p.pp_group, lay.stage + 1)
-            logits = torch.empty(x.shape[0], p.num_classes, device=p.device)
-        else:
+        # The logits' shape first: it follows the input (a language model's sequence length
+        # while sampling), so the other stages cannot know it in advance.
+        meta = torch.zeros(_META_LEN, dtype=torch.int64, device=p.device)
+        if lay.is_last:
+            meta[0] = h.dim()
+            meta[1 : 1 + h.dim()] = torch.tensor(h.shape)
+        dist.broadcast(meta, group=p.pp_group, group_src=lay.stages - 1)
+        if lay.is_last:
             logits = h.float().contiguous()
+        else:
+            # HOST SYNC (validation): the shape, to allocate the buffer the logits arrive in.
+            ndim, *shape = meta.tolist()
+            logits = torch.empty(shape[:ndim], device=p.device)
         dist.broadcast(logits, group=p.pp_group, group_src=lay.stages - 1)
         return logits
 
@@ -495,6 +528,26 @@ def _recv(group, src: int, device: torch.device) -> torch.Tensor:
 
 
 # ---- building it -------------------------------------------------------------------------------
+
+
+def _shared_parameters(stages: list[list[Block]], mine: int):
+    """Parameters that blocks of different stages hold (tied weights), in one order on every
+    rank: (the stages holding it, its shape, this stage's Parameter or None)."""
+    where: dict[int, tuple[nn.Parameter, set[int]]] = {}
+    order: list[int] = []
+    for s, blocks in enumerate(stages):
+        for block in blocks:
+            for param in block.module.parameters():
+                if id(param) not in where:
+                    where[id(param)] = (param, set())
+                    order.append(id(param))
+                where[id(param)][1].add(s)
+    out = []
+    for key in order:
+        param, held = where[key]
+        if len(held) > 1:
+            out.append((tuple(sorted(held)), param.shape, param if mine in held else None))
+    return out
 
 
 def build_pipeline(
@@ -530,6 +583,7 @@ def build_pipeline(
     mine = stages[lay.stage]
     acts = _activations(module, blocks, sample, precision)
     io = (acts[starts[lay.stage]], acts[ends[lay.stage]])
+    shared = _shared_parameters(stages, lay.stage)
     _prune(module, {b.name for b in mine}, blocks)
     stage_module = StageModule(module, mine, precision)
     mesh = init_device_mesh(
@@ -554,6 +608,7 @@ def build_pipeline(
         precision=precision,
         total_params=total,
         io=io,
+        shared=shared,
     )
     if env.is_main:
         log.info(

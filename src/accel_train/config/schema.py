@@ -172,6 +172,8 @@ class RegressionTaskConfig(TaskConfig):
 @dataclass
 class LanguageModelTaskConfig(TaskConfig):
     ignore_index: int = -1
+    sample_lines: int = 0
+    sample_tokens: int = 64
 
 
 @dataclass

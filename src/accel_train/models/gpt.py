@@ -8,6 +8,12 @@ depth. The vocabulary size comes from the data (a token folder's meta.json), not
 
 `forward(idx)` returns logits (batch, time, vocab); the language-model task computes the loss,
 so every technique that wraps a task's step (accumulation, the normaliser, precision) applies.
+
+The model is a chain of its children run in order, `embed` -> `blocks` (an nn.Sequential of
+`Block`s) -> `head`, so that what cuts models generically finds the GPT's stages without knowing
+it: strategy=pipeline puts whole blocks on stages (pipeline.chain), activation checkpointing and
+FSDP wrap each `Block`. The tied embedding then lives in the first and the last stage; the
+pipeline keeps the two copies equal by summing their gradients (Pipeline.sync_shared_grads).
 """
 
 from __future__ import annotations
@@ -68,6 +74,47 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class Embed(nn.Module):
+    """Token plus position embeddings (then dropout): token ids (batch, time) -> (b, t, c)."""
+
+    def __init__(self, vocab_size: int, block_size: int, n_embd: int, dropout: float):
+        super().__init__()
+        self.block_size = block_size
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        if t > self.block_size:
+            raise ValueError(
+                f"a sequence of {t} tokens is longer than block_size={self.block_size}"
+            )
+        pos = torch.arange(t, device=idx.device)
+        return self.drop(self.wte(idx) + self.wpe(pos))
+
+
+class Head(nn.Module):
+    """The final LayerNorm and the output projection to the vocabulary."""
+
+    def __init__(self, vocab_size: int, n_embd: int, bias: bool):
+        super().__init__()
+        self.ln_f = nn.LayerNorm(n_embd, bias=bias)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.ln_f(x))
+
+
+# Checkpoints written before the model was a chain: their keys, renamed on load.
+_OLD_KEYS = {
+    "wte.": "embed.wte.",
+    "wpe.": "embed.wpe.",
+    "ln_f.": "head.ln_f.",
+    "lm_head.": "head.lm_head.",
+}
+
+
 class GPT(nn.Module):
     def __init__(
         self,
@@ -85,17 +132,27 @@ class GPT(nn.Module):
             raise ValueError(f"n_embd={n_embd} must be a multiple of n_head={n_head}")
         self.vocab_size, self.block_size = vocab_size, block_size
         self.n_layer, self.n_head, self.n_embd = n_layer, n_head, n_embd
-        self.wte = nn.Embedding(vocab_size, n_embd)
-        self.wpe = nn.Embedding(block_size, n_embd)
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(n_embd, bias=bias)
-        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf, 2017), as GPT-2
+        self.embed = Embed(vocab_size, block_size, n_embd, dropout)
+        self.blocks = nn.Sequential(*(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer)))
+        self.head = Head(vocab_size, n_embd, bias)
+        self.head.lm_head.weight = self.embed.wte.weight  # weight tying (Press & Wolf, 2017)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):  # the residual projections: GPT-2's scaled init
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+        self._register_load_state_dict_pre_hook(_rename_old_keys)
+
+    @property
+    def wte(self) -> nn.Embedding:
+        return self.embed.wte
+
+    @property
+    def wpe(self) -> nn.Embedding:
+        return self.embed.wpe
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.head.lm_head
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -107,16 +164,7 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        t = idx.shape[1]
-        if t > self.block_size:
-            raise ValueError(
-                f"a sequence of {t} tokens is longer than block_size={self.block_size}"
-            )
-        pos = torch.arange(t, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
-        for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.ln_f(x))
+        return self.head(self.blocks(self.embed(idx)))
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters; the position embedding left out by default, as nanoGPT counts N for the
@@ -130,3 +178,12 @@ class GPT(nn.Module):
         t = seq_len or self.block_size
         head = self.n_embd // self.n_head
         return 6 * self.num_params() + 12 * self.n_layer * self.n_head * head * t
+
+
+def _rename_old_keys(state_dict, prefix, *_args) -> None:
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        rest = key[len(prefix) :]
+        for old, new in _OLD_KEYS.items():
+            if rest.startswith(old):
+                state_dict[prefix + new + rest[len(old) :]] = state_dict.pop(key)
+                break

@@ -173,6 +173,13 @@ class Task:
         after the one host sync of a validation or test pass."""
         return metrics
 
+    def validation_text(
+        self, model: nn.Module, autocast: Callable[[], AbstractContextManager]
+    ) -> list[str]:
+        """Lines the loop shows after each validation (a language model's samples). Every rank
+        calls it (a sharded or pipelined model's forward is collective); rank 0 prints."""
+        return []
+
     def eval_output(self, model: nn.Module, batch: Any) -> Any:
         """What `evaluate` scores by default: the step's own output (no grad)."""
         return self.step(model, batch)

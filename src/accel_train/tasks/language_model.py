@@ -16,17 +16,28 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
+from accel_train.data.tokenizer import load_tokenizer
+from accel_train.data.tokens import token_folder
 from accel_train.errors import UserError
+from accel_train.models.generate import generate
 from accel_train.tasks.base import Task, TaskContext
 
 
 class LanguageModel(Task):
     name = "language_model"
     generates_text = True
+    # strategy=pipeline: the last stage computes loss_fn on its micro-batches' logits. Each
+    # micro-batch's mean is weighted by its windows, which is the mean over the tokens as long
+    # as every window counts the same number (no ignore_index targets).
+    pipeline = True
 
-    def __init__(self, ignore_index: int = -1):
+    def __init__(self, ignore_index: int = -1, sample_lines: int = 0, sample_tokens: int = 64):
         super().__init__()
         self.ignore_index = ignore_index
+        self.sample_lines, self.sample_tokens = sample_lines, sample_tokens
+        self.tokenizer = None  # task.sample_lines: the token folder's, to decode the samples
+        self.block_size = 0
+        self.seed = 0
 
     @classmethod
     def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
@@ -34,6 +45,8 @@ class LanguageModel(Task):
 
     def setup(self, ctx: TaskContext) -> None:
         super().setup(ctx)
+        if self.sample_lines > 0:
+            self._setup_samples(ctx)
         batch = ctx.prepared(self)
         if not (isinstance(batch, list | tuple) and len(batch) == 2):
             raise UserError(
@@ -56,6 +69,45 @@ class LanguageModel(Task):
                 "(batch, time, vocab)."
             )
 
+    def _setup_samples(self, ctx: TaskContext) -> None:
+        path = ctx.cfg.dataset.get("path")
+        block = ctx.cfg.model.get("block_size") or getattr(ctx.model, "block_size", 0)
+        if not path or not block:
+            raise UserError(
+                f"task.sample_lines={self.sample_lines}: sampling at validation decodes with a "
+                "token folder's tokenizer (`dataset=tokens dataset.path=...`) and needs the "
+                "model's context (`model.block_size`); this run has "
+                f"{'no dataset.path' if not path else 'no model.block_size'}. Set "
+                "`task.sample_lines=0` or train on a token folder."
+            )
+        self.tokenizer = load_tokenizer(token_folder(str(path), ctx.cfg.paths.data_dir))
+        self.block_size, self.seed = int(block), int(ctx.cfg.trainer.seed)
+
+    def validation_text(self, model: nn.Module, autocast) -> list[str]:
+        """task.sample_lines samples of task.sample_tokens tokens from the first token (a
+        newline for a char tokenizer), the same seed each time: validations compare."""
+        if self.tokenizer is None:
+            return []
+
+        device = next(iter(self.eval_metrics.sums.values())).device
+        start = torch.zeros((self.sample_lines, 1), dtype=torch.long, device=device)
+        generator = torch.Generator(device=device).manual_seed(self.seed)
+        was = model.training
+        model.eval()
+        try:  # HOST SYNC (validation): each sampled token is read to draw the next
+            with autocast():
+                out = generate(
+                    model,
+                    start,
+                    self.sample_tokens,
+                    block_size=self.block_size,
+                    generator=generator,
+                )
+        finally:
+            model.train(was)
+        texts = [self.tokenizer.decode(row[1:].tolist()) for row in out]
+        return [f"sample {i + 1}: {text!r}" for i, text in enumerate(texts)]
+
     def inputs(self, batch: Any) -> torch.Tensor:
         return batch[0]
 
@@ -70,6 +122,16 @@ class LanguageModel(Task):
             reduction="sum",
         )
         return loss, (y != self.ignore_index).sum()
+
+    def loss_split(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets): the pipeline runs the model over its stages, the loss at the end."""
+        return batch[0], batch[1]
+
+    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean token cross-entropy of one pipeline micro-batch (fp32)."""
+        return F.cross_entropy(
+            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=self.ignore_index
+        )
 
     def derived(self, metrics: dict[str, float]) -> dict[str, float]:
         """Perplexity from the mean token loss (a mean of perplexities would be wrong)."""

@@ -130,6 +130,10 @@ class Loop:
         # whole accumulated, all-reduced batch.
         self.items = torch.zeros((), device=env.device)
         self.normalise = False  # this accumulation window's steps returned (loss_sum, n_items)
+        # One micro-batch a step in one data-parallel process: the window's items are this
+        # step's own, so dividing the summed loss before backward gives the same gradient
+        # without the normaliser's extra pass over every gradient (BENCHMARKS.md section 16).
+        self.divide_loss = self.accum == 1 and self.data_world == 1
         # Which files are kept, named and ranked (checkpoint.*): train/checkpointing.py.
         self.checkpoints = Checkpointing(
             cfg.checkpoint,
@@ -326,6 +330,9 @@ class Loop:
                 loss, items = self.compute_loss(batch)
             if items is None:
                 self.scaler.scale(loss * weight).backward()
+            elif self.divide_loss:  # the mean over this step's items, on the device
+                n_items = items.clamp(min=1) if isinstance(items, torch.Tensor) else max(items, 1)
+                self.scaler.scale(loss / n_items).backward()
             else:
                 self.scaler.scale(loss).backward()
                 self.items.add_(items)
@@ -359,6 +366,8 @@ class Loop:
     def _optimizer_step(self) -> None:
         if self.normalise:
             self._normalise_gradients()
+        if self.pipeline is not None and self.pipeline.shared:
+            self.pipeline.sync_shared_grads()  # tied weights on two stages: one gradient
         clip = self.cfg.trainer.gradient_clip_val
         if clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
@@ -425,6 +434,9 @@ class Loop:
         self.metrics.log(metrics, self.step, self.epoch)
         shown = "  ".join(f"val/{name}={value:.4f}" for name, value in scored.items())
         self.progress.message(f"epoch {self._trained_epoch()} step {self.step}  {shown}")
+        for line in self.task.validation_text(self.eval_model, self.precision.autocast):
+            if self.env.is_main:  # (task.sample_lines: sampled text, into the log file too)
+                log.info("step %d %s", self.step, line)
         if "acc" in scored:  # summary.json's, whatever is monitored
             self.best_val_acc = max(self.best_val_acc, scored["acc"])
         epoch = self._trained_epoch()
