@@ -41,6 +41,7 @@ REFUSED = {
     "loss=custom": "loss._target_",
     "task=custom": "task.step",
     "dataset=image_folder": "dataset.root",
+    "dataset=streaming": "dataset.remote",
 }
 # Trackers that are optional extras are refused, naming the extra, where not installed.
 REFUSED.update(

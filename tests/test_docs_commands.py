@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from doc_commands import DocCommand, all_commands
 from helpers import check_ok, run_cli
+from test_image_folder import write_image_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = all_commands()
@@ -68,6 +69,9 @@ def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
     for data in ("../shared/data", "/path/to/data", "/work/shared/data", "/elsewhere"):
         text = text.replace(data, str(mnist_dir))
     text = text.replace("/tmp/bench/readme_run/run", "outputs/readme_run")
+    # docs/streaming.md: a tiny JPEG folder of the workspace, and shards beside it.
+    text = text.replace("/data/imagenette2-160", "imagenette2-160")
+    text = text.replace("/mnt/shards/", "shards/")
     argv = [a for a in shlex.split(text) if a != "..."]
     if any(a.startswith("hparams_search=") for a in argv):
         argv.append("hydra.sweeper.n_trials=2")  # checks the same as 20 or 50 trials
@@ -90,10 +94,12 @@ def _write_user_code(root: Path) -> None:
 def workspace(tmp_path_factory, mnist_dir) -> Path:
     """The directory every command runs in, with the fixtures its placeholders name: a finished
     one-epoch run (outputs/my_run, also RUN and outputs/{mnist_amp,train}/RUN), a token folder
-    (data/mytext) and a two-step GPT run on it (outputs/gpt_char/RUN)."""
+    (data/mytext), a two-step GPT run on it (outputs/gpt_char/RUN) and a JPEG folder
+    (imagenette2-160)."""
     root = tmp_path_factory.mktemp("docs-commands")
     _write_user_code(root)
     (root / "input.txt").write_text(TEXT)
+    write_image_folder(root / "imagenette2-160", n_train=10, n_val=2)
     check_ok(run_cli(["tokenize", "input=input.txt", "out=data/mytext"], root, prog="accel-data"))
     fast = ["trainer.progress=none", "logger=none"]
     # The default config, one epoch: the docs' resume commands continue it unchanged.

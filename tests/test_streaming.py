@@ -323,3 +323,15 @@ def test_faults_of_the_shards(data, run_cli, tmp_path):
     _refused(run_cli(args), "index.json", "different runs")
     # No shard set at all.
     _refused(run_cli([*TRAIN, f"dataset.remote={tmp_path}"]), "accel-data shard")
+
+
+def test_a_split_that_would_be_empty_is_refused_before_writing(run_cli, tmp_path):
+    """Too few images for dataset.val_fraction: one paragraph naming the split and the fix, and
+    no shard folder left behind (LitData itself raises a bare ValueError on an empty split)."""
+    few = write_image_folder(tmp_path / "few", n_train=2, n_val=1)
+    out = tmp_path / "shards"
+    proc = run_cli(
+        ["shard", "dataset=image_folder", f"dataset.root={few}", f"out={out}"], prog="accel-data"
+    )
+    _refused(proc, "val split would hold no image", "dataset.val_fraction")
+    assert not out.exists()

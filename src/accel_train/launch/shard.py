@@ -78,6 +78,13 @@ def shard(cfg: DictConfig) -> str:
         parts["test"] = [
             (str(test.path / f), int(y)) for f, y in zip(test.files, test.labels.tolist())
         ]
+    for name, items in parts.items():
+        if not items:  # LitData refuses an empty input list with a bare ValueError
+            raise UserError(
+                f"dataset.root={ds.root}: the {name} split would hold no image "
+                f"({len(labels)} training images, dataset.val_fraction={ds.val_fraction}). "
+                "Shard a folder with more images per class, or raise `dataset.val_fraction`."
+            )
     meta = {
         "format": META_FORMAT,
         "kind": "image_folder",
