@@ -1,7 +1,7 @@
 """lightning-hydra-template's command-line spellings, as aliases of ours (issue 22, section 5).
 
 `alias_overrides(argv)` rewrites the overrides before Hydra sees them, so both spellings work
-and the composed config, config.yaml and the checks only ever know ours (the README's "Coming
+and the composed config, config.yaml and the checks only ever know ours (docs/configuration.md's "Coming
 from Lightning" table lists each). Imports nothing heavy: the CLI calls it before composing.
 
   experiment=X, debug=X              +experiment=X, +debug=X
