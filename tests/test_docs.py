@@ -4,6 +4,7 @@ nav), the generated config reference is up to date, and the README stays a front
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,26 @@ def test_pictures_are_small_and_shown():
     for png in (DOCS / "images").glob("*.png"):
         assert png.stat().st_size < 100_000, f"{png.name}: keep docs pictures under 100 KB"
         assert f"images/{png.name}" in pages, f"{png.name} is shown on no page"
+
+
+# A measured claim: a number with a unit of speed, time or share (1.39x, 98.99 %, 34 s, 48 ms).
+MEASURED = re.compile(r"\b(\d+(?:\.\d+)?)\s?(?:x\b|%|s\b|ms\b)")
+
+
+def test_every_measured_number_in_the_docs_is_in_benchmarks():
+    """Nothing in the README or docs/ claims a number that BENCHMARKS.md does not hold (where
+    its command, precision and machine are). A mechanical guard: the number must occur there;
+    small counts (0-9 and 100) are left out, they are rarely measurements."""
+    bench = (ROOT / "BENCHMARKS.md").read_text()
+    pages = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+    missing = []
+    for page in pages:
+        if "reference" in page.parts:  # generated from the configs: defaults, not claims
+            continue
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            for match in MEASURED.finditer(line):
+                number = match.group(1)
+                if re.fullmatch(r"\d|100", number) or number in bench:
+                    continue
+                missing.append(f"{page.relative_to(ROOT)}:{n}: {match.group(0)}")
+    assert not missing, "numbers not in BENCHMARKS.md:\n" + "\n".join(missing)
