@@ -1,8 +1,9 @@
 """lightning-hydra-template's command-line spellings, as aliases of ours (issue 22, section 5).
 
 `alias_overrides(argv)` rewrites the overrides before Hydra sees them, so both spellings work
-and the composed config, config.yaml and the checks only ever know ours (docs/configuration.md's "Coming
-from Lightning" table lists each). Imports nothing heavy: the CLI calls it before composing.
+and the composed config, config.yaml and the checks only ever know ours (the "Coming from
+Lightning" table of docs/configuration.md lists each). Imports nothing heavy: the CLI calls it
+before composing.
 
   experiment=X, debug=X              +experiment=X, +debug=X
   debug=fdr|profiler|limit|default   +debug=fast_dev_run | +debug=profile | a few limited

@@ -588,6 +588,10 @@ class StreamingLoader:
         self.device, self.url = device, f"{source.remote}/{source.split}"
         self.batch_size = int(loader_cfg.batch_size)
         self.workers = int(loader_cfg.num_workers)
+        # LitData deals each rank's samples to its workers in turn, so the order also depends
+        # on their number: a mid-epoch resume with another count would repeat or skip samples
+        # (train/resume.check_loader_order refuses it; at an epoch boundary it may change).
+        self.order_depends_on = {"loader.num_workers": self.workers}
         # Every rank drops the same tail, so all ranks run the same number of steps (DDP).
         self.dataset = source.open(shuffle=bool(loader_cfg.shuffle), seed=seed, drop_last=world > 1)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)

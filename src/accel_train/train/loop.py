@@ -567,6 +567,8 @@ class Loop:
                 # batch_in_epoch counts batches of this many processes' shards (resume checks);
                 # under pipeline the replicas, not the stages, share the data.
                 "world_size": self.data_world,
+                # Settings beyond the seed that a loader's order depends on (resume checks).
+                "order_depends_on": dict(getattr(self.train_loader, "order_depends_on", {})),
                 # Finished before its length (early stopping, a target): nothing left to train.
                 "finished_early": self.finish_reason,
             },

@@ -318,6 +318,24 @@ def check_world_size(progress: dict[str, Any], world_size: int, wanted: str, pat
     )
 
 
+def check_loader_order(progress: dict[str, Any], loader: Any, wanted: str, path: Path) -> None:
+    """A loader whose order depends on more than the seed and epoch (`order_depends_on`, e.g.
+    a streaming loader's worker count) must resume mid-epoch with the same settings, or the
+    resumed epoch would repeat or skip samples."""
+    saved = progress.get("order_depends_on") or {}
+    now = dict(getattr(loader, "order_depends_on", {}))
+    if not progress["batch_in_epoch"] or saved == now:
+        return
+    key = next(k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k))
+    raise UserError(
+        f"resume={wanted}: the checkpoint {path} was written in the middle of epoch "
+        f"{progress['epoch']} with {key}={saved.get(key)}, and this run has {key}={now.get(key)}. "
+        f"This data set's sample order depends on {key}, so mid-epoch the run would repeat or "
+        f"skip samples. Resume with `{key}={saved.get(key)}`, let that run reach the end of an "
+        "epoch first, or start a fresh run in a new run dir."
+    )
+
+
 # ---- finding and reading the checkpoint --------------------------------------------------
 
 
@@ -407,6 +425,7 @@ def resume(loop: Loop) -> Resumed | None:
     changed = {c.key for c in changes}
     p, parts = state["progress"], loop.parts
     check_world_size(p, loop.data_world, wanted, path)
+    check_loader_order(p, loop.train_loader, wanted, path)
     own = _is_own(path, loop.ckpt_dir)
     finished = p["step"] >= parts.total_steps or p["epoch"] >= parts.max_epochs
     if p.get("finished_early") and not _length_changed(changed):
