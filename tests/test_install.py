@@ -139,7 +139,7 @@ def test_a_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     )
     check_ok(proc)
     summary = json.loads((work / "run" / "summary.json").read_text())
-    assert summary["steps"] == 2
+    assert summary["steps"] == 1  # fast_dev_run: one batch each
     config = (work / "run" / "config.yaml").read_text()
     assert "hidden_dims:\n  - 16" in config or "hidden_dims: [16]" in config
     proc = run("accel-eval", "ckpt_path=run/checkpoints/last.pt")

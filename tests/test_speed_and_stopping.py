@@ -113,7 +113,7 @@ def test_stop_at_a_target_records_time_and_steps_and_stays_finished(run_cli, tmp
 
 def test_a_target_is_recorded_while_training_goes_on(run_cli, tmp_path):
     """trainer.target records time and steps to the target like stop_at, and trains on; the
-    fast_dev_run's limit_test_batches scores two test batches."""
+    limit_test_batches=2 scores two test batches."""
     run_dir = tmp_path / "run"
     args = [
         *BASE,

@@ -482,12 +482,7 @@ class ImageFolderSplit(Dataset):
 
     def getitem(self, i: int, epoch: int) -> tuple[torch.Tensor, int]:
         base = self.bases[int(self.indices[i])]
-        if self.view == "random":
-            image = self.crop(base, random.Random(f"{self.seed}/{epoch}/{i}"))
-        elif self.view == "center":
-            image = _center(base, self.size)
-        else:
-            image = base
+        image = view_of(base, self.view, self.crop, self.size, f"{self.seed}/{epoch}/{i}")
         return image, int(self.labels[i])
 
     def __repr__(self) -> str:
@@ -525,6 +520,16 @@ def make_split(
     held = bases.cache is not None and view != "random"
     cls = CachedImageFolderSplit if held else ImageFolderSplit
     return cls(bases, indices, labels, view, size, crop, seed)
+
+
+def view_of(base: torch.Tensor, view: str, crop, size: int, draw: str) -> torch.Tensor:
+    """The image a sample shows: a random crop seeded by `draw` (seed/epoch/index, so the same
+    sample gets the same crop in every run and process), the center crop, or the base image."""
+    if view == "random":
+        return crop(base, random.Random(draw))
+    if view == "center":
+        return _center(base, size)
+    return base
 
 
 def _center(images: torch.Tensor, size: int) -> torch.Tensor:

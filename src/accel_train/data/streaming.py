@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import os
-import random
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -41,9 +40,9 @@ from accel_train.data.batch import to_device
 from accel_train.data.image_folder import (
     DeviceRandomResizedCrop,
     RandomResizedCrop,
-    _center,
     _check_options,
     decode_base_image,
+    view_of,
 )
 from accel_train.data.loaders import _CheckedCollate, ignore_stop_signals
 from accel_train.data.splits import Splits
@@ -342,12 +341,7 @@ class _Decoder:
         data = torch.frombuffer(bytearray(item["image"]), dtype=torch.uint8)
         what = f"dataset.remote: sample {index} of the shards {self.where}"
         base = decode_base_image(data, self.base_size, what)
-        if self.view == "random":
-            image = self.crop(base, random.Random(f"{self.seed}/{epoch}/{index}"))
-        elif self.view == "center":
-            image = _center(base, self.size)
-        else:
-            image = base
+        image = view_of(base, self.view, self.crop, self.size, f"{self.seed}/{epoch}/{index}")
         return image, int(item["label"])
 
 

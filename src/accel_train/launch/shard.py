@@ -35,6 +35,7 @@ from accel_train.data.streaming import (
     storage_options,
 )
 from accel_train.errors import UserError
+from accel_train.launch.tokenize import replace_folder
 
 log = logging.getLogger("accel_train")
 
@@ -141,13 +142,7 @@ def _write_local(cfg: DictConfig, out: Path, parts: dict, meta: dict) -> None:
         for name, items in parts.items():
             _optimize(cfg, items, str(partial / name), None)
         (partial / META).write_text(json.dumps(meta) + "\n")
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-        os.replace(partial, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_folder(partial, out)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

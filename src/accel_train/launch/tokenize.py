@@ -61,7 +61,7 @@ def tokenize(cfg: DictConfig) -> Path:
             if isinstance(tokenizer, BpeTokenizer):
                 tokenizer.save(partial)
             (partial / META).write_text(json.dumps(meta, ensure_ascii=False) + "\n")
-            _replace(partial, out)
+            replace_folder(partial, out)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
@@ -169,8 +169,9 @@ def _encode(source, tokenizer, dtype, n_train, folder, progress, task) -> dict[s
     return counts
 
 
-def _replace(partial: Path, out: Path) -> None:
-    """Move the finished folder into place; an old one (overwrite=true) goes only after."""
+def replace_folder(partial: Path, out: Path) -> None:
+    """Move the finished folder into place; an old one (overwrite=true) goes only after (every
+    accel-data command writes its output folder this way)."""
     old = None
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
