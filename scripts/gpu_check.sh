@@ -6,6 +6,8 @@
 #   DATA_DIR=/data scripts/gpu_check.sh         # real MNIST under $DATA_DIR/MNIST
 #   FULL=1 DATA_DIR=/data scripts/gpu_check.sh  # the whole mnist_amp recipe per check
 #   OUT=/tmp/gpu_check STEPS=300 scripts/gpu_check.sh
+#   GPT_DATA=data/mytext scripts/gpu_check.sh   # the GPT recipe's token folder (else
+#                                               # $DATA_DIR/pycode, else the docs tokenized)
 #
 # Checks: mnist_amp in fp16 (with its GradScaler) and in bf16; trainer.compile=true;
 # loader=device and the torch loader with pinned memory and workers; FSDP2 on one GPU (a
@@ -22,6 +24,7 @@ set -uo pipefail
 
 ACCEL_TRAIN=${ACCEL_TRAIN:-accel-train}
 ACCEL_REPORT=${ACCEL_REPORT:-accel-report}
+ACCEL_DATA=${ACCEL_DATA:-accel-data}
 PYTHON=${PYTHON:-python}
 STEPS=${STEPS:-200}
 OUT=${OUT:-outputs/gpu_check/$(date +%Y-%m-%d_%H-%M-%S)}
@@ -153,8 +156,21 @@ gpt=$("$PYTHON" -c '
 from accel_train.config import CONFIG_DIR
 print(" ".join(sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*gpt*.yaml"))))')
 if [ -n "$gpt" ]; then
+    # Its token folder: $GPT_DATA, else $DATA_DIR/pycode, else this repo's docs tokenized by
+    # characters (accel-data tokenize, itself a check).
+    if [ -z "${GPT_DATA:-}" ] && [ -n "${DATA_DIR:-}" ] && [ -f "$DATA_DIR/pycode/meta.json" ]; then
+        GPT_DATA=$DATA_DIR/pycode
+    fi
+    if [ -z "${GPT_DATA:-}" ]; then
+        here=$(cd "$(dirname "$0")/.." && pwd)
+        cat "$here"/README.md "$here"/docs/*.md > "$OUT/gpt_text.txt"
+        GPT_DATA=$OUT/gpt_tokens
+        check tokenize "input=gpt_text.txt tokenizer=char" "$ACCEL_DATA" tokenize \
+            "input=$OUT/gpt_text.txt" "out=$GPT_DATA" tokenizer=char "hydra.run.dir=$OUT/tokenize"
+    fi
     for recipe in $gpt; do
-        check "gpt_$recipe" "+experiment=$recipe" "$ACCEL_TRAIN" "+experiment=$recipe" "${length[@]}" "${common[@]}" \
+        check "gpt_$recipe" "+experiment=$recipe precision=bf16" "$ACCEL_TRAIN" "+experiment=$recipe" \
+            "dataset.path=$GPT_DATA" precision=bf16 "${length[@]}" "${common[@]}" \
             "hydra.run.dir=$OUT/gpt_$recipe"
     done
 else

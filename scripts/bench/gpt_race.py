@@ -11,6 +11,8 @@ The hand loop (--hand-worker, its own subprocess so its imports count too) is na
   dropout, no bias), fused AdamW (lr 1e-3, betas 0.9/0.99, weight decay 0.1) with 100 warm-up
   steps and cosine decay to 1e-4, batch 12, 2,000 iterations, fp32 or bf16 autocast
   (--precision);
+- --device cuda: nanoGPT's GPU habits (TF32 matmuls, batches pinned and copied non_blocking,
+  CUDA autocast); accel-train runs with trainer.device=cuda and its defaults (TF32 on);
 - the validation loss at steps 1,000 and 2,000 (where the recipe validates) on the same fixed
   windows accel-train's `dataset.eval_windows` scores (1,000 windows evenly spaced over val.bin).
 
@@ -19,6 +21,7 @@ wall seconds launch to exit, CPU seconds, tokens/s of training, the final val lo
 ratio accel / hand.
 
     python scripts/bench/gpt_race.py --data ../shared/data/pycode --rounds 2 --precisions fp32,bf16
+    python scripts/bench/gpt_race.py --device cuda --rounds 3 --precisions bf16   # on a GPU
 """
 
 from __future__ import annotations
@@ -51,13 +54,19 @@ def hand_worker(a: argparse.Namespace) -> None:
     train = np.memmap(folder / "train.bin", dtype=dtype, mode="r")
     val = np.memmap(folder / "val.bin", dtype=dtype, mode="r")
     torch.manual_seed(0)
+    device = torch.device(a.device)
+    cuda = device.type == "cuda"
+    if cuda:  # nanoGPT's train.py: TF32 matmuls and convolutions
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     model = GPT(vocab_size=meta["vocab_size"], block_size=BLOCK, n_layer=4, n_head=4, n_embd=128)
-    # fused=True: the fastest AdamW torch has on this CPU (nanoGPT fuses where torch has the
-    # kernels; its own check predates CPU fused kernels and asks for CUDA).
+    model.to(device)
+    # fused=True: nanoGPT's choice on CUDA, and the fastest AdamW torch has on this CPU too
+    # (nanoGPT's own check predates CPU fused kernels and asks for CUDA).
     opt = torch.optim.AdamW(
         model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, fused=True
     )
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.precision == "bf16")
 
     def lr_at(it: int) -> float:
         if it < 100:
@@ -68,6 +77,8 @@ def hand_worker(a: argparse.Namespace) -> None:
     def windows(data, starts) -> tuple[torch.Tensor, torch.Tensor]:
         rows = np.stack([np.asarray(data[s : s + BLOCK + 1], dtype=np.int64) for s in starts])
         xy = torch.from_numpy(rows)
+        if cuda:  # nanoGPT's get_batch: pinned, then an asynchronous copy
+            xy = xy.pin_memory().to(device, non_blocking=True)
         return xy[:, :-1], xy[:, 1:]
 
     starts = np.linspace(0, len(val) - BLOCK - 1, EVAL_WINDOWS).astype(np.int64)
@@ -97,6 +108,8 @@ def hand_worker(a: argparse.Namespace) -> None:
         loss.backward()
         opt.step()
         if (it + 1) in EVAL_AT:  # the recipe's validation points (val_check_interval 1000)
+            if cuda:  # the training steps queued so far count as training time
+                torch.cuda.synchronize()
             t_eval = time.perf_counter()
             losses[it + 1] = evaluate()
             eval_s += time.perf_counter() - t_eval
@@ -106,6 +119,7 @@ def hand_worker(a: argparse.Namespace) -> None:
         "val_loss_1000": losses[1000],
         "tokens_per_s": STEPS * BATCH * BLOCK / train_s,
         "own_s": time.perf_counter() - start,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
     }
     print(json.dumps(out))
 
@@ -125,6 +139,7 @@ def main() -> None:
     p.add_argument("--data", default="../shared/data/pycode")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both train")
     p.add_argument("--out", default="outputs/bench_gpt_race")
     p.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     p.add_argument("--hand-worker", action="store_true", help=argparse.SUPPRESS)
@@ -142,6 +157,7 @@ def main() -> None:
                 load = load_avg()
                 if side == "hand":
                     cmd = [sys.executable, __file__, "--hand-worker", f"--data={data}"]
+                    cmd.append(f"--device={a.device}")
                     proc, wall, cpu = timed([*cmd, f"--precision={precision}"])
                     out = json.loads(proc.stdout.strip().splitlines()[-1])
                 else:
@@ -151,6 +167,7 @@ def main() -> None:
                         "+experiment=gpt_char",
                         f"dataset.path={data}",
                         f"precision={precision}",
+                        f"trainer.device={a.device}",
                         "trainer.progress=none",
                         "trainer.plot_curves=false",
                         f"hydra.run.dir={run_dir}",
