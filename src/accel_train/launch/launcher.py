@@ -37,7 +37,8 @@ log = logging.getLogger("accel_train")
 
 
 def launch(cfg: DictConfig) -> float | None:
-    """The body of `accel-train`: returns the objective (best validation accuracy)."""
+    """The body of `accel-train`: returns the run's objective (summary.json's `objective` key:
+    best_val_acc for a classifier, final_val_loss for the other tasks by default)."""
     validate(cfg)
     cfg = resolve(cfg)
     # checkpoint.monitor names a metric validation logs: refused now, not after an epoch.
@@ -48,7 +49,7 @@ def launch(cfg: DictConfig) -> float | None:
     # and a run that already finished is not trained again.
     finished = check_resume(cfg, data_world(cfg.strategy, planned_world_size(cfg)))
     if finished is not None:
-        return finished.get("best_val_acc")
+        return finished.get(cfg.objective)
     if cfg.launcher.name == "slurm":
         return _launch_slurm(cfg, run_dir)
     if in_srun_step() and not inside_torchrun():
@@ -59,7 +60,7 @@ def launch(cfg: DictConfig) -> float | None:
         # Started by the user's own torchrun (or srun): this process *is* a worker.
         if int(os.environ["RANK"]) == 0:
             write_run_config(cfg, run_dir)
-        return run_worker(cfg).get("best_val_acc")
+        return run_worker(cfg).get(cfg.objective)
     # Nodes of a multi-node run share the run dir: each writes config.node<k>.yaml, and global
     # rank 0 writes config.yaml once all ranks agree on it (train.agree_on_config).
     multi_node = str(nnodes) != "1"
@@ -69,10 +70,10 @@ def launch(cfg: DictConfig) -> float | None:
         Console().print(_startup_tree(cfg))
     log.info("run dir: %s", run_dir)
     if cfg.launcher.name != "torchrun" and nproc == 1 and not multi_node:
-        return run_worker(cfg).get("best_val_acc")
+        return run_worker(cfg).get(cfg.objective)
     run_torchrun(cfg, path, nproc)
     summary = run_dir / "summary.json"  # written by global rank 0, possibly on another node
-    return json.loads(summary.read_text()).get("best_val_acc") if summary.is_file() else None
+    return json.loads(summary.read_text()).get(cfg.objective) if summary.is_file() else None
 
 
 def _startup_tree(cfg: DictConfig):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import signal
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from accel_train import checkpoint as ckpt_io
+from accel_train.config.checks import validation_metrics
 from accel_train.config.run_config import flatten, to_container, write_run_config
 from accel_train.console import Progress, start_curves_plot, summary_table
 from accel_train.data.batch import count_samples
@@ -147,7 +149,10 @@ class Loop:
         # Host-side counters the speed metrics read at logging steps (techniques/speed.py).
         self.data_wait_s = 0.0  # seconds spent waiting for the next training batch
         self.samples_seen = 0  # training samples, all processes
-        self.best_val_acc = -1.0
+        # The best value of every validation metric with a declared mode (summary.json's
+        # best_val_<name>: best_val_acc for a classifier, best_val_loss for any task).
+        self.val_modes = {k[4:]: v for k, v in validation_metrics(cfg).items()}
+        self.best_val: dict[str, float] = {}
         self.last_val: dict[str, float] | None = None  # the last validation's metrics
         # Set by a signal on this rank; one process acts on it at the next step, several agree
         # at the next logging step.
@@ -412,9 +417,7 @@ class Loop:
         }
         self._fire("on_log", metrics)  # techniques/speed.py adds samples/s, step time, ...
         self.metrics.log(metrics, self.step, self.epoch)
-        shown = {"loss": metrics["train/loss"]}
-        if "train/acc" in metrics:
-            shown["acc"] = metrics["train/acc"]
+        shown = {"loss": metrics["train/loss"], **task_metrics}  # the task's own: acc, mae, ...
         shown["lr"] = metrics["train/lr"]
         if "train/samples_per_s" in metrics:
             shown["samples/s"] = round(metrics["train/samples_per_s"])
@@ -437,8 +440,7 @@ class Loop:
         for line in self.task.validation_text(self.eval_model, self.precision.autocast):
             if self.env.is_main:  # (task.sample_lines: sampled text, into the log file too)
                 log.info("step %d %s", self.step, line)
-        if "acc" in scored:  # summary.json's, whatever is monitored
-            self.best_val_acc = max(self.best_val_acc, scored["acc"])
+        self._track_best(scored)
         epoch = self._trained_epoch()
         plan = self.checkpoints.plan(metrics, epoch, self.step, self.checkpoints.due(epoch, final))
         if plan is not None:
@@ -447,6 +449,16 @@ class Loop:
             self.env.barrier()
         # The checkpoint above holds the weights validation scored (ema's average).
         self._fire("after_validation")
+
+    def _track_best(self, scored: dict[str, float]) -> None:
+        """summary.json's best_val_<name>, whatever checkpoint.monitor watches."""
+        for name, value in scored.items():
+            mode = self.val_modes.get(name)
+            best = self.best_val.get(name)
+            if mode is None or not math.isfinite(value):
+                continue
+            if best is None or (value > best if mode == "max" else value < best):
+                self.best_val[name] = value
 
     def _test(self) -> dict[str, Any] | None:
         """Score the checkpoint selected on validation (best, else the final weights) once on
@@ -559,7 +571,7 @@ class Loop:
                 "epoch": self.epoch,
                 "step": self.step,
                 "batch_in_epoch": self.batch_in_epoch,
-                "best_val_acc": self.best_val_acc,
+                "best_val": dict(self.best_val),
                 "checkpointing": self.checkpoints.state_dict(),  # checkpoint.monitor's best, top k
                 "last_val": dict(self.last_val) if self.last_val else None,
                 # The run's length: a resume to another length rebuilds the lr schedule.
@@ -651,13 +663,11 @@ class Loop:
     def _summary(self, samples_per_s: float, start: float, test: dict | None) -> dict[str, Any]:
         wall_s = time.perf_counter() - start
         summary = {
-            # (None for a task that logs no accuracy)
-            "best_val_acc": self.best_val_acc if "val/acc" in self.checkpoints.known else None,
+            # The best of each validation metric (best_val_acc, best_val_loss, ...).
+            **{f"best_val_{name}": value for name, value in self.best_val.items()},
             "monitor": self.checkpoints.monitor,
             "monitor_mode": self.checkpoints.mode,
             "best_score": self.checkpoints.best,  # the best checkpoint.monitor value
-            "final_val_acc": self.last_val.get("acc") if self.last_val else None,
-            "final_val_loss": self.last_val.get("loss") if self.last_val else None,
             # Every metric of the last validation (a task's own too), as final_val_<name>.
             **{f"final_val_{k}": v for k, v in (self.last_val or {}).items()},
             **(test or {}),

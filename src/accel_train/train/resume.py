@@ -17,7 +17,7 @@ What may differ from the checkpoint's config (RULES, checked by `config_changes`
   (SGD's momentum buffers), what a step and the data order are made of (loader.batch_size,
   loader.drop_last, loader.shuffle, trainer.accumulate_grad_batches,
   trainer.limit_train_batches, trainer.seed: the checkpoint's step and batch_in_epoch count
-  batches of that size in that order), the validation set best_val_acc was measured on
+  batches of that size in that order), the validation set the best scores were measured on
   (trainer.limit_val_batches), strategy.name into or out of fsdp (sharded checkpoints) and
   precision.name into or out of bf16_true (bf16 parameters). A key no rule names is refused.
 - Applied, and logged as one line per key, "changed on resume: KEY OLD -> NEW" (rank 0), and in
@@ -51,8 +51,9 @@ The run dir:
 - Metrics rows logged after the checkpoint (a kill between checkpoints) are dropped before the
   resumed run logs those steps again (MetricsLogger.rewind), then a {"event": "resume"} row.
 - Resuming from another run's checkpoint (`resume=<path>` into a new run dir) hard-links (or
-  copies) that run's best checkpoint into this run's checkpoints/ and keeps best_val_acc, so
-  best.pt, the test pass and `accel-eval .../best.pt` mean what they mean in an uninterrupted run.
+  copies) that run's best checkpoint into this run's checkpoints/ and keeps its best validation
+  scores, so best.pt, the test pass and `accel-eval .../best.pt` mean what they mean in an
+  uninterrupted run.
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ RULES: list[tuple[str, str | None]] = [
     ("dataset.cache_dir", None),
     ("dataset.local", None),  # where remote shards are cached, and how much of them
     ("dataset.cache_limit", None),
-    ("dataset", "the checkpoint's weights, progress and best_val_acc belong to that data"),
-    ("loss", "the weights and best_val_acc were trained and selected on that loss"),
+    ("dataset", "the checkpoint's weights, progress and best scores belong to that data"),
+    ("loss", "the weights and best scores were trained and selected on that loss"),
     ("task.monitor", None),  # checkpoint.monitor's default: checkpoint.* rules decide
     ("task.monitor_mode", None),
     ("task.objective", None),
@@ -116,7 +117,7 @@ RULES: list[tuple[str, str | None]] = [
     ("trainer.accumulate_grad_batches", _STEP),
     ("trainer.limit_train_batches", _STEP),
     ("trainer.seed", _ORDER),
-    ("trainer.limit_val_batches", "best_val_acc was measured on that validation set"),
+    ("trainer.limit_val_batches", "the best scores were measured on that validation set"),
     ("trainer", None),
     ("early_stopping", None),
     ("checkpoint", None),  # but monitor/mode: _transition
@@ -356,12 +357,13 @@ def _finished_summary(run_dir: Path) -> dict[str, Any] | None:
 
 def _say_finished(run_dir: Path, summary: dict[str, Any]) -> None:
     log.info(
-        "%s already finished (%s steps, %s epochs, best val/acc %s): summary.json is kept and "
+        "%s already finished (%s steps, %s epochs, best %s %s): summary.json is kept and "
         "nothing is trained. To train longer, raise trainer.max_epochs or trainer.max_steps.",
         run_dir,
         summary.get("steps"),
         summary.get("epochs"),
-        summary.get("best_val_acc"),
+        summary.get("monitor"),
+        summary.get("best_score"),
     )
 
 
@@ -447,7 +449,9 @@ def resume(loop: Loop) -> Resumed | None:
     loop.epoch, loop.step, loop.batch_in_epoch = p["epoch"], p["step"], p["batch_in_epoch"]
     if finished and p.get("finished_early"):
         loop.finish_reason = p["finished_early"]  # only the test pass is left
-    loop.best_val_acc = p["best_val_acc"]
+    loop.best_val = dict(p.get("best_val") or {})
+    if "best_val" not in p and p.get("best_val_acc", -1.0) >= 0:  # written before best_val
+        loop.best_val["acc"] = p["best_val_acc"]
     loop.checkpoints.load_state_dict(p, own)
     last = p["last_val"]
     if isinstance(last, list | tuple):  # written before tasks: (val/loss, val/acc)
@@ -568,7 +572,7 @@ def _total_steps(trainer: dict[str, Any], parts: Any) -> int:
 def _carry_best(loop: Loop, path: Path, state: dict, wanted: str) -> None:
     """Resumed from another run dir: bring that run's best checkpoint along (hard link, or copy
     across file systems), so that best.pt here is the best of the whole run whose
-    best_val_acc this run continues. Checkpoints are only ever replaced by a rename, never
+    best scores this run continues. Checkpoints are only ever replaced by a rename, never
     written in place, so the two run dirs never write through each other's link."""
     best = best_score(state["progress"])
     src = path.parent / f"best{'.dcp' if path.is_dir() else '.pt'}"
