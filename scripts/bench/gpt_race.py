@@ -16,12 +16,15 @@ The hand loop (--hand-worker, its own subprocess so its imports count too) is na
 - the validation loss at steps 1,000 and 2,000 (where the recipe validates) on the same fixed
   windows accel-train's `dataset.eval_windows` scores (1,000 windows evenly spaced over val.bin).
 
-The two alternate (hand, accel, accel, hand, ...) for --rounds rounds per precision. Reported:
+The two alternate (hand, accel, accel, hand, ...) for --rounds rounds per precision; with
+--seeds, round r of both sides uses seed seeds[r % len(seeds)] (the hand loop's model init and
+window draws, accel-train's trainer.seed), so the val losses get a spread. Reported:
 wall seconds launch to exit, CPU seconds, tokens/s of training, the final val loss, and the
 ratio accel / hand.
 
     python scripts/bench/gpt_race.py --data ../shared/data/pycode --rounds 2 --precisions fp32,bf16
     python scripts/bench/gpt_race.py --device cuda --rounds 3 --precisions bf16   # on a GPU
+    python scripts/bench/gpt_race.py --rounds 3 --seeds 1,2,3 --precisions fp32   # loss spread
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -53,7 +57,7 @@ def hand_worker(a: argparse.Namespace) -> None:
     dtype = np.dtype(meta["dtype"])
     train = np.memmap(folder / "train.bin", dtype=dtype, mode="r")
     val = np.memmap(folder / "val.bin", dtype=dtype, mode="r")
-    torch.manual_seed(0)
+    torch.manual_seed(a.seed)
     device = torch.device(a.device)
     cuda = device.type == "cuda"
     if cuda:  # nanoGPT's train.py: TF32 matmuls and convolutions
@@ -95,7 +99,7 @@ def hand_worker(a: argparse.Namespace) -> None:
         model.train()
         return float(total) / count
 
-    gen = np.random.default_rng(0)
+    gen = np.random.default_rng(a.seed)
     t_train, eval_s, losses = time.perf_counter(), 0.0, {}
     for it in range(STEPS):
         for group in opt.param_groups:
@@ -138,6 +142,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="../shared/data/pycode")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seeds", default="", help="comma-separated seeds, one per round (cycled)")
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both train")
     p.add_argument("--out", default="outputs/bench_gpt_race")
@@ -153,11 +159,15 @@ def main() -> None:
     for precision in a.precisions.split(","):
         for r in range(a.rounds):
             order = ("hand", "accel") if r % 2 == 0 else ("accel", "hand")
+            seeds = [int(x) for x in a.seeds.split(",") if x]
+            seed = seeds[r % len(seeds)] if seeds else None
             for side in order:
                 load = load_avg()
                 if side == "hand":
                     cmd = [sys.executable, __file__, "--hand-worker", f"--data={data}"]
                     cmd.append(f"--device={a.device}")
+                    if seed is not None:
+                        cmd.append(f"--seed={seed}")
                     proc, wall, cpu = timed([*cmd, f"--precision={precision}"])
                     out = json.loads(proc.stdout.strip().splitlines()[-1])
                 else:
@@ -171,11 +181,12 @@ def main() -> None:
                         "trainer.progress=none",
                         "trainer.plot_curves=false",
                         f"hydra.run.dir={run_dir}",
+                        *([f"trainer.seed={seed}"] if seed is not None else []),
                         *extra,
                     ]
                     proc, wall, cpu = timed(cmd)
                     out = accel_result(run_dir)
-                row = {"wall": wall, "cpu": cpu, "load": load, **out}
+                row = {"wall": wall, "cpu": cpu, "load": load, "seed": seed, **out}
                 results.setdefault((precision, side), []).append(row)
                 print(f"{precision} round {r + 1} {side}: {json.dumps(row)}", flush=True)
     rows = []
@@ -196,6 +207,10 @@ def main() -> None:
         hand = median([x["wall"] for x in results[(precision, "hand")]])
         accel = median([x["wall"] for x in results[(precision, "accel")]])
         print(f"{precision}: accel / hand wall {accel / hand:.2f}")
+        for side in ("hand", "accel"):
+            losses = [x["val_loss"] for x in results[(precision, side)]]
+            spread = f" (sd {statistics.stdev(losses):.4f})" if len(losses) > 1 else ""
+            print(f"{precision}: {side} val loss mean {statistics.mean(losses):.4f}{spread}")
 
 
 if __name__ == "__main__":
