@@ -18,6 +18,9 @@ resumes from, so a resumed run reads exactly the samples the epoch had left. Val
 
 Images are decoded and augmented by data/image_folder.py's code, so `dataset=streaming` and
 `dataset=image_folder` of the same files give the same pixels.
+
+Token shards (`dataset=streaming_tokens`, data/streaming_tokens.py) use this module's remotes,
+checks, cache and loader; the index's `kind` keeps each option to its own kind of shards.
 """
 
 from __future__ import annotations
