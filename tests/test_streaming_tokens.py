@@ -220,7 +220,10 @@ def test_ddp_with_two_processes_trains(data, run_cli, tmp_path):
 def test_sampling_a_streamed_run_needs_no_token_folder(data, run_cli, tmp_path):
     run_dir = tmp_path / "run"
     args = [*LM, f"dataset.remote={data['local']}", "trainer.max_steps=20"]
-    check_ok(run_cli([*args, f"hydra.run.dir={run_dir}"]))
+    # task.sample_lines decodes its samples at validation with the index's tokenizer too.
+    proc = run_cli([*args, "task.sample_lines=1", f"hydra.run.dir={run_dir}"])
+    check_ok(proc)
+    assert "sample 1: '" in proc.stdout + proc.stderr
     # Another directory, no data dir: the tokenizer can only come from the shard index.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
