@@ -419,16 +419,16 @@ def _litdata_class():
 
 class StreamingSource:
     """Where one split's shards are and how to open them with LitData (in any process).
-    ``tokens_per_item``: the shards are LitData's token format (dataset=streaming_tokens), read
-    as consecutive blocks of that many tokens (LitData's TokensLoader)."""
+    ``item_loader``: makes a fresh LitData item loader for each data set opened (it holds the
+    state of the chunks being read), e.g. a TokensLoader for token shards; None = LitData's
+    default, for items such as the images' dicts."""
 
-    def __init__(self, remote, split, cache, cache_limit, decoder, tokens_per_item=None):
+    def __init__(self, remote, split, cache, cache_limit, decoder, item_loader=None):
         self.remote, self.split, self.cache = remote.rstrip("/"), split, cache
         self.cache_limit, self.decoder = cache_limit, decoder
-        self.tokens_per_item = tokens_per_item
+        self.item_loader = item_loader
 
     def open(self, *, shuffle: bool, seed: int, drop_last: bool):
-        from litdata.streaming.item_loader import TokensLoader
         from litdata.streaming.resolver import Dir
 
         allow_plain_http()
@@ -445,7 +445,7 @@ class StreamingSource:
                 drop_last=drop_last,
                 max_cache_size=self.cache_limit,
                 storage_options=storage_options(),
-                item_loader=TokensLoader(self.tokens_per_item) if self.tokens_per_item else None,
+                item_loader=self.item_loader() if self.item_loader else None,
             )
         except UserError:
             raise

@@ -15,6 +15,8 @@ tokenizer's tokenizer.json), so neither training nor `accel-sample` needs the to
 
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,51 @@ from accel_train.data.streaming import (
 from accel_train.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_from_meta
 from accel_train.data.tokens import token_folder
 from accel_train.errors import UserError
+
+try:
+    from litdata.streaming.item_loader import TokensLoader
+except ImportError:  # the `stream` extra: open_shard_set names it before anything is read
+    TokensLoader = object
+
+
+class LockedTokensLoader(TokensLoader):
+    """LitData 0.2.76's TokensLoader with its bookkeeping of open chunks under a lock.
+
+    When the cache is smaller than the data, LitData's download thread deletes a used chunk
+    (`delete`) while the reading thread closes the same chunk (`close`); both take its memory
+    map out of the same dicts, unlocked, and the loser fails with `KeyError: <chunk>` (about one
+    run in ten of the small-cache test, three at a time on 2 cores, failed in `close`). Taking a
+    lock around the three methods that change those dicts is what an upstream fix would do.
+    Waiting for a download happens outside the lock, so the download thread is never blocked
+    by a reader waiting for it."""
+
+    def __init__(self, block_size: int | None = None):
+        super().__init__(block_size)
+        self._lock = threading.RLock()
+
+    def _load_chunk(self, chunk_index, chunk_filepath) -> None:
+        with self._lock:
+            super()._load_chunk(chunk_index, chunk_filepath)
+
+    def close(self, chunk_index) -> None:
+        with self._lock:
+            super().close(chunk_index)
+
+    def delete(self, chunk_index, chunk_filepath) -> None:
+        with self._lock:
+            super().delete(chunk_index, chunk_filepath)
+
+    def __getstate__(self):  # to loader workers: a lock does not pickle
+        return {**self.__dict__, "_lock": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
+
+# LitData checks a data set's loader against the one its index.json names by class name: ours
+# answers to TokensLoader's (pickle finds it by __qualname__, which is unchanged).
+LockedTokensLoader.__name__ = "TokensLoader"
 
 
 class _Windows:
@@ -69,18 +116,23 @@ def build_streaming_tokens(
                 "again with larger chunks (`accel-data shard ... chunk_bytes=64MB`)."
             )
     train = StreamingTrainSplit(
-        StreamingSource(remote, "train", cache, limit, _Windows(), tokens_per_item=window),
+        StreamingSource(remote, "train", cache, limit, _Windows(), windows_of(window)),
         indices=range(windows["train"]),
     )
     n_val = max(1, min(int(eval_windows), windows["val"]))
     val_starts = np.linspace(0, windows["val"] - 1, n_val).round().astype(np.int64)
     val = StreamingEvalSplit(
-        StreamingSource(remote, "val", cache, limit, _Windows(), tokens_per_item=window),
+        StreamingSource(remote, "val", cache, limit, _Windows(), windows_of(window)),
         indices=sorted(set(val_starts.tolist())),
     )
     splits = Splits(train, val, None, in_channels=0, image_size=0, num_classes=0)
     splits.model_args = {"vocab_size": int(meta["tokens"]["vocab_size"])}
     return splits
+
+
+def windows_of(tokens: int):
+    """A maker of item loaders that read the shards as consecutive windows of `tokens`."""
+    return functools.partial(LockedTokensLoader, tokens)
 
 
 def dataset_tokenizer(ds: DictConfig, data_dir: str | None) -> tuple[Tokenizer, str]:
