@@ -6,14 +6,15 @@ import functools
 import json
 import os
 import resource
+import socket
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import BIN, free_port, write_mnist
 from helpers import run_cli as _run_cli
-from helpers import write_mnist
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -107,6 +108,33 @@ def run_cli(tmp_path) -> Callable[..., subprocess.CompletedProcess]:
 def run_cli_in() -> Callable[..., subprocess.CompletedProcess]:
     """Like run_cli, for module-scoped fixtures: run_cli_in(args, cwd, ...)."""
     return _run_cli
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory):
+    """moto's standalone S3 server on a free port of 127.0.0.1, for the module that asks (the
+    streaming tests: an S3-compatible endpoint on plain http)."""
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("moto_server did not start") from None
+            time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+    log.close()
 
 
 @functools.cache

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import struct
 import subprocess
 import sys
@@ -26,6 +27,13 @@ FAST = [
 
 # Size of the tiny IDX MNIST written by the `mnist_dir` fixture.
 MNIST_TRAIN, MNIST_TEST = 256, 64
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that is free now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_cli(

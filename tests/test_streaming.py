@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import BIN, assert_same_weights, check_ok, read_jsonl
+from helpers import assert_same_weights, check_ok, free_port, read_jsonl
 from omegaconf import OmegaConf
 from test_image_folder import write_image_folder
 
@@ -40,38 +37,6 @@ TRAIN = [
     "trainer.log_every_n_steps=1",
     "logger=none",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def endpoint(tmp_path_factory):
-    """moto's standalone S3 server on a free port of 127.0.0.1, for this module."""
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("moto_server did not start") from None
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
-    log.close()
 
 
 def s3_env(endpoint: str, **extra) -> dict[str, str]:
@@ -285,7 +250,7 @@ def _copy(data, tmp_path) -> Path:
 
 def test_faults_of_the_object_store(data, endpoint, run_cli, tmp_path):
     base = [*TRAIN, f"dataset.local={tmp_path / 'cache'}", "trainer.max_epochs=1"]
-    closed = f"http://127.0.0.1:{_free_port()}"
+    closed = f"http://127.0.0.1:{free_port()}"
     cases = [
         (data["s3"], s3_env(closed, AWS_MAX_ATTEMPTS="2"), ["cannot reach", closed]),
         ("s3://no-such-bucket/x", s3_env(endpoint), ["no-such-bucket", "does not exist"]),

@@ -125,6 +125,15 @@ class StreamingDatasetConfig(DatasetConfig):
     crop_scale: list[float] = field(default_factory=lambda: [0.35, 1.0])
 
 
+@dataclass
+class StreamingTokensDatasetConfig(DatasetConfig):
+    remote: str = MISSING
+    local: str | None = None
+    cache_limit: str = "20gb"
+    block_size: int = 256
+    eval_windows: int = 200
+
+
 # ---- loss -------------------------------------------------------------------------------
 
 
@@ -610,6 +619,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "image_folder": ImageFolderDatasetConfig,
         "tokens": TokensDatasetConfig,
         "streaming": StreamingDatasetConfig,
+        "streaming_tokens": StreamingTokensDatasetConfig,
         "custom": DatasetConfig,
     },
     "loss": {"cross_entropy": CrossEntropyConfig, "custom": LossConfig},

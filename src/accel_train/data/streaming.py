@@ -18,6 +18,9 @@ resumes from, so a resumed run reads exactly the samples the epoch had left. Val
 
 Images are decoded and augmented by data/image_folder.py's code, so `dataset=streaming` and
 `dataset=image_folder` of the same files give the same pixels.
+
+Token shards (`dataset=streaming_tokens`, data/streaming_tokens.py) use this module's remotes,
+checks, cache and loader; the index's `kind` keeps each option to its own kind of shards.
 """
 
 from __future__ import annotations
@@ -186,14 +189,20 @@ def s3_error(err: Exception, url: str, key: str) -> UserError:
 # ---- reading what accel-data shard wrote ---------------------------------------------------
 
 
-def read_meta(remote: str, key: str = "dataset.remote") -> dict:
+# What each kind of shard set is written from and read with: the refusals name the other.
+KINDS = {
+    "image_folder": ("image", "dataset=image_folder dataset.root=<image folder>", "streaming"),
+    "tokens": ("token", "dataset=tokens dataset.path=<token folder>", "streaming_tokens"),
+}
+
+
+def read_meta(remote: str, key: str = "dataset.remote", kind: str = "image_folder") -> dict:
     """The shard set's accel_train.index.json (which `accel-data shard` writes last: a shard
-    set without it is incomplete)."""
+    set without it is incomplete), refused unless it holds ``kind`` (image_folder, tokens)."""
     url = f"{remote.rstrip('/')}/{META}"
     missing = (
         f"{key}={remote}: there is no shard set there ({META} is missing). Check the URL, or "
-        "write one: `accel-data shard dataset=image_folder dataset.root=<folder> "
-        f"out={remote}`."
+        f"write one: `accel-data shard {KINDS[kind][1]} out={remote}`."
     )
     if is_s3(remote):
         from botocore.exceptions import BotoCoreError, ClientError
@@ -225,14 +234,23 @@ def read_meta(remote: str, key: str = "dataset.remote") -> dict:
             f"{key}={remote}: {url} is not a shard index written by this version of accel-data "
             "shard. Write the shards again (`accel-data shard ... overwrite=true`)."
         ) from None
+    found = meta.get("kind", "image_folder")
+    if found != kind and found in KINDS:
+        what, source, option = KINDS[found]
+        raise UserError(
+            f"{key}={remote} holds {what} shards (written by `accel-data shard {source}`), but "
+            f"dataset={KINDS[kind][2]} reads {KINDS[kind][0]} shards. Train from these with "
+            f"`dataset={option} {key}={remote}`, or point {key} at {KINDS[kind][0]} shards "
+            f"(`accel-data shard {KINDS[kind][1]} out=<folder or s3://...>`)."
+        )
     return meta
 
 
-def check_shards(remote: str, split: str, expected: int, key: str = "dataset.remote") -> None:
+def check_shards(remote: str, split: str, expected: int, key: str = "dataset.remote") -> dict:
     """The split's LitData index.json against its chunk files (each there, each of the size
     the index records) and against the sample count of accel_train.index.json: a missing or
     truncated chunk, or an index that belongs to other shards, fails here, naming the file,
-    instead of inside a loader worker mid-epoch."""
+    instead of inside a loader worker mid-epoch. Returns the LitData index."""
     base = f"{remote.rstrip('/')}/{split}"
     sizes: dict[str, int] = {}
     if is_s3(remote):
@@ -292,6 +310,7 @@ def check_shards(remote: str, split: str, expected: int, key: str = "dataset.rem
                 f"records {chunk['chunk_bytes']}: it is truncated or from another run. Write "
                 "the shard set again with `accel-data shard ... overwrite=true`."
             )
+    return index
 
 
 def parse_size(value: Any, key: str) -> int:
@@ -327,6 +346,30 @@ def cache_folder(local: str, remote: str, key: str = "dataset.local") -> Path:
 
 
 # ---- the splits ----------------------------------------------------------------------------
+
+
+def open_shard_set(remote, local, cache_limit, kind: str) -> tuple[str, dict, Path, int]:
+    """The checks every streaming option starts with: (remote, its index, the cache folder,
+    the cache limit in bytes). ``kind``: the shards the option reads (image_folder, tokens)."""
+    if not remote or str(remote) == "???":
+        raise UserError(
+            "dataset.remote is required: the folder or s3:// URL `accel-data shard` wrote, e.g. "
+            "`dataset.remote=s3://my-bucket/imagenette`."
+        )
+    remote = str(remote)
+    require_litdata()
+    limit = parse_size(cache_limit, "dataset.cache_limit")
+    meta = read_meta(remote, kind=kind)
+    if is_s3(remote):
+        if not local:
+            raise UserError(
+                f"dataset.remote={remote} is an object store: set `dataset.local=<a local "
+                "folder>` for the shard cache (at most dataset.cache_limit of it is used)."
+            )
+        cache = cache_folder(str(local), remote)
+    else:
+        cache = Path(remote)  # read in place: nothing is copied
+    return remote, meta, cache, limit
 
 
 class _Decoder:
@@ -375,11 +418,15 @@ def _litdata_class():
 
 
 class StreamingSource:
-    """Where one split's shards are and how to open them with LitData (in any process)."""
+    """Where one split's shards are and how to open them with LitData (in any process).
+    ``item_loader``: makes a fresh LitData item loader for each data set opened (it holds the
+    state of the chunks being read), e.g. a TokensLoader for token shards; None = LitData's
+    default, for items such as the images' dicts."""
 
-    def __init__(self, remote, split, cache, cache_limit, decoder):
+    def __init__(self, remote, split, cache, cache_limit, decoder, item_loader=None):
         self.remote, self.split, self.cache = remote.rstrip("/"), split, cache
         self.cache_limit, self.decoder = cache_limit, decoder
+        self.item_loader = item_loader
 
     def open(self, *, shuffle: bool, seed: int, drop_last: bool):
         from litdata.streaming.resolver import Dir
@@ -398,6 +445,7 @@ class StreamingSource:
                 drop_last=drop_last,
                 max_cache_size=self.cache_limit,
                 storage_options=storage_options(),
+                item_loader=self.item_loader() if self.item_loader else None,
             )
         except UserError:
             raise
@@ -427,14 +475,17 @@ def reading_error(err: BaseException, url: str) -> UserError:
 
 class StreamingEvalSplit(Dataset):
     """A split read by index, in order (chunk after chunk), through the usual torch loader:
-    validation and test. These chunks stay in the cache (they are read every validation)."""
+    validation and test. These chunks stay in the cache (they are read every validation).
+    Image splits know their ``labels`` (one per item); token splits read only the items of
+    ``indices`` (the fixed validation windows)."""
 
-    def __init__(self, source: StreamingSource, labels: torch.Tensor):
+    def __init__(self, source: StreamingSource, labels=None, indices: Sequence[int] = ()):
         self.source, self.labels = source, labels
+        self.indices = indices if labels is None else range(len(labels))
         self._ds = None
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.indices)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         if self._ds is None:  # opened in the process that reads (a loader worker too)
@@ -442,7 +493,7 @@ class StreamingEvalSplit(Dataset):
             ds._on_demand_bytes = False  # whole chunks into the cache, not one range GET each
             self._ds = ds
         try:
-            return self._ds[int(i)]
+            return self._ds[int(self.indices[i])]
         except UserError:
             raise
         except Exception as err:  # noqa: BLE001
@@ -462,9 +513,12 @@ class StreamingTrainSplit(StreamingEvalSplit):
     instead of wrapping the split in a loader of its own: streaming reads chunk by chunk, in
     LitData's order."""
 
-    def make_loader(self, loader_cfg, *, device, seed, rank, world, limit, num_classes, **_):
-        source = self.source
-        return StreamingLoader(source, loader_cfg, device, seed, rank, world, limit, num_classes)
+    def make_loader(
+        self, loader_cfg, *, device, seed, rank, world, limit, num_classes, labelled=True, **_
+    ):
+        # Class labels are checked per batch (as the torch loader does); token windows have none.
+        collate = _CheckedCollate(num_classes) if labelled else None
+        return StreamingLoader(self.source, loader_cfg, device, seed, rank, world, limit, collate)
 
 
 def build_streaming(
@@ -482,25 +536,8 @@ def build_streaming(
     **_,
 ) -> Splits:
     """The `dataset=streaming` splits (see the module docstring)."""
-    if not remote or str(remote) == "???":
-        raise UserError(
-            "dataset.remote is required: the folder or s3:// URL `accel-data shard` wrote, e.g. "
-            "`dataset.remote=s3://my-bucket/imagenette`."
-        )
-    remote = str(remote)
-    require_litdata()
     scale = _check_options(image_size, resize_size, augment, "none", 0.0, crop_scale)
-    limit = parse_size(cache_limit, "dataset.cache_limit")
-    meta = read_meta(remote)
-    if is_s3(remote):
-        if not local:
-            raise UserError(
-                f"dataset.remote={remote} is an object store: set `dataset.local=<a local "
-                "folder>` for the shard cache (at most dataset.cache_limit of it is used)."
-            )
-        cache = cache_folder(str(local), remote)
-    else:
-        cache = Path(remote)  # read in place: nothing is copied
+    remote, meta, cache, limit = open_shard_set(remote, local, cache_limit, "image_folder")
     size = int(image_size)
     base_size = int(resize_size) or round(size / 0.875)
     crop = RandomResizedCrop(size, scale, random_hflip) if augment == "cpu" else None
@@ -575,7 +612,7 @@ class StreamingLoader:
     samples this rank has read, and the worker the next batch comes from); LitData replays
     its order up to there, so the resumed epoch reads exactly the samples not yet seen."""
 
-    def __init__(self, source, loader_cfg, device, seed, rank, world, limit, num_classes):
+    def __init__(self, source, loader_cfg, device, seed, rank, world, limit, collate_fn):
         from litdata import StreamingDataLoader
         from litdata.utilities.env import _DistributedEnv
 
@@ -595,7 +632,7 @@ class StreamingLoader:
                 self.dataset,
                 batch_size=self.batch_size,
                 num_workers=self.workers,
-                collate_fn=_CheckedCollate(num_classes),
+                collate_fn=collate_fn,
                 pin_memory=loader_cfg.pin_memory and device.type == "cuda",
                 # Not persistent: workers must see each epoch's (and a resume's) state.
                 persistent_workers=False,

@@ -113,12 +113,21 @@ class BpeTokenizer:
 
     @classmethod
     def from_file(cls, path: Path) -> BpeTokenizer:
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            raise UserError(f"{path}: cannot read the tokenizer file ({err}).") from None
+        return cls.from_json(text, str(path))
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> BpeTokenizer:
+        """A tokenizer.json's text (from a file, or kept in a shard index); `where` names it."""
         tk = cls._library()
         try:
-            return cls(tk.Tokenizer.from_file(str(path)))
+            return cls(tk.Tokenizer.from_str(text))
         except Exception as err:  # noqa: BLE001 - the library's own parse errors, any type
             raise UserError(
-                f"{path} is not a tokenizer file the `tokenizers` library can read ({err}). "
+                f"{where} is not a tokenizer file the `tokenizers` library can read ({err}). "
                 "Pass a tokenizer.json saved by `tokenizers` (Tokenizer.save) or by Hugging "
                 "Face's `save_pretrained`."
             ) from None
@@ -159,12 +168,20 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     """The tokenizer a token folder was made with (JSON only: nothing is executed)."""
     folder = Path(folder)
     meta = read_meta(folder)
+    if meta.get("tokenizer") == "bpe":
+        return BpeTokenizer.from_file(folder / meta.get("tokenizer_file", TOKENIZER_FILE))
+    return tokenizer_from_meta(meta, str(folder / META))
+
+
+def tokenizer_from_meta(meta: dict, where: str, bpe_json: str | None = None) -> Tokenizer:
+    """The tokenizer a meta.json describes: a char vocabulary is in it, a BPE's tokenizer.json
+    is given as text (a shard index keeps it; `where` names what the meta came from)."""
     kind = meta.get("tokenizer", "char" if "itos" in meta else None)
     if kind == "char" and isinstance(meta.get("itos"), list):
         return CharTokenizer([str(c) for c in meta["itos"]])
-    if kind == "bpe":
-        return BpeTokenizer.from_file(folder / meta.get("tokenizer_file", TOKENIZER_FILE))
+    if kind == "bpe" and bpe_json is not None:
+        return BpeTokenizer.from_json(bpe_json, where)
     raise UserError(
-        f"{folder / META} names no tokenizer this version reads (`tokenizer`: char with an "
-        "`itos` list, or bpe with a tokenizer.json beside it)."
+        f"{where} names no tokenizer this version reads (`tokenizer`: char with an `itos` list, "
+        "or bpe with its tokenizer.json)."
     )

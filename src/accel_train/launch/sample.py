@@ -2,7 +2,8 @@
 
 The checkpoint is read with the safe loader (weights and plain data only: nothing in it runs);
 the model is rebuilt from the config stored in it and the tokenizer from its token folder's
-meta.json (JSON only). The same seed gives the same text.
+meta.json, or for a run trained from token shards (dataset=streaming_tokens) from the copy the
+shard index keeps (JSON only either way). The same seed gives the same text.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from accel_train.checkpoint import load_checkpoint
 from accel_train.config.run_config import typed
-from accel_train.data.tokenizer import CharTokenizer, load_tokenizer
-from accel_train.data.tokens import token_folder
+from accel_train.data.streaming_tokens import dataset_tokenizer
+from accel_train.data.tokenizer import CharTokenizer
 from accel_train.errors import UserError
 from accel_train.models import build_model
 from accel_train.models.generate import generate
@@ -40,8 +41,7 @@ def sample_checkpoint(scfg: DictConfig) -> list[str]:
             "trained with task=language_model (e.g. `+experiment=gpt_char`)."
         )
     data_dir = scfg.data_dir or cfg.paths.data_dir
-    folder = token_folder(str(cfg.dataset.path), data_dir)
-    tokenizer = load_tokenizer(folder)
+    tokenizer, where = dataset_tokenizer(cfg.dataset, data_dir)
     device = resolve_device(scfg.device)
     model = build_model(cfg.model, 0, 0, 0, {"vocab_size": tokenizer.vocab_size})
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
@@ -59,7 +59,7 @@ def sample_checkpoint(scfg: DictConfig) -> list[str]:
         missing = "".join(tokenizer.unknown(prompt)[:20])
         raise UserError(
             f"prompt: the character(s) {missing!r} are not in this model's vocabulary (a char "
-            f"tokenizer of {tokenizer.vocab_size} characters, {folder / 'meta.json'}). Leave "
+            f"tokenizer of {tokenizer.vocab_size} characters, {where}). Leave "
             "them out of the prompt."
         )
     ids = tokenizer.encode(prompt).tolist() if prompt else []

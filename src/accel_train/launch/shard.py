@@ -1,5 +1,6 @@
-"""`accel-data shard`: an image folder -> a LitData shard set in a local folder or an S3 bucket,
-the layout `dataset=streaming` trains from (data/streaming.py, docs/streaming.md).
+"""`accel-data shard`: an image folder or a token folder -> a LitData shard set in a local
+folder or an S3 bucket, the layout `dataset=streaming` (images, data/streaming.py) or
+`dataset=streaming_tokens` (tokens, data/streaming_tokens.py) trains from (docs/streaming.md).
 
 Each item is the image file's bytes as they are (JPEG/PNG, not decoded: shards stay the size of
 the data set and the image size is chosen at training time), its label and its index. The val
@@ -8,6 +9,12 @@ seeded by dataset.seed), so both options train on the same samples. LitData's `o
 writes the chunks and their index.json; accel_train.index.json (the classes and labels) is
 written last, so a shard set without it is incomplete and is refused by `dataset=streaming`.
 A local `out` is written under a temporary name and renamed into place.
+
+A token folder's train.bin and val.bin are written in LitData's token format
+(`optimize(..., item_loader=TokensLoader())`, as litgpt does): each split's tokens in order, cut
+into pieces of a fraction of a chunk, so LitData fills each chunk with consecutive tokens. Its
+index records `kind: tokens` and the folder's meta.json (vocabulary, dtype, tokenizer; a BPE
+tokenizer's tokenizer.json as text), so training and `accel-sample` need only the shard set.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from accel_train.data.image_folder import scan_folder
@@ -28,12 +36,16 @@ from accel_train.data.streaming import (
     META_FORMAT,
     allow_plain_http,
     is_s3,
+    parse_size,
     require_litdata,
     s3_client,
     s3_error,
     split_url,
     storage_options,
 )
+from accel_train.data.tokenizer import TOKENIZER_FILE
+from accel_train.data.tokenizer import read_meta as read_token_meta
+from accel_train.data.tokens import token_folder
 from accel_train.errors import UserError
 from accel_train.launch.tokenize import replace_folder
 
@@ -55,10 +67,13 @@ def shard(cfg: DictConfig) -> str:
         )
     ds, out = cfg.dataset, str(cfg.out).rstrip("/")
     require_litdata()
+    if ds.get("name") == "tokens":
+        return _shard_tokens(cfg, out)
     if ds.get("name") != "image_folder":
         raise UserError(
-            f"dataset={ds.get('name')}: accel-data shard writes image folders only "
-            "(dataset=image_folder dataset.root=<folder>); token folders are not supported yet."
+            f"dataset={ds.get('name')}: accel-data shard writes image folders "
+            "(dataset=image_folder dataset.root=<folder>) and token folders (dataset=tokens "
+            "dataset.path=<folder>)."
         )
     root = Path(str(ds.root)).expanduser()
     if not root.is_dir():
@@ -96,22 +111,79 @@ def shard(cfg: DictConfig) -> str:
             for name, items in parts.items()
         },
     }
-    if is_s3(out):
-        _write_s3(cfg, out, parts, meta)
-    else:
-        _write_local(cfg, Path(out).expanduser(), parts, meta)
+    inputs = {
+        name: [(i, path, label) for i, (path, label) in enumerate(items)]
+        for name, items in parts.items()
+    }
+    _write(cfg, out, read_item, inputs, meta, None)
     counts = ", ".join(f"{len(v):,} {k}" for k, v in parts.items())
     print(f"accel-data: {counts} images of {len(train_folder.classes)} classes -> {out}/")
     return out
 
 
-def _optimize(cfg: DictConfig, items: list[tuple[str, int]], output_dir: str, mode) -> None:
+def read_tokens(entry: tuple[str, str, int, int]) -> np.ndarray:
+    """One piece of a token split (LitData's optimize calls this in its writer processes)."""
+    path, dtype, start, stop = entry
+    return np.array(np.memmap(path, dtype=dtype, mode="r")[start:stop])
+
+
+def _shard_tokens(cfg: DictConfig, out: str) -> str:
+    """A token folder (train.bin, val.bin, meta.json) -> LitData token shards."""
+    from litdata.streaming.item_loader import TokensLoader
+
+    ds = cfg.dataset
+    folder = token_folder(str(ds.path), None)
+    folder_meta = read_token_meta(folder)
+    dtype = np.dtype(folder_meta.get("dtype", "uint16"))
+    # Pieces of 1/16 of a chunk: LitData closes a chunk at a piece boundary, so chunks stay
+    # within ~6% of chunk_bytes, and a writer never holds more than a piece in memory.
+    piece = max(1, parse_size(cfg.chunk_bytes, "chunk_bytes") // dtype.itemsize // 16)
+    inputs, splits = {}, {}
+    for name in ("train", "val"):
+        file = folder / f"{name}.bin"
+        if not file.is_file():
+            raise UserError(f"{file} not found: a token folder holds train.bin and val.bin.")
+        tokens = file.stat().st_size // dtype.itemsize
+        if tokens == 0:  # LitData refuses an empty input list with a bare ValueError
+            raise UserError(f"{file} holds no tokens: tokenize more text into {folder}.")
+        inputs[name] = [
+            (str(file.absolute()), dtype.name, start, min(start + piece, tokens))
+            for start in range(0, tokens, piece)
+        ]
+        splits[name] = {"samples": len(inputs[name]), "tokens": tokens}
+    meta = {
+        "format": META_FORMAT,
+        "kind": "tokens",
+        "source": str(folder.absolute()),
+        "tokens": folder_meta,
+        "splits": splits,
+    }
+    if folder_meta.get("tokenizer") == "bpe":  # its vocabulary lives in a file of its own
+        bpe = folder / folder_meta.get("tokenizer_file", TOKENIZER_FILE)
+        if not bpe.is_file():
+            raise UserError(f"{bpe} not found: {folder / 'meta.json'} names a BPE tokenizer.")
+        meta["tokenizer_json"] = bpe.read_text()
+    _write(cfg, out, read_tokens, inputs, meta, TokensLoader())
+    counts = ", ".join(f"{v['tokens']:,} {k}" for k, v in splits.items())
+    print(f"accel-data: {counts} tokens (vocabulary {folder_meta['vocab_size']:,}) -> {out}/")
+    return out
+
+
+def _write(cfg: DictConfig, out: str, fn, inputs: dict, meta: dict, item_loader) -> None:
+    if is_s3(out):
+        _write_s3(cfg, out, fn, inputs, meta, item_loader)
+    else:
+        _write_local(cfg, Path(out).expanduser(), fn, inputs, meta, item_loader)
+
+
+def _optimize(cfg: DictConfig, fn, inputs: list, output_dir: str, mode, item_loader) -> None:
     import litdata
 
-    inputs = [(i, path, label) for i, (path, label) in enumerate(items)]
     kwargs = {"mode": mode} if mode else {}
+    if item_loader is not None:
+        kwargs["item_loader"] = item_loader
     litdata.optimize(
-        fn=read_item,
+        fn=fn,
         inputs=inputs,
         output_dir=output_dir,
         chunk_bytes=str(cfg.chunk_bytes),
@@ -124,7 +196,7 @@ def _optimize(cfg: DictConfig, items: list[tuple[str, int]], output_dir: str, mo
     )
 
 
-def _write_local(cfg: DictConfig, out: Path, parts: dict, meta: dict) -> None:
+def _write_local(cfg: DictConfig, out: Path, fn, inputs: dict, meta: dict, item_loader) -> None:
     if out.exists() and not out.is_dir():
         raise UserError(f"out={out} is a file, not a folder: choose another `out`.")
     if out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
@@ -139,8 +211,8 @@ def _write_local(cfg: DictConfig, out: Path, parts: dict, meta: dict) -> None:
     except OSError as err:
         raise UserError(f"out={out}: cannot write there ({err.strerror or err}).") from None
     try:
-        for name, items in parts.items():
-            _optimize(cfg, items, str(partial / name), None)
+        for name, items in inputs.items():
+            _optimize(cfg, fn, items, str(partial / name), None, item_loader)
         (partial / META).write_text(json.dumps(meta) + "\n")
         replace_folder(partial, out)
     except BaseException:
@@ -148,7 +220,7 @@ def _write_local(cfg: DictConfig, out: Path, parts: dict, meta: dict) -> None:
         raise
 
 
-def _write_s3(cfg: DictConfig, out: str, parts: dict, meta: dict) -> None:
+def _write_s3(cfg: DictConfig, out: str, fn, inputs: dict, meta: dict, item_loader) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     allow_plain_http()
@@ -171,8 +243,9 @@ def _write_s3(cfg: DictConfig, out: str, parts: dict, meta: dict) -> None:
         if cfg.overwrite:  # the index goes first: a half-replaced set is never taken as whole
             with contextlib.suppress(ClientError):
                 client.delete_object(Bucket=bucket, Key=f"{prefix}/{META}".lstrip("/"))
-        for name, items in parts.items():
-            _optimize(cfg, items, f"{out}/{name}", "overwrite" if cfg.overwrite else None)
+        mode = "overwrite" if cfg.overwrite else None
+        for name, items in inputs.items():
+            _optimize(cfg, fn, items, f"{out}/{name}", mode, item_loader)
         client.put_object(
             Bucket=bucket, Key=f"{prefix}/{META}".lstrip("/"), Body=json.dumps(meta).encode()
         )

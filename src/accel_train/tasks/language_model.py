@@ -16,8 +16,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from accel_train.data.tokenizer import load_tokenizer
-from accel_train.data.tokens import token_folder
+from accel_train.data.streaming_tokens import dataset_tokenizer
 from accel_train.errors import UserError
 from accel_train.models.generate import generate
 from accel_train.tasks.base import Task, TaskContext
@@ -70,17 +69,18 @@ class LanguageModel(Task):
             )
 
     def _setup_samples(self, ctx: TaskContext) -> None:
-        path = ctx.cfg.dataset.get("path")
+        path = ctx.cfg.dataset.get("path") or ctx.cfg.dataset.get("remote")
         block = ctx.cfg.model.get("block_size") or getattr(ctx.model, "block_size", 0)
         if not path or not block:
             raise UserError(
                 f"task.sample_lines={self.sample_lines}: sampling at validation decodes with a "
-                "token folder's tokenizer (`dataset=tokens dataset.path=...`) and needs the "
-                "model's context (`model.block_size`); this run has "
+                "token folder's tokenizer (`dataset=tokens dataset.path=...` or "
+                "`dataset=streaming_tokens dataset.remote=...`) and needs the model's context "
+                "(`model.block_size`); this run has "
                 f"{'no dataset.path' if not path else 'no model.block_size'}. Set "
                 "`task.sample_lines=0` or train on a token folder."
             )
-        self.tokenizer = load_tokenizer(token_folder(str(path), ctx.cfg.paths.data_dir))
+        self.tokenizer, _ = dataset_tokenizer(ctx.cfg.dataset, ctx.cfg.paths.data_dir)
         self.block_size, self.seed = int(block), int(ctx.cfg.trainer.seed)
 
     def validation_text(self, model: nn.Module, autocast) -> list[str]:
