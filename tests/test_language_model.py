@@ -133,3 +133,29 @@ def test_windows_are_seeded_by_epoch_and_fixed_for_validation(tmp_path):
     assert a.train.getitem(3, 0)[0].tolist() != a.train.getitem(3, 1)[0].tolist()
     assert [a.val[i][0][0].item() for i in range(3)] == [b.val[i][0][0].item() for i in range(3)]
     assert a.model_args == {"vocab_size": 65535} and a.test is None
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_token_ids_outside_the_vocabulary_are_one_paragraph(lm_run, tmp_path, workers):
+    """A token folder whose meta.json undercounts its vocabulary (another tokenizer's ids, the
+    wrong dtype, a damaged file) would index past the embedding: an IndexError inside the
+    forward on the CPU, a device-side assert on CUDA. Refused as one paragraph naming the file,
+    also when a loader worker reads it."""
+    cwd, _ = lm_run
+    bad = tmp_path / "tokens"
+    bad.mkdir()
+    for name in ("train.bin", "val.bin"):
+        (bad / name).write_bytes((cwd / "tokens" / name).read_bytes())
+    meta = json.loads((cwd / "tokens/meta.json").read_text())
+    meta["vocab_size"] = 5  # the text's ids go well above 5
+    (bad / "meta.json").write_text(json.dumps(meta))
+    args = [
+        *TINY_GPT,
+        f"dataset.path={bad}",
+        "trainer.max_steps=2",
+        f"loader.num_workers={workers}",
+    ]
+    proc = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "train.bin" in proc.stderr and "vocab_size" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "Original" not in proc.stderr, proc.stderr

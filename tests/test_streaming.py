@@ -281,7 +281,7 @@ def test_faults_of_the_shards(data, run_cli, tmp_path):
     _refused(run_cli(args), chunk.name, "truncated")
     # A corrupt chunk (its bytes overwritten, its size unchanged): found while reading it.
     chunk.write_bytes(good[:2000] + os.urandom(len(good) - 2100) + good[-100:])
-    _refused(run_cli(args), "dataset.remote", "shards")
+    _refused(run_cli(args), "dataset.remote", chunk.name)
     # A missing chunk.
     chunk.unlink()
     _refused(run_cli(args), chunk.name, "missing")

@@ -12,7 +12,19 @@ import sys
 
 
 class UserError(ValueError):
-    """A problem the user can fix: reported as one paragraph, exit 2, no traceback."""
+    """A problem the user can fix: reported as one paragraph, exit 2, no traceback.
+
+    Raised in a DataLoader worker (a label check, an unreadable image, a token id outside the
+    vocabulary), it reaches the main process re-created by torch as ``type(err)("Caught
+    <name> in DataLoader worker process 0. Original Traceback ...: <message>")``; the
+    constructor keeps only the message, so the user still sees one paragraph."""
+
+    def __init__(self, message: object = "", *args: object):
+        text = str(message)
+        marker = f"{type(self).__name__}: "
+        if text.startswith("Caught ") and "Original Traceback" in text and marker in text:
+            message = text.rsplit(marker, 1)[1].strip()
+        super().__init__(message, *args)
 
 
 def report_user_errors(fn):

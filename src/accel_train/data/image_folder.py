@@ -57,17 +57,8 @@ DECODE_BATCH = 64
 
 
 class UnreadableImageError(UserError):
-    """An image file that does not decode.
-
-    Raised in a DataLoader worker, it reaches the main process re-created by torch as
-    ``type(err)("Caught ... in DataLoader worker process 0. Original Traceback ...: <message>")``;
-    this keeps only the message, so the user still sees one paragraph and no traceback."""
-
-    def __init__(self, message: str):
-        marker = f"{type(self).__name__}: "
-        if message.startswith("Caught ") and marker in message:
-            message = message.rsplit(marker, 1)[1].strip()
-        super().__init__(message)
+    """An image file that does not decode (UserError keeps its message one paragraph when a
+    loader worker raised it)."""
 
 
 # ---- the builder ---------------------------------------------------------------------------

@@ -408,13 +408,47 @@ def _litdata_class():
         decoder: _Decoder
 
         def __getitem__(self, index):
-            return self.decoder(super().__getitem__(index), int(self.current_epoch))
+            try:
+                return self.decoder(super().__getitem__(index), int(self.current_epoch))
+            except Exception as err:  # noqa: BLE001 - one paragraph naming the chunk file
+                raise sample_error(err, self, index) from None
 
         def __setstate__(self, state):
             self.__dict__.update(state)
             allow_plain_http()
 
     return _Shards
+
+
+def _chunk_file(ds, index) -> str | None:
+    """The chunk file that holds sample `index` of a LitData StreamingDataset (its internals,
+    read defensively: None where they differ)."""
+    try:
+        chunk = getattr(index, "chunk_index", None)
+        if chunk is None:
+            chunk = ds.cache._get_chunk_index_from_index(int(index))[1]
+        return str(ds.cache._reader.config._chunks[chunk]["filename"])
+    except Exception:  # noqa: BLE001 - only the error message is at stake
+        return None
+
+
+def sample_error(err: Exception, ds, index) -> UserError:
+    """Reading or decoding one sample failed: one paragraph that names its chunk file."""
+    chunk = _chunk_file(ds, index)
+    url = getattr(getattr(ds, "input_dir", None), "url", None) or getattr(
+        getattr(ds, "input_dir", None), "path", ""
+    )
+    if chunk is None:
+        return err if isinstance(err, UserError) else reading_error(err, str(url))
+    if isinstance(err, UserError):  # the decoder's own paragraph, plus where the sample is
+        return UserError(f"{err} The sample is in the chunk {chunk}.")
+    reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    return UserError(
+        f"dataset.remote: the chunk {chunk} of the shards {url} could not be read "
+        f"({type(err).__name__}: {reason[:300]}): it is damaged. Write the shard set again "
+        "(`accel-data shard ... overwrite=true`); with an object store, also delete the chunk "
+        "from the dataset.local cache."
+    )
 
 
 class StreamingSource:

@@ -34,7 +34,7 @@ from accel_train.data.streaming import (
     read_meta,
 )
 from accel_train.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_from_meta
-from accel_train.data.tokens import token_folder
+from accel_train.data.tokens import check_token_ids, token_folder
 from accel_train.errors import UserError
 
 try:
@@ -84,10 +84,21 @@ LockedTokensLoader.__name__ = "TokensLoader"
 
 
 class _Windows:
-    """A window of block_size + 1 tokens (LitData's item) -> (inputs, targets) as int64."""
+    """A window of block_size + 1 tokens (LitData's item) -> (inputs, targets) as int64, its
+    ids checked against the vocabulary."""
+
+    def __init__(self, vocab_size: int, where: str):
+        self.vocab_size, self.where = vocab_size, where
 
     def __call__(self, item: Any, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        window = torch.from_numpy(np.asarray(item, dtype=np.int64))
+        ids = np.asarray(item, dtype=np.int64)
+        check_token_ids(
+            ids,
+            self.vocab_size,
+            f"dataset.remote: a window of the shards {self.where}",
+            "Shard the token folder again (`accel-data shard dataset=tokens ... overwrite=true`).",
+        )
+        window = torch.from_numpy(ids)
         return window[:-1], window[1:]
 
 
@@ -104,6 +115,7 @@ def build_streaming_tokens(
     """The `dataset=streaming_tokens` splits (see the module docstring)."""
     remote, meta, cache, limit = open_shard_set(remote, local, cache_limit, "tokens")
     window = int(block_size) + 1
+    vocab_size = int(meta["tokens"]["vocab_size"])
     windows = {}
     for name in ("train", "val"):
         index = check_shards(remote, name, int(meta["splits"][name]["samples"]))
@@ -116,17 +128,21 @@ def build_streaming_tokens(
                 "again with larger chunks (`accel-data shard ... chunk_bytes=64MB`)."
             )
     train = StreamingTrainSplit(
-        StreamingSource(remote, "train", cache, limit, _Windows(), windows_of(window)),
+        StreamingSource(
+            remote, "train", cache, limit, _Windows(vocab_size, remote), windows_of(window)
+        ),
         indices=range(windows["train"]),
     )
     n_val = max(1, min(int(eval_windows), windows["val"]))
     val_starts = np.linspace(0, windows["val"] - 1, n_val).round().astype(np.int64)
     val = StreamingEvalSplit(
-        StreamingSource(remote, "val", cache, limit, _Windows(), windows_of(window)),
+        StreamingSource(
+            remote, "val", cache, limit, _Windows(vocab_size, remote), windows_of(window)
+        ),
         indices=sorted(set(val_starts.tolist())),
     )
     splits = Splits(train, val, None, in_channels=0, image_size=0, num_classes=0)
-    splits.model_args = {"vocab_size": int(meta["tokens"]["vocab_size"])}
+    splits.model_args = {"vocab_size": vocab_size}
     return splits
 
 

@@ -29,6 +29,7 @@ from accel_train.errors import UserError
 class TokenWindows(Dataset):
     def __init__(self, path: Path, dtype: str, block_size: int, starts: np.ndarray | None, n: int):
         self.path, self.dtype, self.block_size = path, dtype, block_size
+        self.vocab_size = 0  # meta.json's: ids at or above it are refused (0: not checked)
         self.fixed = starts  # evaluation: these windows; training: None (drawn per epoch)
         self.n = n  # windows in the split (per epoch, for training)
         self.tokens = len(np.memmap(path, dtype=dtype, mode="r"))
@@ -56,6 +57,12 @@ class TokenWindows(Dataset):
     def getitem(self, i: int, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         start = int(self.starts(epoch)[i])
         chunk = np.asarray(self._memmap()[start : start + self.block_size + 1], dtype=np.int64)
+        check_token_ids(
+            chunk,
+            self.vocab_size,
+            f"{self.path} (tokens {start}-{start + len(chunk)})",
+            "Tokenize the text again (`accel-data tokenize ... overwrite=true`).",
+        )
         window = torch.from_numpy(chunk)
         return window[:-1], window[1:]
 
@@ -98,9 +105,22 @@ def token_splits(
             n = max(1, min(eval_windows, tokens - block_size))
             starts = np.linspace(0, tokens - block_size - 1, n).astype(np.int64)
             sets[name] = TokenWindows(file, dtype, block_size, starts, n)
+        sets[name].vocab_size = int(meta["vocab_size"])
     splits = Splits(sets["train"], sets["val"], None, in_channels=0, image_size=0, num_classes=0)
     splits.model_args = {"vocab_size": int(meta["vocab_size"])}
     return splits
+
+
+def check_token_ids(window: np.ndarray, vocab_size: int, where: str, fix: str) -> None:
+    """A token id at or above the vocabulary would index past the model's embedding: an
+    IndexError deep in the forward on the CPU, a device-side assert on CUDA. Checked on the
+    host as each window is read (a max over block_size + 1 ids, in the loader)."""
+    if vocab_size and window.size and int(window.max()) >= vocab_size:
+        raise UserError(
+            f"{where} holds token id {int(window.max())}, but the vocabulary has {vocab_size} "
+            "ids (meta.json's vocab_size): the tokens and their meta.json do not belong together "
+            f"(another tokenizer, the wrong dtype, or a damaged file). {fix}"
+        )
 
 
 def token_folder(path: str, data_dir: str | None) -> Path:
