@@ -73,6 +73,24 @@ def test_sampling_is_seeded(lm_run):
     assert set(first.stdout) <= set(TEXT) | {"\n"}
 
 
+def test_a_checkpoint_samples_without_its_token_folder(lm_run, tmp_path):
+    """The checkpoint keeps its tokenizer (plain JSON data): copied elsewhere, with no token
+    folder at dataset.path or under paths.data_dir, it samples the same text."""
+    cwd, _ = lm_run
+    copy = tmp_path / "best.pt"
+    copy.write_bytes((cwd / "run/checkpoints/best.pt").read_bytes())
+    args = ["prompt=def", "max_new_tokens=40", "top_k=5", "seed=3"]
+    here = run_cli(
+        [f"ckpt_path={cwd / 'run/checkpoints/best.pt'}", *args], cwd, prog="accel-sample"
+    )
+    elsewhere = run_cli(
+        [f"ckpt_path={copy}", *args, "data_dir=nowhere"], tmp_path, prog="accel-sample"
+    )
+    check_ok(here)
+    check_ok(elsewhere)
+    assert elsewhere.stdout == here.stdout and not (tmp_path / "tokens").exists()
+
+
 def test_sampling_refusals_are_one_paragraph(lm_run, tmp_path):
     cwd, _ = lm_run
     best = f"ckpt_path={cwd / 'run/checkpoints/best.pt'}"

@@ -33,7 +33,7 @@ from accel_train.data.streaming import (
     open_shard_set,
     read_meta,
 )
-from accel_train.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_from_meta
+from accel_train.data.tokenizer import Tokenizer, tokenizer_description, tokenizer_from_meta
 from accel_train.data.tokens import check_token_ids, token_folder
 from accel_train.errors import UserError
 
@@ -155,10 +155,17 @@ def dataset_tokenizer(ds: DictConfig, data_dir: str | None) -> tuple[Tokenizer, 
     """The tokenizer a language model's data set was made with, and where it was read from: a
     token folder's meta.json (dataset=tokens) or the copy a token shard set keeps in its index
     (dataset=streaming_tokens)."""
+    meta, bpe_json, where = tokenizer_data(ds, data_dir)
+    return tokenizer_from_meta(meta, where, bpe_json), where
+
+
+def tokenizer_data(ds: DictConfig, data_dir: str | None) -> tuple[dict, str | None, str]:
+    """The same tokenizer as plain data (its meta, a BPE's tokenizer.json text, where it was
+    read): what tokenizer_from_meta rebuilds it from, and what a checkpoint can keep."""
     if ds.get("remote"):
         remote = str(ds.remote).rstrip("/")
         meta = read_meta(remote, kind="tokens")
-        where = f"{remote}/{META}"
-        return tokenizer_from_meta(meta["tokens"], where, meta.get("tokenizer_json")), where
+        return meta["tokens"], meta.get("tokenizer_json"), f"{remote}/{META}"
     folder = token_folder(str(ds.path), data_dir)
-    return load_tokenizer(folder), str(folder / "meta.json")
+    meta, bpe_json = tokenizer_description(folder)
+    return meta, bpe_json, str(folder / "meta.json")

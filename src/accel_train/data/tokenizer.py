@@ -166,11 +166,21 @@ def read_meta(folder: Path) -> dict:
 
 def load_tokenizer(folder: Path) -> Tokenizer:
     """The tokenizer a token folder was made with (JSON only: nothing is executed)."""
-    folder = Path(folder)
+    meta, bpe_json = tokenizer_description(Path(folder))
+    return tokenizer_from_meta(meta, str(Path(folder) / META), bpe_json)
+
+
+def tokenizer_description(folder: Path) -> tuple[dict, str | None]:
+    """A token folder's tokenizer as plain data: its meta.json and, for a BPE, the text of its
+    tokenizer.json (what tokenizer_from_meta rebuilds it from; what a checkpoint keeps)."""
     meta = read_meta(folder)
-    if meta.get("tokenizer") == "bpe":
-        return BpeTokenizer.from_file(folder / meta.get("tokenizer_file", TOKENIZER_FILE))
-    return tokenizer_from_meta(meta, str(folder / META))
+    if meta.get("tokenizer") != "bpe":
+        return meta, None
+    path = folder / meta.get("tokenizer_file", TOKENIZER_FILE)
+    try:
+        return meta, path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: cannot read the tokenizer file ({err}).") from None
 
 
 def tokenizer_from_meta(meta: dict, where: str, bpe_json: str | None = None) -> Tokenizer:

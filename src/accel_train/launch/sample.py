@@ -1,9 +1,10 @@
 """The body of `accel-sample`: text from a language-model checkpoint.
 
 The checkpoint is read with the safe loader (weights and plain data only: nothing in it runs);
-the model is rebuilt from the config stored in it and the tokenizer from its token folder's
-meta.json, or for a run trained from token shards (dataset=streaming_tokens) from the copy the
-shard index keeps (JSON only either way). The same seed gives the same text.
+the model is rebuilt from the config stored in it and the tokenizer from the copy the checkpoint
+keeps (the task's checkpoint_data); a checkpoint without one (written before) falls back to its
+token folder's meta.json or, for token shards (dataset=streaming_tokens), the copy the shard
+index keeps (JSON only either way). The same seed gives the same text.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from accel_train.checkpoint import load_checkpoint
 from accel_train.config.run_config import typed
 from accel_train.data.streaming_tokens import dataset_tokenizer
-from accel_train.data.tokenizer import CharTokenizer
+from accel_train.data.tokenizer import CharTokenizer, tokenizer_from_meta
 from accel_train.errors import UserError
 from accel_train.models import build_model
 from accel_train.models.generate import generate
@@ -40,8 +41,12 @@ def sample_checkpoint(scfg: DictConfig) -> list[str]:
             f"{cfg.task.get('name') or cfg.task._target_}): accel-sample samples text from runs "
             "trained with task=language_model (e.g. `+experiment=gpt_char`)."
         )
-    data_dir = scfg.data_dir or cfg.paths.data_dir
-    tokenizer, where = dataset_tokenizer(cfg.dataset, data_dir)
+    kept = (state.get("task") or {}).get("tokenizer")
+    if kept:  # the checkpoint's own copy: no data needed
+        where = f"kept in {ckpt_path}"
+        tokenizer = tokenizer_from_meta(kept["meta"], where, kept.get("bpe_json"))
+    else:  # written before checkpoints kept it, or data without a tokenizer file
+        tokenizer, where = dataset_tokenizer(cfg.dataset, scfg.data_dir or cfg.paths.data_dir)
     device = resolve_device(scfg.device)
     model = build_model(cfg.model, 0, 0, 0, {"vocab_size": tokenizer.vocab_size})
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)

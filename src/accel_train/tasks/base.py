@@ -180,6 +180,11 @@ class Task:
         calls it (a sharded or pipelined model's forward is collective); rank 0 prints."""
         return []
 
+    def checkpoint_data(self) -> dict[str, Any]:
+        """Plain data (JSON types only) every checkpoint keeps for the tools that read it
+        without the training data: a language model's tokenizer, for accel-sample."""
+        return {}
+
     def eval_output(self, model: nn.Module, batch: Any) -> Any:
         """What `evaluate` scores by default: the step's own output (no grad)."""
         return self.step(model, batch)

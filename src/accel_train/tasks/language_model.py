@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from accel_train.data.streaming_tokens import dataset_tokenizer
+from accel_train.data.streaming_tokens import dataset_tokenizer, tokenizer_data
+from accel_train.data.tokenizer import tokenizer_from_meta
 from accel_train.errors import UserError
 from accel_train.models.generate import generate
 from accel_train.tasks.base import Task, TaskContext
@@ -37,6 +38,7 @@ class LanguageModel(Task):
         self.tokenizer = None  # task.sample_lines: the token folder's, to decode the samples
         self.block_size = 0
         self.seed = 0
+        self.kept_tokenizer: dict | None = None  # checkpoint_data(): see _keep_tokenizer
 
     @classmethod
     def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
@@ -44,6 +46,7 @@ class LanguageModel(Task):
 
     def setup(self, ctx: TaskContext) -> None:
         super().setup(ctx)
+        self._keep_tokenizer(ctx)
         if self.sample_lines > 0:
             self._setup_samples(ctx)
         batch = ctx.prepared(self)
@@ -67,6 +70,24 @@ class LanguageModel(Task):
                 f"{got} for token ids of shape {tuple(x.shape)}; it must return logits of shape "
                 "(batch, time, vocab)."
             )
+
+    def _keep_tokenizer(self, ctx: TaskContext) -> None:
+        """The data's tokenizer as plain data, kept in every checkpoint (checkpoint_data), so
+        accel-sample needs neither the token folder nor the shards. A data set without one this
+        version reads (the user's own, a folder with only a vocab_size) keeps none: accel-sample
+        then looks for it where the data was."""
+        ds = ctx.cfg.dataset
+        if not (ds.get("path") or ds.get("remote")):
+            return
+        try:
+            meta, bpe_json, where = tokenizer_data(ds, ctx.cfg.paths.data_dir)
+            tokenizer_from_meta(meta, where, bpe_json)  # one this version can rebuild
+        except UserError:
+            return
+        self.kept_tokenizer = {"meta": meta, "bpe_json": bpe_json}
+
+    def checkpoint_data(self) -> dict[str, Any]:
+        return {"tokenizer": self.kept_tokenizer} if self.kept_tokenizer else {}
 
     def _setup_samples(self, ctx: TaskContext) -> None:
         path = ctx.cfg.dataset.get("path") or ctx.cfg.dataset.get("remote")

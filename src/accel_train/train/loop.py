@@ -587,6 +587,7 @@ class Loop:
             # The metrics rows written so far: a resume drops those after it (not duplicated).
             "metrics_rows": self.metrics.position(),
             "techniques": {t.name: t.state_dict() for t in self.techniques},
+            "task": self.task.checkpoint_data(),  # e.g. a language model's tokenizer
             "rng": ckpt_io.rng_state(),
             "config": to_container(self.cfg),
         }
