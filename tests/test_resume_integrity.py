@@ -302,8 +302,8 @@ def test_resume_into_a_new_run_dir_carries_the_best_checkpoint(cosine, extended,
     run_dir, proc = extended
     assert "carried over" in _output(proc)
     best, source = run_dir / "checkpoints" / "best.pt", cosine / "checkpoints" / "best.pt"
-    carried_acc = load_checkpoint(source)["progress"]["best_val_acc"]
-    acc = load_checkpoint(best)["progress"]["best_val_acc"]
+    carried_acc = load_checkpoint(source)["progress"]["best_val"]["acc"]
+    acc = load_checkpoint(best)["progress"]["best_val"]["acc"]
     if acc == carried_acc:  # not beaten in epoch 2: the very same checkpoint
         assert best.read_bytes() == source.read_bytes()
     else:
