@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -71,9 +72,23 @@ def data(tmp_path_factory, endpoint, run_cli_in):
     )
     client.create_bucket(Bucket=BUCKET)
     shard = ["dataset=image_folder", f"dataset.root={tree}", f"chunk_bytes={CHUNK}"]
-    for out in (root / "shards", f"s3://{BUCKET}/images"):
-        check_ok(run_cli_in(["shard", *shard, f"out={out}"], root, prog="accel-data", env=env))
-    return {"root": root, "tree": tree, "local": root / "shards", "s3": f"s3://{BUCKET}/images"}
+    outs = (root / "shards", f"s3://{BUCKET}/images", f"s3://{BUCKET}/images-again")
+
+    # All three at once: shard jobs on one machine must not share LitData's staging folder
+    # (they did, and uploaded or deleted each other's chunks).
+    def run(out):
+        return run_cli_in(["shard", *shard, f"out={out}"], root, prog="accel-data", env=env)
+
+    with ThreadPoolExecutor(len(outs)) as pool:
+        for proc in pool.map(run, outs):
+            check_ok(proc)
+    return {
+        "root": root,
+        "tree": tree,
+        "local": root / "shards",
+        "s3": f"s3://{BUCKET}/images",
+        "client": client,
+    }
 
 
 def losses(run_dir: Path) -> list[float]:
@@ -96,6 +111,15 @@ def test_shard_writes_litdata_shards_and_an_index(data, run_cli):
     for split in ("train", "val", "test"):
         assert (shards / split / "index.json").is_file()
     assert len(list((shards / "train").glob("chunk-*.bin"))) >= 3
+    # The sets sharded to the bucket at the same time are whole and alike, chunk for chunk.
+    listed = {}
+    for prefix in ("images/", "images-again/"):
+        objects = data["client"].list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]
+        listed[prefix] = {o["Key"].removeprefix(prefix): o["Size"] for o in objects}
+    assert listed["images/"].keys() == listed["images-again/"].keys()
+    local = {str(p.relative_to(shards)): p.stat().st_size for p in shards.rglob("chunk-*.bin")}
+    for objects in listed.values():
+        assert {k: v for k, v in objects.items() if "chunk-" in k} == local
     # An existing shard set is not replaced by accident.
     shard = ["shard", "dataset=image_folder", f"dataset.root={data['tree']}", f"out={shards}"]
     proc = run_cli(shard, prog="accel-data")

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -176,24 +177,47 @@ def _write(cfg: DictConfig, out: str, fn, inputs: dict, meta: dict, item_loader)
         _write_local(cfg, Path(out).expanduser(), fn, inputs, meta, item_loader)
 
 
+@contextlib.contextmanager
+def _private_staging():
+    """LitData stages the chunks of a remote `out` in one folder per machine ($TMPDIR/chunks)
+    and uploads whatever it finds there: two shard jobs on one machine would upload each
+    other's chunks, and a killed job's leftovers would join the next one's set. Each job
+    stages in a folder of its own, removed afterwards (forked writers inherit the variables)."""
+    keys = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
+    saved = {key: os.environ.get(key) for key in keys}
+    staging = Path(tempfile.mkdtemp(prefix="accel-shard-"))
+    os.environ[keys[0]] = str(staging / "chunks")
+    os.environ[keys[1]] = str(staging / "data")
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def _optimize(cfg: DictConfig, fn, inputs: list, output_dir: str, mode, item_loader) -> None:
     import litdata
 
     kwargs = {"mode": mode} if mode else {}
     if item_loader is not None:
         kwargs["item_loader"] = item_loader
-    litdata.optimize(
-        fn=fn,
-        inputs=inputs,
-        output_dir=output_dir,
-        chunk_bytes=str(cfg.chunk_bytes),
-        num_workers=max(1, int(cfg.num_workers)),
-        storage_options=storage_options(),
-        # fork: a spawned writer would import accel-data's CLI and torch again (seconds each)
-        start_method="fork",
-        verbose=False,
-        **kwargs,
-    )
+    with _private_staging():
+        litdata.optimize(
+            fn=fn,
+            inputs=inputs,
+            output_dir=output_dir,
+            chunk_bytes=str(cfg.chunk_bytes),
+            num_workers=max(1, int(cfg.num_workers)),
+            storage_options=storage_options(),
+            # fork: a spawned writer would import accel-data's CLI and torch again (seconds each)
+            start_method="fork",
+            verbose=False,
+            **kwargs,
+        )
 
 
 def _write_local(cfg: DictConfig, out: Path, fn, inputs: dict, meta: dict, item_loader) -> None:
