@@ -93,12 +93,12 @@ def test_compose_validate_instantiate(override, compose_cfg, tmp_path):
 
     device = torch.device("cpu")
     if override in COMPANIONS:  # token ids in, logits per position out; the data's vocab
-        model = build_model(resolved.model, 0, 0, 0, {"vocab_size": 7}).eval()
+        model = build_model(resolved.model, {"vocab_size": 7}).eval()
         with torch.no_grad():
             assert model(torch.zeros(2, 5, dtype=torch.long)).shape == (2, 5, 7)
     else:
         # The data shape comes from the data set at run time; a 3-channel 32x32 stand-in here.
-        model = build_model(resolved.model, in_channels=3, image_size=32, num_classes=7)
+        model = build_model(resolved.model, {"in_channels": 3, "image_size": 32, "num_classes": 7})
         model.eval()
         with torch.no_grad():
             assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 7)

@@ -40,6 +40,7 @@ from accel_train.data.builtin import _load_torchvision, hints_for, synthetic_spl
 from accel_train.errors import UserError
 from accel_train.loggers import json_safe
 from accel_train.parallel import process_group
+from accel_train.tasks import TaskContext
 from accel_train.techniques import Technique
 from accel_train.train.build import build_components
 from accel_train.train.evaluate import _check_eval_config, _write_result
@@ -300,10 +301,10 @@ def test_doubtful_settings_are_warned(overrides, warning, cfg_with, caplog):
 
 
 def _sizes(cfg, **given):
-    sizes = dict(num_train=230, num_val=26, num_classes=10, world_size=1)
+    sizes = dict(num_train=230, num_val=26, world_size=1)
     sizes.update(total_steps=100, max_epochs=13)  # 8 batches (steps) per epoch
     sizes.update(given)
-    check_data_sizes(cfg, **sizes)
+    return check_data_sizes(cfg, **sizes)
 
 
 @pytest.mark.parametrize(
@@ -315,7 +316,6 @@ def _sizes(cfg, **given):
         (["trainer.max_steps=100", "trainer.val_every_n_epochs=20"], {}, "validation runs only"),
         (["trainer.log_every_n_steps=200"], {}, "no train/loss is logged"),
         (["trainer.ckpt_every_n_steps=200"], {}, "ckpt_every_n_steps=200 is more"),
-        ([], {"num_val": 4}, "validation scores only 4 samples"),
         (["scheduler=step", "scheduler.step_size=100"], {}, "before the first decay"),
     ],
 )
@@ -324,9 +324,33 @@ def test_sizes_that_make_settings_pointless_are_warned(overrides, sizes, warning
     assert warning in caplog.text
 
 
-def test_one_class_is_refused(cfg_with):
-    with pytest.raises(UserError, match="1 class"):
-        _sizes(cfg_with([]), num_classes=1)
+def test_the_samples_one_validation_scores_are_counted(cfg_with):
+    assert _sizes(cfg_with(["loader.batch_size=32"])) == 26
+    one_batch = cfg_with(["loader.batch_size=4", "trainer.limit_val_batches=1"])
+    assert _sizes(one_batch) == 4
+    assert _sizes(one_batch, world_size=2) == 8
+
+
+def _classifier_setup(compose_cfg, tmp_path, overrides, data_args=None):
+    """The classification task set up by the real build (synthetic data: 10 classes)."""
+    cfg = resolve(compose_cfg([*FAST, "logger=none", f"paths.output_dir={tmp_path}", *overrides]))
+    with process_group("cpu") as env:
+        parts = build_components(cfg, env)
+        if data_args is not None:  # the same task given other data
+            ctx = TaskContext(cfg, env.device, data_args, parts.batch_transform, parts.module, None)
+            type(parts.task)().setup(ctx)
+
+
+def test_a_classifier_warns_when_validation_scores_fewer_samples_than_classes(
+    compose_cfg, tmp_path, caplog
+):
+    _classifier_setup(compose_cfg, tmp_path, ["loader.batch_size=4", "trainer.limit_val_batches=1"])
+    assert "validation scores only 4 samples for 10 classes" in caplog.text
+
+
+def test_a_classifier_on_one_class_is_refused(compose_cfg, tmp_path):
+    with pytest.raises(UserError, match=r"the data set has 1 class\(es\)"):
+        _classifier_setup(compose_cfg, tmp_path, [], {"num_classes": 1})
 
 
 def test_a_val_fraction_that_holds_out_nothing_is_refused():

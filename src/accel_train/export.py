@@ -107,9 +107,7 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
             "(train, val, test))."
         )
 
-    model = build_model(
-        cfg.model, splits.in_channels, splits.image_size, splits.num_classes, splits.model_args
-    )
+    model = build_model(cfg.model, splits.data_args)
     model = model.to(CPU, dtype=torch.float32)  # artifacts are float32 whatever the training
     if is_qat:
         qat.prepare_qat(model, quant, cfg.model._target_)

@@ -356,7 +356,6 @@ class Pipeline:
     device: torch.device
     schedule: str
     microbatches: int
-    num_classes: int
     precision: Precision
     total_params: int
     # (shape without batch, dtype) of this stage's input and output activations
@@ -556,7 +555,6 @@ def build_pipeline(
     env: DistEnv,
     sample: torch.Tensor,
     precision: Precision,
-    num_classes: int,
 ) -> Pipeline:
     """Cut `module` (in place: it keeps only this process's blocks) and set up the groups."""
     sc = cfg.strategy
@@ -604,7 +602,6 @@ def build_pipeline(
         device=env.device,
         schedule=sc.schedule,
         microbatches=sc.microbatches,
-        num_classes=num_classes,
         precision=precision,
         total_params=total,
         io=io,

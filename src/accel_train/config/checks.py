@@ -626,22 +626,16 @@ def check_data_sizes(
     *,
     num_train: int,
     num_val: int,
-    num_classes: int | None,
     world_size: int,
     total_steps: int,
     max_epochs: int,
     warn: bool = True,
-) -> None:
+) -> int:
     """The checks that need the data sizes (call once the splits are built): refuse what makes
     the run pointless, warn about what is probably not meant. `warn=False` on all but one
-    process keeps the warnings to one copy."""
+    process keeps the warnings to one copy. Returns how many samples one validation scores
+    (the task checks that against what it needs: a classifier, one per class)."""
     t, lc = cfg.trainer, cfg.loader
-    if num_classes is not None and num_classes < 2:
-        raise UserError(
-            f"the data set has {num_classes} class(es): a classifier needs at least 2 (with one, "
-            "the loss is 0 and the accuracy 1 whatever the weights). Check the data or set "
-            "`dataset.num_classes`."
-        )
     warnings: list[str] = []
     per_rank = num_train // world_size
     full, rest = divmod(per_rank, lc.batch_size)
@@ -666,13 +660,7 @@ def check_data_sizes(
             f"{limited} batches of an epoch: each optimizer step accumulates the whole epoch, "
             "a smaller global batch than the one logged at start-up"
         )
-    shown = min(num_val, limited_batches(t.limit_val_batches, val_batches) * eval_bs * world_size)
-    if num_classes is not None and shown < num_classes:
-        warnings.append(
-            f"validation scores only {shown} samples for {num_classes} classes: val/acc (and "
-            "the choice of best.pt) is mostly noise. Raise dataset.val_fraction or "
-            "trainer.limit_val_batches"
-        )
+    scored = min(num_val, limited_batches(t.limit_val_batches, val_batches) * eval_bs * world_size)
     warned = 0 < t.max_epochs < t.val_every_n_epochs and t.max_steps < 1  # by check_pointless
     if t.val_every_n_epochs > max_epochs > 0 and not warned:
         warnings.append(
@@ -700,6 +688,7 @@ def check_data_sizes(
     if warn:
         for text in warnings:
             _warn(text)
+    return scored
 
 
 # accel-export: format -> the artifact's suffix (beside the checkpoint: checkpoints/best.onnx).

@@ -62,6 +62,13 @@ class Splits:
     # vocab_size): passed when the constructor names it.
     model_args: dict = field(default_factory=dict)
 
+    @property
+    def data_args(self) -> dict:
+        """What the data tells the model's constructor and the task: the input's shape, the
+        number of classes (0: none) and model_args."""
+        shape = {"in_channels": self.in_channels, "image_size": self.image_size}
+        return {**shape, "num_classes": self.num_classes, **self.model_args}
+
 
 def held_out_indices(
     n: int, fraction: float, seed: int, labels: torch.Tensor | None = None

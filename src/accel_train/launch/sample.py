@@ -48,7 +48,9 @@ def sample_checkpoint(scfg: DictConfig) -> list[str]:
     else:  # written before checkpoints kept it, or data without a tokenizer file
         tokenizer, where = dataset_tokenizer(cfg.dataset, scfg.data_dir or cfg.paths.data_dir)
     device = resolve_device(scfg.device)
-    model = build_model(cfg.model, 0, 0, 0, {"vocab_size": tokenizer.vocab_size})
+    # What a token folder's Splits.data_args gave the model in training (data/tokens.py).
+    shape = {"in_channels": 0, "image_size": 0, "num_classes": 0}
+    model = build_model(cfg.model, {**shape, "vocab_size": tokenizer.vocab_size})
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
     model = model.to(device, dtype=precision.param_dtype)
     _load_weights(model, state["model"], ckpt_path, cfg)

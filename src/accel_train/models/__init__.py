@@ -77,18 +77,10 @@ def resnet18(*, in_channels: int, image_size: int, num_classes: int) -> nn.Modul
     return model
 
 
-def build_model(
-    model_cfg: DictConfig,
-    in_channels: int,
-    image_size: int,
-    num_classes: int,
-    data_args: dict | None = None,
-) -> nn.Module:
-    """The model, given the data's shape (and `data_args`, e.g. a token folder's vocab_size)
-    where its constructor names them."""
-    shape = {"in_channels": in_channels, "image_size": image_size, "num_classes": num_classes}
-    shape.update(data_args or {})
-    model = build(model_cfg, "model", runtime=shape)
+def build_model(model_cfg: DictConfig, data_args: dict) -> nn.Module:
+    """The model, given what the data tells it (Splits.data_args: in_channels, image_size,
+    num_classes, a token folder's vocab_size, ...) where its constructor names them."""
+    model = build(model_cfg, "model", runtime=data_args)
     if not isinstance(model, nn.Module):
         raise UserError(
             f"model._target_={model_cfg._target_} built a {type(model).__name__}, not a "

@@ -102,11 +102,17 @@ class TaskContext:
 
     cfg: DictConfig
     device: torch.device
-    num_classes: int  # 0 when the data set has no classes
+    data_args: dict  # Splits.data_args: in_channels, image_size, num_classes (0: none), ...
     transform: Any  # accel_train.data.transform.BatchTransform, or None
     model: nn.Module
     batch: Any  # two training samples, as the loader gives them, on the device
     augment: bool = False  # prepare the sample as a training batch (a device augment's size)
+    val_samples: int = 0  # how many samples one validation scores (0: not a training run)
+    warn: bool = False  # this process logs the run's warnings (one copy: the main process)
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.data_args.get("num_classes", 0))
 
     def prepared(self, task: Task) -> Any:
         """The sample batch as the model will see it."""

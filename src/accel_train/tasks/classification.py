@@ -4,6 +4,7 @@ is the `loss` group's module (cross-entropy by default) on the labels; logs loss
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -16,6 +17,8 @@ from accel_train.errors import UserError
 from accel_train.losses import build_loss
 from accel_train.models import check_output
 from accel_train.tasks.base import Task, TaskContext
+
+log = logging.getLogger("accel_train")
 
 
 class Classification(Task):
@@ -42,6 +45,19 @@ class Classification(Task):
         return modes
 
     def setup(self, ctx: TaskContext) -> None:
+        if ctx.num_classes < 2:
+            raise UserError(
+                f"the data set has {ctx.num_classes} class(es): a classifier needs at least 2 "
+                "(with one, the loss is 0 and the accuracy 1 whatever the weights). Check the "
+                "data or set `dataset.num_classes`."
+            )
+        if ctx.warn and 0 < ctx.val_samples < ctx.num_classes:
+            log.warning(
+                "validation scores only %d samples for %d classes: val/acc (and the choice of "
+                "best.pt) is mostly noise. Raise dataset.val_fraction or trainer.limit_val_batches",
+                ctx.val_samples,
+                ctx.num_classes,
+            )
         if not self.top_k or any(k < 1 or k > max(ctx.num_classes, 1) for k in self.top_k):
             raise UserError(
                 f"task.top_k={self.top_k}: each k must be in [1, {ctx.num_classes}] (the number "

@@ -188,7 +188,7 @@ def _from_checkpoint(path: Path, shape: tuple[int, int, int]) -> tuple[nn.Module
     if recorded is not None and recorded != num_classes:
         raise UserError(_classes_message(path, f"{recorded} classes", num_classes))
     try:
-        teacher = build_model(cfg.model, in_channels, image_size, num_classes)
+        teacher = build_model(cfg.model, _data_args(shape))
     except UserError as err:
         raise UserError(f"distill.teacher={path}: rebuilding the teacher failed: {err}") from None
     if sharded:
@@ -225,9 +225,8 @@ def _classes_message(path: Path, what: str, num_classes: int) -> str:
 
 
 def _from_target(node: DictConfig, shape: tuple[int, int, int]) -> tuple[nn.Module, dict]:
-    in_channels, image_size, num_classes = shape
     try:
-        teacher = build_model(node, in_channels, image_size, num_classes)
+        teacher = build_model(node, _data_args(shape))
     except UserError as err:
         raise UserError(f"distill.teacher._target_={node._target_}: {err}") from None
     digest = hashlib.sha256()
@@ -235,6 +234,11 @@ def _from_target(node: DictConfig, shape: tuple[int, int, int]) -> tuple[nn.Modu
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
     return teacher, {"teacher": str(node._target_), "sha256": digest.hexdigest()}
+
+
+def _data_args(shape: tuple[int, int, int]) -> dict:
+    """The student's input shape and classes, as its Splits.data_args gave them to it."""
+    return dict(zip(("in_channels", "image_size", "num_classes"), shape, strict=True))
 
 
 def _sha256_path(path: Path) -> str:

@@ -145,18 +145,12 @@ class _Probe:
         self.transform = BatchTransform(
             cfg.dataset, self.splits, env.device, self.precision.param_dtype, seed=t.seed, rank=0
         )
-        module = build_model(
-            cfg.model,
-            self.splits.in_channels,
-            self.splits.image_size,
-            self.splits.num_classes,
-            self.splits.model_args,
-        )
+        module = build_model(cfg.model, self.splits.data_args)
         module = module.to(env.device, dtype=self.precision.param_dtype)
         ctx = TaskContext(
             cfg,
             env.device,
-            self.splits.num_classes,
+            self.splits.data_args,
             self.transform,
             module,
             sample_batch(self.splits, env.device),

@@ -199,24 +199,40 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
             f"than the {len(splits.train)} training samples with loader.drop_last=true: no batch "
             "to train on. Lower loader.batch_size or set `loader.drop_last=false`."
         )
+    accum = t.accumulate_grad_batches
+    _, data_world = data_coords(cfg.strategy, env)
+    global_batch = cfg.loader.batch_size * accum * data_world
+    steps_per_epoch = math.ceil(train_loader.order.num_batches / accum)
+    total_steps = t.max_epochs * steps_per_epoch
+    if t.max_steps > 0:
+        total_steps = min(total_steps, t.max_steps) if t.max_epochs > 0 else t.max_steps
+    val_samples = check_data_sizes(
+        cfg,
+        num_train=len(splits.train),
+        num_val=len(splits.val),
+        world_size=data_world,
+        total_steps=total_steps,
+        max_epochs=math.ceil(total_steps / steps_per_epoch),
+        warn=env.is_main,
+    )
     transform = BatchTransform(
         cfg.dataset, splits, env.device, precision.param_dtype, seed=t.seed, rank=env.rank
     )
 
-    module = build_model(
-        cfg.model, splits.in_channels, splits.image_size, splits.num_classes, splits.model_args
-    )
+    module = build_model(cfg.model, splits.data_args)
     module = module.to(env.device, dtype=precision.param_dtype)
     # As the model will see them: a device augment (e.g. image_folder's crop) changes the size.
     augment = splits.device_augment is not None
     ctx = TaskContext(
         cfg,
         env.device,
-        splits.num_classes,
+        splits.data_args,
         transform,
         module,
         sample_batch(splits, env.device),
         augment,
+        val_samples,
+        warn=env.is_main,
     )
     task.setup(ctx)
     batch = ctx.prepared(task)
@@ -232,7 +248,6 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
             transform,
             sample,
             precision,
-            splits.num_classes,
             task,
             batch,
         )
@@ -242,23 +257,6 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
             module, techniques, cfg, env, transform, sample, task, batch
         )
 
-    accum = t.accumulate_grad_batches
-    _, data_world = data_coords(cfg.strategy, env)
-    global_batch = cfg.loader.batch_size * accum * data_world
-    steps_per_epoch = math.ceil(train_loader.order.num_batches / accum)
-    total_steps = t.max_epochs * steps_per_epoch
-    if t.max_steps > 0:
-        total_steps = min(total_steps, t.max_steps) if t.max_epochs > 0 else t.max_steps
-    check_data_sizes(
-        cfg,
-        num_train=len(splits.train),
-        num_val=len(splits.val),
-        num_classes=splits.num_classes if labelled else None,
-        world_size=data_world,
-        total_steps=total_steps,
-        max_epochs=math.ceil(total_steps / steps_per_epoch),
-        warn=env.is_main,
-    )
     lr = scaled_lr(cfg.optimizer, global_batch)
     optimizer = build_optimizer(model.parameters(), cfg.optimizer, lr, env.device)
     scheduler = build_scheduler(optimizer, cfg.scheduler, total_steps, lr / cfg.optimizer.lr)
@@ -320,7 +318,6 @@ def pipeline_transforms(
     transform: BatchTransform,
     sample: torch.Tensor,
     precision: Precision,
-    num_classes: int,
     task: Task,
     batch: Any,
 ) -> tuple[nn.Module, nn.Module, Pipeline]:
@@ -341,5 +338,5 @@ def pipeline_transforms(
                 "Turn it off or train with another strategy."
             )
         module = technique.transform(module, ctx)
-    pipe = build_pipeline(module, cfg, env, sample, precision, num_classes)
+    pipe = build_pipeline(module, cfg, env, sample, precision)
     return pipe.train_module, PipelineEval(pipe), pipe

@@ -88,9 +88,7 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
             f"ckpt_path={ckpt_path}: the checkpoint's data set ({cfg.dataset.get('name')}) has "
             "no test split to score. Give it one (for dataset=custom: return (train, val, test))."
         )
-    model = build_model(
-        cfg.model, splits.in_channels, splits.image_size, splits.num_classes, splits.model_args
-    )
+    model = build_model(cfg.model, splits.data_args)
     model = model.to(device, dtype=precision.param_dtype)
     if sharded:
         load_sharded(model, None, ckpt_path)
@@ -112,7 +110,7 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     )
     transform = BatchTransform(cfg.dataset, splits, device, precision.param_dtype, seed=0, rank=0)
     batch = sample_batch(splits, device)
-    task.setup(TaskContext(cfg, device, splits.num_classes, transform, model, batch))
+    task.setup(TaskContext(cfg, device, splits.data_args, transform, model, batch))
     scored = score(model, loader, task, precision, env)
     result = {
         "ckpt_path": str(ckpt_path),
