@@ -21,6 +21,7 @@ from accel_train.errors import UserError
 from accel_train.parallel import process_group
 from accel_train.techniques import Technique
 from accel_train.techniques.activation_checkpointing import ActivationCheckpointing
+from accel_train.techniques.ema import Ema
 from accel_train.train.build import build_components
 from accel_train.train.loop import Loop
 
@@ -48,7 +49,8 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_ema_validates_the_average_and_resumes_exactly(run_cli, tmp_path):
-    ema = ["ema.enabled=true", "ema.decay=0.9", "ema.start_step=2", "trainer.max_epochs=2"]
+    ema = ["ema.enabled=true", "ema.decay=0.9", "ema.start_step=2", "ema.warmup=true"]
+    ema.append("trainer.max_epochs=2")
     straight, first = tmp_path / "straight", tmp_path / "first"
     check_ok(run_cli([*EXACT, *ema, f"hydra.run.dir={straight}"]))
     # The same run stopped after one epoch, then resumed in its run dir.
@@ -68,6 +70,14 @@ def test_ema_validates_the_average_and_resumes_exactly(run_cli, tmp_path):
     for k, v in best_average.items():
         assert torch.equal(best["model"][k], v), k
     assert _losses(straight) == {**_losses(first)}  # the resume relogged nothing differently
+
+
+def test_ema_warmup_ramps_the_decay_from_the_first_averaging_update():
+    plain, warm = Ema(0.999, start_step=4), Ema(0.999, every_n_steps=2, start_step=4, warmup=True)
+    assert plain.decay_at(5) == plain.decay_at(10_000) == 0.999
+    # The n-th averaging update (steps 6, 8, 10, ...) uses min(decay, (1 + n) / (10 + n)).
+    assert [warm.decay_at(s) for s in (6, 8, 10)] == [1 / 10, 2 / 11, 3 / 12]
+    assert warm.decay_at(100_000) == 0.999
 
 
 def test_activation_checkpointing_trains_the_same(run_cli, tmp_path):

@@ -5,7 +5,11 @@ the test pass.
   statistics), so the averaged model validates with statistics of its own kind.
 - Update (`on_train_step_end`, every `ema.every_n_steps` optimizer steps): one
   ``torch._foreach_lerp_`` over device tensors, ``ema += (1 - decay) * (weights - ema)``; no host
-  sync. Until `ema.start_step` the average copies the weights instead.
+  sync. Until `ema.start_step` the average copies the weights instead. `ema.warmup=true` uses
+  ``min(decay, (1 + n) / (10 + n))`` for the n-th averaging update (TensorFlow's
+  ExponentialMovingAverage with num_updates): early on the average follows the weights, so a
+  short run's average is not mostly the initial weights. The decay is a host number computed
+  from the step, so a resume is still exact.
 - Sharded (FSDP): the average holds the local shards of the DTensor parameters and updates them
   locally, no gather per step. A checkpoint gathers it once (``full_tensor``, on every rank, as
   the sharded save calls ``state_dict()`` on every rank) into the checkpoint's meta.pt; a resume
@@ -41,8 +45,10 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class Ema(Technique):
     name = "ema"
 
-    def __init__(self, decay: float, every_n_steps: int = 1, start_step: int = 0):
-        self.decay, self.every, self.start = decay, every_n_steps, start_step
+    def __init__(
+        self, decay: float, every_n_steps: int = 1, start_step: int = 0, warmup: bool = False
+    ):
+        self.decay, self.every, self.start, self.warmup = decay, every_n_steps, start_step, warmup
         self.names: list[str] = []
         self.tensors: list[torch.Tensor] = []  # the model's parameters and float buffers
         self.average: list[torch.Tensor] = []  # same shapes (DTensors under FSDP), float32+
@@ -83,7 +89,14 @@ class Ema(Technique):
             return
         if current and current[0].dtype != average[0].dtype:  # bf16 parameters: average in fp32
             current = [c.to(a.dtype) for c, a in zip(current, average)]
-        torch._foreach_lerp_(average, current, 1.0 - self.decay)
+        torch._foreach_lerp_(average, current, 1.0 - self.decay_at(step))
+
+    def decay_at(self, step: int) -> float:
+        """The decay of the update at optimizer step `step` (> start_step)."""
+        if not self.warmup:
+            return self.decay
+        n = (step - self.start - 1) // self.every  # 0 for the first averaging update
+        return min(self.decay, (1 + n) / (10 + n))
 
     # ---- validation with the average ------------------------------------------------------
 

@@ -73,7 +73,8 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
         p, s = cfg.prune, cfg.prune.schedule
         chosen.append(Prune(p.amount, p.method, p.scope, s.start, s.end, s.ramp, s.every_n_steps))
     if cfg.ema.enabled:
-        chosen.append(Ema(cfg.ema.decay, cfg.ema.every_n_steps, cfg.ema.start_step))
+        ema = cfg.ema
+        chosen.append(Ema(ema.decay, ema.every_n_steps, ema.start_step, ema.warmup))
     chosen.append(NonFinite(t.on_nonfinite))  # always on: `stop` costs one add per micro-batch
     chosen.append(SpeedMetrics(t.peak_flops))  # always on: host clocks read at logging steps
     es = cfg.early_stopping
