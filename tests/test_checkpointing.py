@@ -7,7 +7,12 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from helpers import FAST, check_ok, read_jsonl
+from omegaconf import OmegaConf
+
+from accel_train.errors import UserError
+from accel_train.train.checkpointing import check
 
 BASE = [*FAST, "dataset.num_train=320", "trainer.log_every_n_steps=2", "optimizer.lr=0.003"]
 PATTERN = "epoch{epoch}-step{step}-loss{val/loss:.4f}"
@@ -73,3 +78,22 @@ def test_unknown_monitor_refused_at_start(run_cli, tmp_path):
     assert "checkpoint.monitor=val/accuracy" in proc.stderr
     assert re.search(r"known ones: val/loss, val/acc", proc.stderr), proc.stderr
     assert not (tmp_path / "r" / "metrics.jsonl").exists()  # nothing trained
+
+
+@pytest.mark.parametrize(
+    ("filename", "message"),
+    [
+        ("x{foo}", "has the field {foo}; the fields it may use are {epoch}, {step}, {val/loss}"),
+        ("a/b{step}", "e.g. 'epoch{epoch}-step{step}-val_ppl{val/ppl:.4f}'"),
+        ("e{val/loss:.4q}", "use e.g. {val/ppl:.4f} or {epoch:03d}"),
+    ],
+)
+def test_a_bad_filename_pattern_is_refused_with_the_runs_own_metric(filename, message):
+    """A language model monitoring val/ppl is shown its own metric, not a classifier's."""
+    cfg = OmegaConf.create(
+        {"monitor": "val/ppl", "mode": "min", "save_top_k": 1, "every_n_epochs": 1}
+    )
+    cfg.filename = filename
+    with pytest.raises(UserError) as err:
+        check(cfg, ["val/loss", "val/ppl"])
+    assert message in str(err.value)

@@ -232,6 +232,8 @@ def check(cfg: DictConfig, known: list[str]) -> None:
     if cfg.filename is None:
         return
     fields = ["epoch", "step", *known]
+    example = f"{{{cfg.monitor}:.4f}}"  # the run's own metric, e.g. {val/loss:.4f}
+    slug = cfg.monitor.replace("/", "_")
     stripped = _FIELD.sub("", cfg.filename)
     names = [m.group(1) for m in _FIELD.finditer(cfg.filename)]
     bad = next((n for n in names if n not in fields), None)
@@ -239,13 +241,13 @@ def check(cfg: DictConfig, known: list[str]) -> None:
         raise UserError(
             f"checkpoint.filename={cfg.filename!r} has the field {{{bad}}}; the fields it may use "
             f"are {', '.join('{' + f + '}' for f in fields)} (with a format, e.g. "
-            "{val/acc:.4f})."
+            f"{example})."
         )
     if "/" in stripped or "{" in stripped or "}" in stripped or not cfg.filename.strip():
         raise UserError(
             f"checkpoint.filename={cfg.filename!r} must be a file name (no `/` outside the "
             "{metric} fields, braces only around fields), e.g. "
-            "'epoch{epoch}-step{step}-val_acc{val/acc:.4f}'."
+            f"'epoch{{epoch}}-step{{step}}-{slug}{example}'."
         )
     if cfg.filename in ("last", "last.pt") or cfg.filename.endswith((".pt", ".dcp")):
         raise UserError(
@@ -258,7 +260,7 @@ def check(cfg: DictConfig, known: list[str]) -> None:
         except ValueError:
             raise UserError(
                 f"checkpoint.filename={cfg.filename!r}: `{m.group(0)}` has a format Python cannot "
-                "apply to a number; use e.g. {val/acc:.4f} or {epoch:03d}."
+                f"apply to a number; use e.g. {example} or {{epoch:03d}}."
             ) from None
 
 
