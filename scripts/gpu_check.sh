@@ -140,8 +140,8 @@ train compile precision=bf16 trainer.compile=true
 train device_loader precision=bf16 loader=device
 train pinned_workers precision=bf16 loader=torch loader.pin_memory=true loader.num_workers=2
 train fsdp_one_gpu precision=bf16 strategy=fsdp launcher=torchrun launcher.nproc_per_node=1
-train memory_techniques precision=bf16 ema.enabled=true activation_checkpointing.mode=full \
-    loader.batch_size=auto
+train memory_techniques precision=bf16 ema.enabled=true ema.warmup=true \
+    activation_checkpointing.mode=full loader.batch_size=auto
 check accel_report "--variants baseline,amp,bf16,compile,channels_last" "$ACCEL_REPORT" --repeats 1 --variants baseline,amp,bf16,compile,channels_last \
     --out "$OUT/accel_report" +experiment=mnist_amp "${data[@]}" "${length[@]}" "${common[@]}"
 if [ "$gpus" -gt 1 ]; then
