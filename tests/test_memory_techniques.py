@@ -73,7 +73,8 @@ def test_ema_validates_the_average_and_resumes_exactly(run_cli, tmp_path):
 
 
 def test_ema_warmup_ramps_the_decay_from_the_first_averaging_update():
-    plain, warm = Ema(0.999, start_step=4), Ema(0.999, every_n_steps=2, start_step=4, warmup=True)
+    plain = Ema(0.999, start_step=4, warmup=False)
+    warm = Ema(0.999, every_n_steps=2, start_step=4)  # warm-up: the default
     assert plain.decay_at(5) == plain.decay_at(10_000) == 0.999
     # The n-th averaging update (steps 6, 8, 10, ...) uses min(decay, (1 + n) / (10 + n)).
     assert [warm.decay_at(s) for s in (6, 8, 10)] == [1 / 10, 2 / 11, 3 / 12]

@@ -490,7 +490,7 @@ class EmaConfig:
     decay: float = 0.999
     every_n_steps: int = 1
     start_step: int = 0
-    warmup: bool = False
+    warmup: bool = True
 
 
 @dataclass
