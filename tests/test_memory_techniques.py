@@ -22,6 +22,7 @@ from accel_train.parallel import process_group
 from accel_train.techniques import Technique
 from accel_train.techniques.activation_checkpointing import ActivationCheckpointing
 from accel_train.techniques.ema import Ema
+from accel_train.train.auto_batch import FEW_STEPS, resolve_batch_size
 from accel_train.train.build import build_components
 from accel_train.train.loop import Loop
 
@@ -155,6 +156,22 @@ def test_auto_batch_size_probes_records_and_resumes(run_cli, tmp_path):
     given = [f"loader.batch_size={size}", f"trainer.accumulate_grad_batches={accum}"]
     check_ok(run_cli([*EXACT, *given, "trainer.max_steps=4", f"hydra.run.dir={fixed}"]))
     assert_same_weights(run_dir / "checkpoints" / "last.pt", fixed / "checkpoints" / "last.pt")
+
+
+def test_auto_batch_size_warns_when_its_choice_leaves_few_steps_an_epoch(
+    compose_cfg, tmp_path, caplog
+):
+    """No trainer.global_batch_size: a size leaving under FEW_STEPS steps an epoch is warned."""
+    overrides = [*FAST, "dataset.num_train=64", "loader.batch_size=auto", "logger=none"]
+    cfg = resolve(compose_cfg([*overrides, f"paths.output_dir={tmp_path}"]))
+    with process_group("cpu") as env:
+        resolve_batch_size(cfg, env)
+    size = cfg.loader.batch_size
+    steps = 58 // size  # 64 images less the 10 % validation share: 58 to train on
+    warned = f"loader.batch_size=auto chose {size}: an epoch of 58 samples per process is only"
+    assert (warned in caplog.text) == (steps < FEW_STEPS), (size, caplog.text[-2000:])
+    if steps < FEW_STEPS:  # (every size but 2: a size within 5 % of the fastest, the smallest)
+        assert "trainer.global_batch_size=<the batch the learning rate was tuned" in caplog.text
 
 
 def test_auto_batch_size_with_nothing_to_probe_is_refused(run_cli):

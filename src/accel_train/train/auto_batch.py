@@ -20,6 +20,8 @@ checkpoint).
 - `trainer.global_batch_size`: only sizes that divide it are probed, and
   trainer.accumulate_grad_batches is set to keep batch x accumulation x processes at it (the
   learning rate and its linear scaling stay those of that global batch).
+- Without trainer.global_batch_size, a chosen size that leaves fewer than FEW_STEPS optimizer
+  steps an epoch is warned about: the probe picks for speed, not for the recipe's step count.
 - The table goes to <run dir>/batch_size_probe.csv. A resume never probes: it takes the size
   (and accumulation) recorded in the checkpoint's config.
 """
@@ -60,6 +62,10 @@ PROBE_NAME = "batch_size_probe.csv"
 WARMUP_STEPS, TIMED_STEPS = 1, 3  # per size: one untimed step (allocations), then the median
 NEAR_BEST = 0.95  # CPU: a size within 5% of the best samples/s counts as as fast
 PATIENCE = 2  # CPU: stop after this many sizes without a gain
+# Fewer optimizer steps an epoch than this with a probed size and no trainer.global_batch_size:
+# warn. The probe maximises samples/s; on a GPU that is often the largest batch that fits, which
+# on a small data set leaves a handful of steps an epoch (gpu_check: 1,024 of 4,500 images).
+FEW_STEPS = 20
 
 
 def resolve_batch_size(cfg: DictConfig, env: DistEnv) -> None:
@@ -77,10 +83,22 @@ def resolve_batch_size(cfg: DictConfig, env: DistEnv) -> None:
             )
             write_run_config(cfg, Path(cfg.paths.output_dir))
         return
-    rows, chosen = probe(cfg, env)
+    rows, chosen, per_process = probe(cfg, env)
     accum = cfg.trainer.accumulate_grad_batches
     if cfg.trainer.global_batch_size:
         accum = cfg.trainer.global_batch_size // (chosen * env.world_size)
+    steps = per_process // (chosen * accum)
+    if env.is_main and not cfg.trainer.global_batch_size and steps < FEW_STEPS:
+        log.warning(
+            "loader.batch_size=auto chose %d: an epoch of %d samples per process is only %d "
+            "optimizer step(s). The probe maximises samples/s, not accuracy per step: set "
+            "`trainer.global_batch_size=<the batch the learning rate was tuned for>` (the probe "
+            "then picks only the per-device size and the accumulation), or cap "
+            "`loader.max_batch_size`",
+            chosen,
+            per_process,
+            steps,
+        )
     cfg.loader.batch_size, cfg.trainer.accumulate_grad_batches = chosen, accum
     if env.is_main:
         run_dir = Path(cfg.paths.output_dir)
@@ -185,9 +203,11 @@ class _Probe:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def probe(cfg: DictConfig, env: DistEnv) -> tuple[list[dict[str, Any]], int]:
-    """The probe table and the chosen size (the same on every rank)."""
+def probe(cfg: DictConfig, env: DistEnv) -> tuple[list[dict[str, Any]], int, int]:
+    """The probe table, the chosen size (the same on every rank) and the training samples per
+    process."""
     p = _Probe(cfg, env)
+    per_process = len(p.splits.train) // env.world_size
     sizes = candidates(cfg, len(p.splits.train), env.world_size)
     cuda = env.device.type == "cuda"
     budget = _cuda_budget(env.device, cfg) if cuda else _cpu_budget(cfg)
@@ -242,9 +262,10 @@ def probe(cfg: DictConfig, env: DistEnv) -> tuple[list[dict[str, Any]], int]:
             "switch on activation_checkpointing.mode=full."
         )
     if cuda:
-        return rows, fitting[-1]["batch_size"]
+        return rows, fitting[-1]["batch_size"], per_process
     best = max(r["samples_per_s"] for r in fitting)
-    return rows, min(r["batch_size"] for r in fitting if r["samples_per_s"] >= NEAR_BEST * best)
+    fast = [r["batch_size"] for r in fitting if r["samples_per_s"] >= NEAR_BEST * best]
+    return rows, min(fast), per_process
 
 
 def _measure(p: _Probe, size: int, cuda: bool) -> tuple[float, int]:
