@@ -34,7 +34,7 @@ from accel_train.data.streaming import (
     read_meta,
 )
 from accel_train.data.tokenizer import Tokenizer, tokenizer_description, tokenizer_from_meta
-from accel_train.data.tokens import check_token_ids, token_folder
+from accel_train.data.tokens import check_token_ids, token_folder, window_splits
 from accel_train.errors import UserError
 
 try:
@@ -141,9 +141,7 @@ def build_streaming_tokens(
         ),
         indices=sorted(set(val_starts.tolist())),
     )
-    splits = Splits(train, val, None, in_channels=0, image_size=0, num_classes=0)
-    splits.model_args = {"vocab_size": vocab_size}
-    return splits
+    return window_splits(train, val, vocab_size)
 
 
 def windows_of(tokens: int):

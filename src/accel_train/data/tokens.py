@@ -106,9 +106,14 @@ def token_splits(
             starts = np.linspace(0, tokens - block_size - 1, n).astype(np.int64)
             sets[name] = TokenWindows(file, dtype, block_size, starts, n)
         sets[name].vocab_size = int(meta["vocab_size"])
-    splits = Splits(sets["train"], sets["val"], None, in_channels=0, image_size=0, num_classes=0)
-    splits.model_args = {"vocab_size": int(meta["vocab_size"])}
-    return splits
+    return window_splits(sets["train"], sets["val"], int(meta["vocab_size"]))
+
+
+def window_splits(train, val, vocab_size: int) -> Splits:
+    """Token windows' splits: no image shape and no classes; the model is told the vocabulary
+    (dataset=tokens, dataset=streaming_tokens, and accel-sample rebuilding the model)."""
+    shape = {"in_channels": 0, "image_size": 0, "num_classes": 0}
+    return Splits(train, val, None, **shape, model_args={"vocab_size": vocab_size})
 
 
 def check_token_ids(window: np.ndarray, vocab_size: int, where: str, fix: str) -> None:

@@ -19,6 +19,7 @@ from accel_train.checkpoint import load_checkpoint
 from accel_train.config.run_config import typed
 from accel_train.data.streaming_tokens import dataset_tokenizer
 from accel_train.data.tokenizer import CharTokenizer, tokenizer_from_meta
+from accel_train.data.tokens import window_splits
 from accel_train.errors import UserError
 from accel_train.models import build_model
 from accel_train.models.generate import generate
@@ -48,9 +49,8 @@ def sample_checkpoint(scfg: DictConfig) -> list[str]:
     else:  # written before checkpoints kept it, or data without a tokenizer file
         tokenizer, where = dataset_tokenizer(cfg.dataset, scfg.data_dir or cfg.paths.data_dir)
     device = resolve_device(scfg.device)
-    # What a token folder's Splits.data_args gave the model in training (data/tokens.py).
-    shape = {"in_channels": 0, "image_size": 0, "num_classes": 0}
-    model = build_model(cfg.model, {**shape, "vocab_size": tokenizer.vocab_size})
+    # What the token data told the model in training.
+    model = build_model(cfg.model, window_splits(None, None, tokenizer.vocab_size).data_args)
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
     model = model.to(device, dtype=precision.param_dtype)
     _load_weights(model, state["model"], ckpt_path, cfg)
