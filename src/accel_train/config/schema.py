@@ -25,6 +25,9 @@ from hydra_plugins.accel_train_optuna import config as optuna_sweeper_config
 class ModelConfig:
     _target_: str = MISSING
     name: str = "custom"
+    # Every model: a state dict loaded before training, and parameters frozen by name.
+    weights: str | None = None
+    freeze: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -58,6 +61,14 @@ class GptConfig(ModelConfig):
     n_embd: int = 384
     dropout: float = 0.0
     bias: bool = False
+
+
+@dataclass
+class HfModelConfig(ModelConfig):
+    path: str | None = None
+    head: str = "causal_lm"
+    pretrained: bool = True
+    attn_implementation: str = "sdpa"
 
 
 # ---- dataset: a factory by _target_ returning the splits ---------------------------------
@@ -99,6 +110,18 @@ class TokensDatasetConfig(DatasetConfig):
     block_size: int = 256
     windows_per_epoch: int = 0
     eval_windows: int = 200
+
+
+@dataclass
+class SftDatasetConfig(DatasetConfig):
+    path: str = MISSING
+    val_path: str | None = None
+    test_path: str | None = None
+    tokenizer: str | None = None
+    max_length: int = 1024
+    pack: bool = False
+    train_on: str = "completion"
+    ignore_index: int = -100
 
 
 @dataclass
@@ -494,6 +517,16 @@ class EmaConfig:
 
 
 @dataclass
+class LoraConfig:
+    name: str = "default"
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target: list[str] = field(default_factory=list)
+    base_dtype: str | None = None
+
+
+@dataclass
 class ActivationCheckpointingConfig:
     name: str = "default"
     mode: str = "off"
@@ -537,6 +570,7 @@ class TrainConfig:
     distill: Any = MISSING
     prune: Any = MISSING
     selective_backprop: Any = MISSING
+    lora: Any = MISSING
     # The chosen loggers by name (LOGGER_SCHEMAS); {} = metrics.jsonl only.
     logger: dict[str, Any] = field(default_factory=dict)
     # Free-form labels of the run, recorded in every logger and in summary.json.
@@ -610,6 +644,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "mlp": MlpConfig,
         "resnet18": Resnet18Config,
         "gpt": GptConfig,
+        "hf": HfModelConfig,
         "custom": ModelConfig,
     },
     "dataset": {
@@ -619,6 +654,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "synthetic": SyntheticDatasetConfig,
         "image_folder": ImageFolderDatasetConfig,
         "tokens": TokensDatasetConfig,
+        "sft": SftDatasetConfig,
         "streaming": StreamingDatasetConfig,
         "streaming_tokens": StreamingTokensDatasetConfig,
         "custom": DatasetConfig,
@@ -656,6 +692,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     "quant": {"none": QuantConfig, "qat": QatConfig},
     "trainer": {"default": TrainerConfig},
     "ema": {"default": EmaConfig},
+    "lora": {"default": LoraConfig},
     "activation_checkpointing": {"default": ActivationCheckpointingConfig},
     "checkpoint": {"default": CheckpointConfig},
     "paths": {"default": PathsConfig},

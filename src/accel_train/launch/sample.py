@@ -26,6 +26,7 @@ from accel_train.models.generate import generate
 from accel_train.parallel import resolve_device
 from accel_train.precision import resolve_precision
 from accel_train.targets import locate
+from accel_train.techniques.lora import lora_for_run
 from accel_train.train.evaluate import _load_weights
 
 log = logging.getLogger("accel_train")
@@ -50,8 +51,9 @@ def sample_checkpoint(scfg: DictConfig) -> list[str]:
         tokenizer, where = dataset_tokenizer(cfg.dataset, scfg.data_dir or cfg.paths.data_dir)
     device = resolve_device(scfg.device)
     # What the token data told the model in training.
-    model = build_model(cfg.model, window_splits(None, None, tokenizer.vocab_size).data_args)
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
+    data_args = window_splits(None, None, tokenizer.vocab_size).data_args
+    model = lora_for_run(build_model(cfg.model, data_args, precision.param_dtype), cfg)
     model = model.to(device, dtype=precision.param_dtype)
     _load_weights(model, state["model"], ckpt_path, cfg)
     model.eval()

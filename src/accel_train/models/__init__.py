@@ -3,12 +3,17 @@ against the classification contract (logits of shape (batch, num_classes)) befor
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
 from accel_train.errors import UserError
+from accel_train.models.weights import freeze, load_weights
 from accel_train.targets import build
+
+log = logging.getLogger("accel_train")
 
 
 def mnist_cnn(
@@ -77,15 +82,29 @@ def resnet18(*, in_channels: int, image_size: int, num_classes: int) -> nn.Modul
     return model
 
 
-def build_model(model_cfg: DictConfig, data_args: dict) -> nn.Module:
+def build_model(
+    model_cfg: DictConfig, data_args: dict, dtype: torch.dtype = torch.float32
+) -> nn.Module:
     """The model, given what the data tells it (Splits.data_args: in_channels, image_size,
-    num_classes, a token folder's vocab_size, ...) where its constructor names them."""
-    model = build(model_cfg, "model", runtime=data_args)
+    num_classes, a token folder's vocab_size, ...) and the run's parameter dtype where its
+    constructor names them (model=hf loads its weights straight in it); then `model.weights`
+    loaded and `model.freeze` applied, the same for every model."""
+    model = build(
+        model_cfg,
+        "model",
+        runtime={**data_args, "dtype": dtype},
+        exclude=("name", "weights", "freeze"),
+    )
     if not isinstance(model, nn.Module):
         raise UserError(
             f"model._target_={model_cfg._target_} built a {type(model).__name__}, not a "
             "torch.nn.Module."
         )
+    if model_cfg.get("weights"):
+        load_weights(model, str(model_cfg.weights))
+    if model_cfg.get("freeze"):
+        n = freeze(model, list(model_cfg.freeze))
+        log.info("model.freeze: %d parameter tensors frozen (no gradient, no optimizer state)", n)
     return model
 
 

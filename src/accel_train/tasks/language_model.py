@@ -9,6 +9,7 @@ accumulated and all-reduced batch. Validation logs the mean token loss and its p
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -60,14 +61,14 @@ class LanguageModel(Task):
         ctx.model.eval()
         try:
             with torch.no_grad():
-                logits = ctx.model(x)
+                logits = call(ctx.model, x)
         finally:
             ctx.model.train(was)
         if not isinstance(logits, torch.Tensor) or logits.shape[:2] != y.shape:
             got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits)
             raise UserError(
                 f"model._target_={ctx.cfg.model._target_} with task=language_model returned "
-                f"{got} for token ids of shape {tuple(x.shape)}; it must return logits of shape "
+                f"{got} for token ids of shape {tuple(y.shape)}; it must return logits of shape "
                 "(batch, time, vocab)."
             )
 
@@ -132,9 +133,12 @@ class LanguageModel(Task):
     def inputs(self, batch: Any) -> torch.Tensor:
         return batch[0]
 
+    def forward(self, model: nn.Module, batch: Any) -> Any:
+        return call(model, batch[0])
+
     def step(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch
-        logits = model(x)
+        logits = call(model, x)
         # fp32 cross-entropy (under autocast too), summed: the loop divides by the tokens.
         loss = F.cross_entropy(
             logits.flatten(0, 1).float(),
@@ -159,3 +163,9 @@ class LanguageModel(Task):
         if "loss" in metrics:
             metrics["ppl"] = math.exp(min(metrics["loss"], 50.0))
         return metrics
+
+
+def call(model: nn.Module, inputs: Any) -> torch.Tensor:
+    """The model on a batch's inputs: token ids, or named tensors (packed instruction rows:
+    `input_ids` and the per-record `position_ids`) passed by name."""
+    return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)

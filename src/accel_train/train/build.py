@@ -35,6 +35,7 @@ from accel_train.techniques.compile import Compile
 from accel_train.techniques.distill import Distill
 from accel_train.techniques.early_stopping import EarlyStopping, StopAtTarget
 from accel_train.techniques.ema import Ema
+from accel_train.techniques.lora import Lora
 from accel_train.techniques.malloc import TuneMalloc
 from accel_train.techniques.nonfinite import NonFinite
 from accel_train.techniques.profiler import Profiler
@@ -49,6 +50,8 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
     """The techniques the config switches on, then the user's callbacks (by _target_)."""
     t = cfg.trainer
     chosen: list[Technique] = []
+    if cfg.lora.rank > 0:
+        chosen.append(Lora(cfg.lora))
     if t.tune_malloc:
         chosen.append(TuneMalloc())
     ac = cfg.activation_checkpointing
@@ -220,7 +223,7 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
         cfg.dataset, splits, env.device, precision.param_dtype, seed=t.seed, rank=env.rank
     )
 
-    module = build_model(cfg.model, splits.data_args)
+    module = build_model(cfg.model, splits.data_args, precision.param_dtype)
     module = module.to(env.device, dtype=precision.param_dtype)
     # As the model will see them: a device augment (e.g. image_folder's crop) changes the size.
     augment = splits.device_augment is not None
@@ -259,7 +262,9 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
         )
 
     lr = scaled_lr(cfg.optimizer, global_batch)
-    optimizer = build_optimizer(model.parameters(), cfg.optimizer, lr, env.device)
+    # Frozen parameters (model.freeze, a LoRA base) get no optimizer state.
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(trained, cfg.optimizer, lr, env.device)
     scheduler = build_scheduler(optimizer, cfg.scheduler, total_steps, lr / cfg.optimizer.lr)
     return Components(
         splits=splits,

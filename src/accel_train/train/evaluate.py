@@ -25,6 +25,7 @@ from accel_train.models import build_model
 from accel_train.parallel import DistEnv, resolve_device
 from accel_train.precision import Precision, resolve_precision
 from accel_train.tasks import Task, TaskContext, build_task
+from accel_train.techniques.lora import lora_for_run
 
 log = logging.getLogger("accel_train")
 
@@ -88,7 +89,7 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
             f"ckpt_path={ckpt_path}: the checkpoint's data set ({cfg.dataset.get('name')}) has "
             "no test split to score. Give it one (for dataset=custom: return (train, val, test))."
         )
-    model = build_model(cfg.model, splits.data_args)
+    model = lora_for_run(build_model(cfg.model, splits.data_args, precision.param_dtype), cfg)
     model = model.to(device, dtype=precision.param_dtype)
     if sharded:
         load_sharded(model, None, ckpt_path)

@@ -1,0 +1,185 @@
+"""`model=hf`: a model in the Hugging Face layout from a local folder (config.json, the weights as
+safetensors, the tokenizer's files), through transformers, offline.
+
+- Never a network call: `local_files_only=True` and HF_HUB_OFFLINE=1; a hub id with no local
+  copy is a one-paragraph error naming the layout expected.
+- Never code from the folder: `trust_remote_code=False`, and weights only as safetensors
+  (a `pytorch_model.bin` is a pickle; it is refused, with the one-line conversion).
+- The weights load straight in the run's parameter dtype (`precision=bf16_true`: bf16, no fp32
+  copy in memory).
+
+The module the loop sees is `HFModel`: token ids (and, for packed rows, per-record positions)
+in, logits out, the contract of `task=language_model` (or `task=classification` with
+`head=sequence_classification`). The transformers model itself is `.hf`: export writes it back
+with `save_pretrained`, and its `_no_split_modules` names the decoder blocks that FSDP shards
+and activation checkpointing wraps.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from accel_train.errors import UserError
+
+HEADS = ("causal_lm", "sequence_classification")
+LAYOUT = (
+    "a folder in the Hugging Face layout: config.json, the weights as model.safetensors (or "
+    "model-*.safetensors with model.safetensors.index.json) and the tokenizer's files "
+    "(tokenizer.json, tokenizer_config.json)"
+)
+
+
+def _transformers():
+    """transformers, imported on first use (seconds): only runs that pick model=hf pay it."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no network call, whatever else happens
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        import transformers
+    except ImportError:
+        raise UserError(
+            "model=hf needs the transformers package, which is not installed. Install the "
+            'fine-tuning extra: `pip install "accel-train[hf]"` (transformers, peft, '
+            "safetensors)."
+        ) from None
+    transformers.logging.set_verbosity_error()  # its progress bars and advice are not ours
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
+
+
+def model_folder(path: str | None, key: str = "model.path") -> Path:
+    """The local folder `path` names, checked for the layout (config.json at least)."""
+    if not path:
+        raise UserError(
+            f"{key} is required with model=hf: {LAYOUT}, e.g. one written by transformers' "
+            "`save_pretrained` or `huggingface-cli download <id> --local-dir <folder>`."
+        )
+    folder = Path(str(path)).expanduser()
+    if not folder.is_dir():
+        hint = (
+            " It looks like a hub id: accel-train never downloads; download it once with "
+            f"`huggingface-cli download {path} --local-dir <folder>` and give that folder."
+            if "/" in str(path) and not folder.parent.exists()
+            else ""
+        )
+        raise UserError(f"{key}={path}: no such folder. Give {LAYOUT}.{hint}")
+    if not (folder / "config.json").is_file():
+        raise UserError(f"{key}={path}: the folder has no config.json. Give {LAYOUT}.")
+    return folder
+
+
+def _check_weights(folder: Path, key: str) -> None:
+    if any(folder.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in folder.glob("*.bin"))
+    if pickled:
+        raise UserError(
+            f"{key}={folder}: its weights are {pickled[0]}, a pickle, and loading a pickle can run "
+            "code stored in it, so accel-train reads safetensors only. Convert them once where "
+            'you trust the file: `python -c "from transformers import AutoModel as M; '
+            f"M.from_pretrained('{folder}').save_pretrained('{folder}-st')\"` and use the new "
+            "folder."
+        )
+    raise UserError(
+        f"{key}={folder}: no weights (*.safetensors) in the folder. Give {LAYOUT}, or "
+        "`model.pretrained=false` to train the architecture from fresh weights."
+    )
+
+
+class HFModel(nn.Module):
+    """A transformers model as the loop calls it: `forward(input_ids, position_ids=None)` ->
+    logits. Positions restarting inside a row mark packed records: transformers then keeps the
+    attention inside each record (its packed-sequence mask, which needs no cache and no
+    attention mask, hence use_cache=False)."""
+
+    def __init__(self, hf: nn.Module, path: str, head: str):
+        super().__init__()
+        self.hf = hf
+        self.path, self.head = path, head
+        # The blocks FSDP shards one by one and activation checkpointing wraps.
+        self.block_classes = tuple(getattr(hf, "_no_split_modules", None) or ())
+        self.block_size = int(getattr(hf.config, "max_position_embeddings", 0) or 0)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None):
+        if self.head == "sequence_classification":
+            return self.hf(input_ids=input_ids, use_cache=False).logits
+        return self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+
+    def tp_plan(self) -> dict[str, str]:
+        """The tensor-parallel plan the model declares for itself (transformers' own)."""
+        return dict(getattr(self.hf, "_tp_plan", None) or {})
+
+
+def hf_model(
+    *,
+    path: str,
+    head: str = "causal_lm",
+    pretrained: bool = True,
+    attn_implementation: str = "sdpa",
+    dtype: torch.dtype = torch.float32,
+    num_classes: int = 0,
+    name: str = "hf",
+) -> HFModel:
+    """The model of the folder `path` with the chosen head, in `dtype` (the run's parameters)."""
+    if head not in HEADS:
+        raise UserError(f"model.head={head}: must be one of {', '.join(HEADS)}.")
+    folder = model_folder(path)
+    tf = _transformers()
+    common = {"local_files_only": True, "trust_remote_code": False}
+    try:
+        config = tf.AutoConfig.from_pretrained(folder, **common)
+    except (OSError, ValueError, KeyError) as err:
+        raise UserError(
+            f"model.path={path}: transformers could not read its config.json ("
+            f"{' '.join(str(err).split())[:300]}). Give {LAYOUT}."
+        ) from None
+    kwargs: dict = {"attn_implementation": attn_implementation}
+    auto = tf.AutoModelForCausalLM
+    if head == "sequence_classification":
+        if num_classes < 2:
+            raise UserError(
+                "model.head=sequence_classification needs the data's number of classes (at "
+                "least 2): train it with task=classification on a labelled text data set."
+            )
+        auto = tf.AutoModelForSequenceClassification
+        config.num_labels = num_classes
+        if getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = getattr(config, "eos_token_id", None) or 0
+    try:
+        if pretrained:
+            _check_weights(folder, "model.path")
+            hf = auto.from_pretrained(
+                folder, config=config, dtype=dtype, use_safetensors=True, **common, **kwargs
+            )
+        else:
+            hf = auto.from_config(config, dtype=dtype, **kwargs).to(dtype)
+    except UserError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise UserError(
+            f"model.path={path}: transformers could not build the model "
+            f"({type(err).__name__}: {' '.join(str(err).split())[:300]}). Check that the folder "
+            f"is {LAYOUT}, written by a transformers version that knows model_type="
+            f"{getattr(config, 'model_type', '?')}."
+        ) from None
+    return HFModel(hf, str(folder), head)
+
+
+def load_tokenizer(path: str, key: str = "dataset.tokenizer"):
+    """The tokenizer of a model folder (its tokenizer.json / tokenizer_config.json and chat
+    template), offline and without code from the folder."""
+    folder = model_folder(path, key)
+    tf = _transformers()
+    try:
+        return tf.AutoTokenizer.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=False
+        )
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(
+            f"{key}={path}: transformers could not read a tokenizer there "
+            f"({' '.join(str(err).split())[:300]}). The folder needs tokenizer.json and "
+            "tokenizer_config.json (written by the tokenizer's save_pretrained)."
+        ) from None

@@ -1,0 +1,210 @@
+"""`lora.rank=N`: low-rank adapters (LoRA) on a frozen base, for any model, through PEFT.
+
+PEFT's `inject_adapter_in_model` swaps each targeted `nn.Linear` for its LoRA layer in place (the
+base weight frozen, `lora_A`/`lora_B` trained); the model keeps its class and forward, so every
+other part of the run (the task, DDP/FSDP, compile, the checkpoint) sees an ordinary module.
+`lora.base_dtype=nf4` stores the targeted base weights as torchao's NF4Tensor (QLoRA): 4 bits per
+weight plus a scale per 64, dequantized block by block in the forward.
+
+What a checkpoint holds (hooks on the model, so the loop's save, DCP, resume, accel-eval,
+accel-sample and accel-export all follow the same rule): the trainable parameters (the adapters,
+and any layer the user did not freeze), every buffer, and `lora_base_fingerprint`: a hash of the
+base weights (their names, shapes and a strided sample of each tensor's values, rounded to bf16
+so that a fp32 and a bf16 load of the same folder agree). Loading into a model whose base
+differs is refused, naming both fingerprints; the base itself is read again from where the
+config says (`model.path`, `model.weights`, or the seed of a fresh model).
+
+Applied by the model builder's callers through `apply_lora` (training, accel-eval,
+accel-sample, accel-export: each rebuilds the same module), and first in the transform order
+(before activation checkpointing, FSDP and compile) as a technique.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import logging
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from accel_train.errors import UserError
+from accel_train.techniques import PREPARE, BuildContext, Technique
+
+log = logging.getLogger("accel_train")
+
+FINGERPRINT = "lora_base_fingerprint"
+# Output layers a default target leaves alone (a causal LM's head, a classifier's): adapting the
+# vocabulary projection costs much and helps little (PEFT's `all-linear` skips it too).
+HEAD_NAMES = ("lm_head", "score", "classifier", "head", "fc")
+BASE_DTYPES = (None, "nf4")
+NF4_BLOCK = 64  # weights per NF4 scale (QLoRA's)
+
+
+def target_modules(model: nn.Module, patterns: list[str]) -> list[str]:
+    """The names of the Linear layers LoRA wraps: `patterns` (module names, name suffixes such as
+    `q_proj`, or globs), else every Linear but the output head."""
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n]
+    if not patterns:
+        out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        hf = getattr(model, "hf", None)
+        out = out or (hf.get_output_embeddings() if hf is not None else None)
+        return [
+            n
+            for n in linears
+            if n.rsplit(".", 1)[-1] not in HEAD_NAMES and model.get_submodule(n) is not out
+        ]
+    chosen = [n for n in linears if any(_matches(n, str(p)) for p in patterns)]
+    if not chosen:
+        raise UserError(
+            f"lora.target={list(patterns)} names no Linear layer of the model. Its Linear "
+            f"layers are {', '.join(linears[:8])}{', ...' if len(linears) > 8 else ''}: give "
+            "full names, name endings (q_proj) or globs ('*.mlp.*'), or leave lora.target empty "
+            "for every Linear but the output head."
+        )
+    return chosen
+
+
+def _matches(name: str, pattern: str) -> bool:
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatchcase(name, pattern)
+    return name == pattern or name.endswith("." + pattern)
+
+
+def base_fingerprint(model: nn.Module) -> torch.Tensor:
+    """32 bytes (uint8) naming the frozen base: see the module docstring."""
+    digest = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        if p.requires_grad:
+            continue
+        flat = p.detach().reshape(-1)
+        sample = flat[:: max(1, flat.numel() // 1024)][:1024]
+        digest.update(f"{name}:{tuple(p.shape)}".encode())
+        digest.update(sample.to(torch.bfloat16).float().cpu().numpy().tobytes())
+    return torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8).clone()
+
+
+def _quantize_nf4(model: nn.Module, names: list[str]) -> int:
+    """The targeted layers' base weights as NF4 (those whose size NF4's blocks divide); returns
+    the bytes saved."""
+    try:
+        from torchao.quantization import to_nf4  # the quant extra; only for base_dtype=nf4
+    except ImportError:
+        raise UserError(
+            "lora.base_dtype=nf4 stores the base weights with torchao's NF4Tensor, and torchao "
+            'is not installed: `pip install "accel-train[quant]"`.'
+        ) from None
+    saved = 0
+    for name in names:
+        layer = model.get_submodule(name)
+        w = layer.weight
+        blocks = w.numel() // NF4_BLOCK
+        if w.numel() % NF4_BLOCK or blocks == 0:
+            continue
+        scaler_block = next(b for b in (256, 128, 64, 32, 16, 8, 4, 2, 1) if blocks % b == 0)
+        q = to_nf4(w.detach(), block_size=NF4_BLOCK, scaler_block_size=scaler_block)
+        saved += w.numel() * w.element_size() - w.numel() // 2
+        layer.weight = nn.Parameter(q, requires_grad=False)
+    return saved
+
+
+def apply_lora(model: nn.Module, cfg: DictConfig) -> nn.Module:
+    """Adapters on `model` in place (see the module docstring); returns it."""
+    if cfg.base_dtype not in BASE_DTYPES:
+        raise UserError(
+            f"lora.base_dtype={cfg.base_dtype}: must be null (the run's precision) or nf4 "
+            "(QLoRA: 4-bit NormalFloat base weights)."
+        )
+    try:
+        from peft import LoraConfig, inject_adapter_in_model  # the hf extra
+    except ImportError:
+        raise UserError(
+            'lora.rank needs the peft package, which is not installed: `pip install "accel-train'
+            '[hf]"`.'
+        ) from None
+    names = target_modules(model, list(cfg.target))
+    for p in model.parameters():  # the whole base frozen, the adapters alone trained
+        p.requires_grad_(False)
+    fingerprint = base_fingerprint(model)
+    saved = _quantize_nf4(model, names) if cfg.base_dtype == "nf4" else 0
+    config = LoraConfig(
+        r=int(cfg.rank),
+        lora_alpha=float(cfg.alpha),
+        lora_dropout=float(cfg.dropout),
+        target_modules=names,
+    )
+    inject_adapter_in_model(config, model)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    for n, p in model.named_parameters():
+        if "lora_" in n and dtype is not None:
+            p.data = p.data.to(dtype)  # the adapters in the base's dtype (bf16_true: bf16)
+    model.register_buffer(FINGERPRINT, fingerprint)
+    model.register_state_dict_post_hook(_drop_frozen)
+    model.register_load_state_dict_pre_hook(_check_fingerprint)
+    model.register_load_state_dict_post_hook(_frozen_not_missing)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.info(
+        "lora: rank %d on %d Linear layers (%s); %s trainable parameters%s",
+        cfg.rank,
+        len(names),
+        ", ".join(sorted({n.rsplit(".", 1)[-1] for n in names})),
+        f"{trained:,}",
+        f"; base stored as NF4 ({saved / 2**20:.1f} MiB saved)" if saved else "",
+    )
+    return model
+
+
+def _frozen(module: nn.Module) -> set[str]:
+    return {n for n, p in module.named_parameters() if not p.requires_grad}
+
+
+def _drop_frozen(module, state_dict, prefix, local_metadata) -> None:
+    """state_dict(): the frozen base stays out of checkpoints."""
+    for name in _frozen(module):
+        state_dict.pop(prefix + name, None)
+
+
+def _check_fingerprint(module, state_dict, prefix, *args) -> None:
+    theirs = state_dict.get(prefix + FINGERPRINT)
+    ours = getattr(module, FINGERPRINT)
+    if theirs is None:
+        raise UserError(
+            "lora: these weights hold no LoRA base fingerprint: they were not written by a run "
+            "with lora.rank > 0. Load them with the lora settings of the run that wrote them."
+        )
+    if not torch.equal(theirs.cpu(), ours.cpu()):
+        raise UserError(
+            "lora: the checkpoint's adapters were trained on other base weights (fingerprint "
+            f"{bytes(theirs.cpu().tolist()).hex()[:16]}) than the ones this run loaded "
+            f"({bytes(ours.cpu().tolist()).hex()[:16]}): the model folder (`model.path`), "
+            "`model.weights` or the seed changed. Point them at the base the adapters were "
+            "trained on."
+        )
+
+
+def _frozen_not_missing(module, incompatible) -> None:
+    """The frozen base is read from its own source, not from the checkpoint."""
+    frozen = _frozen(module)
+    incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if k not in frozen]
+
+
+class Lora(Technique):
+    """The build-time transform (first in the order: the adapters exist before activation
+    checkpointing, FSDP and compile see the model)."""
+
+    name = "lora"
+    order = PREPARE - 5
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+
+    def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
+        return apply_lora(model, self.cfg)
+
+
+def lora_for_run(model: nn.Module, cfg: DictConfig) -> nn.Module:
+    """What every tool that rebuilds a run's model from its config does after build_model
+    (accel-eval, accel-sample, accel-export): the adapters, when the run trained some."""
+    lora = cfg.get("lora")
+    return apply_lora(model, lora) if lora is not None and lora.rank > 0 else model
