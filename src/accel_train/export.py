@@ -39,6 +39,7 @@ from accel_train.data.loaders import build_loader
 from accel_train.data.splits import Splits
 from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError
+from accel_train.export_hf import export_hf
 from accel_train.loggers import json_safe
 from accel_train.models import build_model, count_parameters
 from accel_train.techniques import qat
@@ -55,6 +56,8 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     """The body of `accel-export`. Returns the card (also written beside the artifact)."""
     ckpt_path = _check_export_config(ecfg)
     fmt, quantize = ecfg.format, ecfg.quantize
+    if fmt == "hf":
+        return export_hf(ecfg, ckpt_path)
     if fmt == "onnx" or quantize == "int8":
         _onnx_modules()  # a missing extra fails before anything is loaded
     sharded = ckpt_path.is_dir()  # an FSDP checkpoint (torch.distributed.checkpoint)

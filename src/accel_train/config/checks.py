@@ -692,7 +692,13 @@ def check_data_sizes(
 
 
 # accel-export: format -> the artifact's suffix (beside the checkpoint: checkpoints/best.onnx).
-EXPORT_FORMATS = {"torch_export": ".pt2", "onnx": ".onnx", "torchscript": ".torchscript.pt"}
+# format -> the artifact's suffix (hf: a Hugging Face folder, see export_hf.py).
+EXPORT_FORMATS = {
+    "torch_export": ".pt2",
+    "onnx": ".onnx",
+    "torchscript": ".torchscript.pt",
+    "hf": "-hf",
+}
 EXPORT_QUANTIZE = ("none", "int8")
 
 

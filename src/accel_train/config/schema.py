@@ -613,6 +613,8 @@ class SampleConfig:
     num_samples: int = 1
     data_dir: str | None = None
     device: str = "auto"
+    chat: bool = False
+    system: str | None = None
 
 
 @dataclass

@@ -23,6 +23,7 @@ from accel_train.data.tokens import window_splits
 from accel_train.errors import UserError
 from accel_train.models import build_model
 from accel_train.models.generate import generate
+from accel_train.models.hf import load_tokenizer
 from accel_train.parallel import resolve_device
 from accel_train.precision import resolve_precision
 from accel_train.targets import locate
@@ -43,20 +44,24 @@ def sample_checkpoint(scfg: DictConfig) -> list[str]:
             f"{cfg.task.get('name') or cfg.task._target_}): accel-sample samples text from runs "
             "trained with task=language_model (e.g. `+experiment=gpt_char`)."
         )
+    if cfg.dataset.get("tokenizer"):  # dataset=sft: the model folder's own tokenizer
+        return _sample_chat_model(scfg, cfg, state, ckpt_path)
     kept = (state.get("task") or {}).get("tokenizer")
     if kept:  # the checkpoint's own copy: no data needed
         where = f"kept in {ckpt_path}"
         tokenizer = tokenizer_from_meta(kept["meta"], where, kept.get("bpe_json"))
     else:  # written before checkpoints kept it, or data without a tokenizer file
         tokenizer, where = dataset_tokenizer(cfg.dataset, scfg.data_dir or cfg.paths.data_dir)
+    if scfg.chat:
+        raise UserError(
+            f"chat=true renders the prompt with a chat template, and ckpt_path={ckpt_path} was "
+            f"trained on a token folder ({where}), whose tokenizer has none. Drop chat=true."
+        )
     device = resolve_device(scfg.device)
-    # What the token data told the model in training.
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
+    # What the token data told the model in training.
     data_args = window_splits(None, None, tokenizer.vocab_size).data_args
-    model = lora_for_run(build_model(cfg.model, data_args, precision.param_dtype), cfg)
-    model = model.to(device, dtype=precision.param_dtype)
-    _load_weights(model, state["model"], ckpt_path, cfg)
-    model.eval()
+    model = _rebuild(cfg, data_args, state, ckpt_path, device, precision)
     block_size = int(cfg.model.get("block_size", getattr(model, "block_size", 0)) or 0)
     if block_size < 1:
         raise UserError(
@@ -95,7 +100,71 @@ def sample_checkpoint(scfg: DictConfig) -> list[str]:
             top_p=scfg.top_p,
             generator=generator,
         )
-    texts = [tokenizer.decode(row.tolist()) for row in out]
+    return _show([tokenizer.decode(row.tolist()) for row in out], scfg)
+
+
+def _rebuild(cfg, data_args, state, ckpt_path, device, precision):
+    """The run's model (adapters included) with the checkpoint's weights, for inference."""
+    model = lora_for_run(build_model(cfg.model, data_args, precision.param_dtype), cfg)
+    model = model.to(device, dtype=precision.param_dtype)
+    _load_weights(model, state["model"], ckpt_path, cfg)
+    return model.eval()
+
+
+def _sample_chat_model(scfg: DictConfig, cfg: DictConfig, state, ckpt_path: Path) -> list[str]:
+    """A model fine-tuned on instruction records: its folder's tokenizer, the chat template with
+    chat=true, and the model's own generate where it has one (model=hf: a KV cache)."""
+    tok = load_tokenizer(str(cfg.dataset.tokenizer), "the checkpoint's dataset.tokenizer")
+    device = resolve_device(scfg.device)
+    precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
+    model = _rebuild(cfg, {"vocab_size": len(tok)}, state, ckpt_path, device, precision)
+    prompt = str(scfg.prompt)
+    if scfg.chat:
+        if not getattr(tok, "chat_template", None):
+            raise UserError(
+                f"chat=true: the tokenizer of {cfg.dataset.tokenizer} has no chat template. "
+                "Drop chat=true to continue the prompt as plain text."
+            )
+        messages = [{"role": "system", "content": str(scfg.system)}] if scfg.system else []
+        messages.append({"role": "user", "content": prompt})
+        ids = list(
+            tok.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=True, return_dict=True
+            )["input_ids"]
+        )
+    else:
+        ids = tok.encode(prompt, add_special_tokens=True) or [tok.bos_token_id or 0]
+    start = torch.tensor([ids] * scfg.num_samples, dtype=torch.long, device=device)
+    torch.manual_seed(scfg.seed)  # transformers' sampling draws from the global generator
+    with precision.autocast():
+        if hasattr(model, "generate_ids"):
+            out = model.generate_ids(
+                start,
+                scfg.max_new_tokens,
+                temperature=scfg.temperature,
+                top_k=scfg.top_k,
+                top_p=scfg.top_p,
+                eos_token_id=tok.eos_token_id,
+            )
+        else:
+            block = int(cfg.model.get("block_size") or 0) or start.shape[1] + scfg.max_new_tokens
+            generator = torch.Generator(device=device).manual_seed(scfg.seed)
+            out = generate(
+                model,
+                start,
+                scfg.max_new_tokens,
+                block_size=block,
+                temperature=scfg.temperature,
+                top_k=scfg.top_k or None,
+                top_p=scfg.top_p,
+                generator=generator,
+            )
+    # chat: the assistant's reply alone; otherwise the prompt and its continuation.
+    rows = [row[len(ids) :] if scfg.chat else row for row in out]
+    return _show([tok.decode(row.tolist(), skip_special_tokens=True) for row in rows], scfg)
+
+
+def _show(texts: list[str], scfg: DictConfig) -> list[str]:
     for i, text in enumerate(texts):
         if scfg.num_samples > 1:
             print(f"---------- sample {i + 1}")

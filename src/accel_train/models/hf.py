@@ -108,6 +108,33 @@ class HFModel(nn.Module):
             return self.hf(input_ids=input_ids, use_cache=False).logits
         return self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
 
+    @torch.no_grad()
+    def generate_ids(
+        self,
+        ids: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float,
+        top_k: int | None,
+        top_p: float,
+        eos_token_id: int | None,
+    ) -> torch.Tensor:
+        """transformers' own generate (a KV cache, the model's stop token); seeded by the
+        caller through torch's global generator."""
+        sampling = temperature > 0
+        return self.hf.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=sampling,
+            temperature=temperature if sampling else None,
+            top_k=(top_k or None) if sampling else None,
+            top_p=top_p if sampling else None,
+            eos_token_id=eos_token_id,
+            pad_token_id=eos_token_id,
+            use_cache=True,
+        )
+
     def tp_plan(self) -> dict[str, str]:
         """The tensor-parallel plan the model declares for itself (transformers' own)."""
         return dict(getattr(self.hf, "_tp_plan", None) or {})

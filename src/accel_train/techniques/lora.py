@@ -208,3 +208,24 @@ def lora_for_run(model: nn.Module, cfg: DictConfig) -> nn.Module:
     (accel-eval, accel-sample, accel-export): the adapters, when the run trained some."""
     lora = cfg.get("lora")
     return apply_lora(model, lora) if lora is not None and lora.rank > 0 else model
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """The adapters folded into their base weights (an NF4 base dequantized first), each LoRA
+    layer replaced by its plain Linear, the fingerprint buffer dropped: the architecture as it
+    was built, for export."""
+    from peft.tuners.lora import LoraLayer  # the hf extra (a LoRA checkpoint needs it anyway)
+
+    for name, layer in list(model.named_modules()):
+        if not isinstance(layer, LoraLayer):
+            continue
+        base = layer.get_base_layer()
+        if type(base.weight).__name__ == "NF4Tensor":
+            dense = base.weight.get_original_weight().to(torch.float32)
+            base.weight = nn.Parameter(dense, requires_grad=False)
+        layer.merge()
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, base)
+    if FINGERPRINT in model._buffers:
+        del model._buffers[FINGERPRINT]
+    return model
