@@ -39,6 +39,7 @@ def pytest_configure(config):
 # that started last would keep one test process busy after the others have run out of work.
 LONGEST_FIRST = (
     "test_slurm.py",
+    "test_finetune.py",
     "test_distributed.py",
     "test_teardown.py",
     "test_pipeline.py",

@@ -8,6 +8,7 @@ accumulated and all-reduced batch. Validation logs the mean token loss and its p
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -57,6 +58,8 @@ class LanguageModel(Task):
                 "targets) pairs of token ids, e.g. from `dataset=tokens`."
             )
         x, y = batch
+        if isinstance(x, Mapping):
+            _check_named_inputs(ctx.model, x, ctx.cfg.model.get("name"))
         was = ctx.model.training
         ctx.model.eval()
         try:
@@ -169,3 +172,17 @@ def call(model: nn.Module, inputs: Any) -> torch.Tensor:
     """The model on a batch's inputs: token ids, or named tensors (packed instruction rows:
     `input_ids` and the per-record `position_ids`) passed by name."""
     return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
+
+
+def _check_named_inputs(model: nn.Module, inputs: Mapping, name: str | None) -> None:
+    """Packed rows pass `position_ids` by name: the model's forward must take them (it is what
+    keeps each record's attention to itself)."""
+    params = inspect.signature(model.forward).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    missing = [k for k in inputs if k not in params and not takes_any]
+    if missing:
+        raise UserError(
+            f"model={name}: its forward takes no {', '.join(missing)}, which packed rows "
+            "(dataset.pack=true) pass so that each record attends only to itself. Set "
+            "dataset.pack=false, or use model=hf (transformers models take position_ids)."
+        )

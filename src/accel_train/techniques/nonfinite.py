@@ -364,8 +364,10 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _finite_weights(module: nn.Module) -> bool:
-    """HOST SYNC (checks only): every parameter and floating buffer finite, in one read."""
-    tensors = [_local(p.detach()) for p in module.parameters()]
+    """HOST SYNC (checks only): every trained parameter and floating buffer finite, in one
+    read. Frozen parameters (model.freeze, a LoRA base, perhaps stored as NF4) are not changed
+    by training, so they are not read."""
+    tensors = [_local(p.detach()) for p in module.parameters() if p.requires_grad]
     tensors += [_local(b) for b in module.buffers() if b.is_floating_point()]
     if not tensors:
         return True

@@ -1,0 +1,333 @@
+"""Fine-tuning from a pretrained model, through the real CLI: a tiny Llama-style model and a chat
+tokenizer written with save_pretrained (never downloaded), `+experiment=sft_lora` (adapters only
+trained and checkpointed, exact resume, DDP agreeing with one process, a different base refused),
+packed vs unpacked rows, QLoRA's NF4 base, `accel-export format=hf` reloaded by transformers,
+`accel-sample chat=true`, `accel-eval` on instruction records, and the bad inputs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import check_ok, read_jsonl
+from hf_fixtures import write_records, write_tiny_llama
+
+from accel_train.checkpoint import load_checkpoint
+
+# Tiny and quick: rows of at most 96 tokens, 4 rows a step, 6 optimizer steps.
+SFT = [
+    "+experiment=sft_lora",
+    "dataset.max_length=96",
+    "lora.rank=4",
+    "lora.dropout=0.0",
+    "optimizer.lr=0.003",
+    # A schedule that does not depend on the run's length: a run stopped at step 5 and resumed
+    # to 12 steps is then the same run as the reference.
+    "scheduler=step",
+    "scheduler.step_size=4",
+    "scheduler.gamma=0.5",
+    "scheduler.warmup_steps=0",
+    "loader.batch_size=4",
+    "trainer.max_epochs=2",
+    "trainer.max_steps=12",
+    "trainer.log_every_n_steps=1",
+    "trainer.progress=none",
+    "logger=none",
+]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    model = write_tiny_llama(root / "llama")
+    other = write_tiny_llama(root / "llama-other", seed=1)
+    data = {
+        "train": write_records(root / "train.jsonl", 48),
+        "val": write_records(root / "val.jsonl", 8),
+        "pc": write_records(root / "pc.jsonl", 24, form="prompt_completion"),
+    }
+    return {"model": model, "other": other, "root": root, **data}
+
+
+def _sft(folders, *extra):
+    return [
+        *SFT,
+        f"model.path={folders['model']}",
+        f"dataset.path={folders['train']}",
+        f"dataset.val_path={folders['val']}",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def reference(folders, run_cli_in):
+    """The uninterrupted run every other test compares with (12 steps)."""
+    run_dir = folders["root"] / "reference"
+    check_ok(run_cli_in([*_sft(folders), f"hydra.run.dir={run_dir}"], folders["root"]))
+    return run_dir
+
+
+def test_sft_lora_trains_and_checkpoints_only_the_adapters(reference):
+    losses = [m["train/loss"] for m in read_jsonl(reference / "metrics.jsonl") if "train/loss" in m]
+    assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3])  # it learns
+    ckpt = load_checkpoint(reference / "checkpoints" / "last.pt")
+    keys = list(ckpt["model"])
+    adapters = [k for k in keys if ".lora_A." in k or ".lora_B." in k]
+    # 2 layers x 7 projections x (A, B), plus the base's fingerprint; no base weight at all.
+    assert len(adapters) == 28 and set(keys) - set(adapters) == {"lora_base_fingerprint"}
+    assert len(ckpt["optimizer"]["state"]) == 28  # frozen parameters: no optimizer state
+
+
+def test_resume_is_exact(folders, reference, run_cli):
+    run_dir = folders["root"] / "resumed"
+    first = _sft(folders, "trainer.max_steps=5", "trainer.ckpt_every_n_steps=5")
+    check_ok(run_cli([*first, f"hydra.run.dir={run_dir}"]))
+    check_ok(run_cli([*_sft(folders), "resume=auto", f"hydra.run.dir={run_dir}"]))
+    last = run_dir / "checkpoints" / "last.pt"
+    ours, ref = load_checkpoint(last), load_checkpoint(reference / "checkpoints" / "last.pt")
+    assert ours["progress"]["step"] == ref["progress"]["step"] == 12
+    for k, v in ref["model"].items():
+        assert torch.equal(ours["model"][k], v), k
+
+    def losses(run: Path) -> dict[int, float]:
+        rows = read_jsonl(run / "metrics.jsonl")
+        return {m["step"]: m["train/loss"] for m in rows if "train/loss" in m}
+
+    assert losses(run_dir) == losses(reference)
+
+
+def test_adapters_on_another_base_are_refused(folders, reference, run_cli, tmp_path):
+    """The same model.path, its weights replaced since: resume and accel-sample refuse."""
+    folder = tmp_path / "base"
+    shutil.copytree(folders["model"], folder)
+    run_dir = tmp_path / "run"
+    args = [
+        *_sft(folders, "trainer.max_steps=2"),
+        f"model.path={folder}",
+    ]
+    check_ok(run_cli([*args, f"hydra.run.dir={run_dir}"]))
+    shutil.copy(folders["other"] / "model.safetensors", folder / "model.safetensors")
+    last = run_dir / "checkpoints" / "last.pt"
+    for proc in (
+        run_cli([*args, "trainer.max_steps=4", "resume=auto", f"hydra.run.dir={run_dir}"]),
+        run_cli([f"ckpt_path={last}", "prompt=hi", "max_new_tokens=2"], prog="accel-sample"),
+    ):
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "other base weights" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_ddp_two_processes_agree_with_one(folders, run_cli, tmp_path):
+    """2 processes x 2 rows = 1 process x 4 rows: the same adapters (fp32, reduction order)."""
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    common = [*_sft(folders), "trainer.max_steps=4", "trainer.deterministic=true"]
+    check_ok(run_cli([*common, f"hydra.run.dir={single}"]))
+    check_ok(
+        run_cli(
+            [
+                *common,
+                "strategy=ddp",
+                "launcher.nproc_per_node=2",
+                "loader.batch_size=2",
+                f"hydra.run.dir={ddp}",
+            ]
+        )
+    )
+    a = load_checkpoint(single / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(ddp / "checkpoints" / "last.pt")["model"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def _val_loss(run_dir: Path) -> float:
+    return [m["val/loss"] for m in read_jsonl(run_dir / "metrics.jsonl") if "val/loss" in m][-1]
+
+
+def test_packed_and_unpacked_rows_score_the_same(folders, run_cli, tmp_path):
+    """Nearly untrained (lr 1e-9), the same validation records: packing changes no token's
+    loss."""
+    runs = {}
+    for pack in ("true", "false"):
+        runs[pack] = tmp_path / pack
+        proc = run_cli(
+            [
+                *_sft(folders),
+                f"dataset.pack={pack}",
+                "optimizer.lr=1e-9",
+                "trainer.max_steps=1",
+                f"hydra.run.dir={runs[pack]}",
+            ]
+        )
+        check_ok(proc)
+    assert abs(_val_loss(runs["true"]) - _val_loss(runs["false"])) < 1e-5
+
+
+def test_qlora_nf4_base_trains(folders, run_cli, tmp_path):
+    proc = run_cli(
+        [
+            *_sft(folders),
+            "lora.base_dtype=nf4",
+            "trainer.max_steps=3",
+            f"hydra.run.dir={tmp_path / 'q'}",
+        ]
+    )
+    check_ok(proc)
+    assert "base stored as NF4" in proc.stdout + proc.stderr
+    keys = load_checkpoint(tmp_path / "q" / "checkpoints" / "last.pt")["model"]
+    assert all("lora_" in k for k in keys)
+
+
+def test_export_hf_reloads_in_transformers_and_samples_the_same(folders, reference, run_cli):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = folders["root"] / "merged"
+    best = reference / "checkpoints" / "best.pt"
+    proc = run_cli([f"ckpt_path={best}", "format=hf", f"out_path={out}"], prog="accel-export")
+    check_ok(proc)
+    card = json.loads((out / "accel_export.json").read_text())
+    assert card["lora_merged"] and card["max_abs_diff"] < 1e-4
+    again = run_cli([f"ckpt_path={best}", "format=hf", f"out_path={out}"], prog="accel-export")
+    assert again.returncode == 2 and "already exists" in again.stderr  # never written over
+
+    # The merged folder, greedy, through transformers alone = accel-sample on the checkpoint.
+    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    msgs = [{"role": "user", "content": "Reverse a list."}]
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True)["input_ids"]
+    gen = model.generate(
+        torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=tok.eos_token_id
+    )
+    expected = tok.decode(gen[0, len(ids) :], skip_special_tokens=True)
+    sample = run_cli(
+        [
+            f"ckpt_path={best}",
+            "chat=true",
+            "prompt=Reverse a list.",
+            "max_new_tokens=12",
+            "temperature=0",
+        ],
+        prog="accel-sample",
+    )
+    check_ok(sample)
+    assert expected.strip() and expected.strip() in sample.stdout
+
+
+def test_accel_eval_scores_instruction_records(folders, reference, run_cli, tmp_path):
+    """A run with test records: accel-eval reports the token loss and perplexity on them."""
+    run_dir = tmp_path / "run"
+    check_ok(
+        run_cli(
+            [
+                *_sft(folders, f"dataset.test_path={folders['pc']}", "trainer.max_steps=2"),
+                f"hydra.run.dir={run_dir}",
+            ]
+        )
+    )
+    out = tmp_path / "eval.json"
+    proc = run_cli(
+        [f"ckpt_path={run_dir / 'checkpoints' / 'last.pt'}", f"out_path={out}"], prog="accel-eval"
+    )
+    check_ok(proc)
+    result = json.loads(out.read_text())
+    assert result["test/loss"] > 0 and result["test/ppl"] > 1
+
+
+def test_resnet18_weights_replaced_head_and_frozen_stem(run_cli, tmp_path):
+    import torchvision
+
+    file = tmp_path / "resnet18.pth"
+    torch.save(torchvision.models.resnet18(num_classes=1000).state_dict(), file)
+    run_dir = tmp_path / "run"
+    args = [
+        "model=resnet18",
+        f"model.weights={file}",
+        "model.freeze=[conv1,bn1,layer1]",
+        "dataset.in_channels=3",
+        "dataset.image_size=72",
+        "dataset.num_train=32",
+        "dataset.num_test=8",
+        "loader.batch_size=8",
+        "trainer.max_steps=2",
+        "trainer.progress=none",
+        "logger=none",
+    ]
+    proc = run_cli([*args, f"hydra.run.dir={run_dir}"])
+    check_ok(proc)
+    assert "fresh weights" in proc.stdout + proc.stderr  # the head (fc) was replaced
+    trained = load_checkpoint(run_dir / "checkpoints" / "last.pt")["model"]
+    original = torch.load(file, weights_only=True)
+    # The frozen parameters (BatchNorm's running statistics are buffers: they still follow the
+    # data in training mode, as with Lightning's BaseFinetuning).
+    stats = ("running_mean", "running_var", "num_batches_tracked")
+    frozen = [
+        k for k in original if k.startswith(("conv1.", "bn1.", "layer1.")) and not k.endswith(stats)
+    ]
+    assert frozen and all(torch.equal(trained[k], original[k]) for k in frozen)
+    assert not torch.equal(trained["layer4.1.conv2.weight"], original["layer4.1.conv2.weight"])
+    assert trained["fc.weight"].shape[0] == 10
+
+    broken = {k: v for k, v in original.items() if not k.startswith("layer2.0.")}
+    torch.save(broken, file)
+    bad = run_cli([*args, f"hydra.run.dir={tmp_path / 'bad'}"])
+    assert bad.returncode == 2 and "layer2.0." in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "hub_id",
+        "bad_record",
+        "empty_file",
+        "no_template",
+        "pickle_weights",
+        "bad_target",
+        "pack_gpt",
+    ],
+)
+def test_bad_inputs_are_one_paragraph(case, folders, run_cli, tmp_path):
+    args = _sft(folders, "trainer.max_steps=1")
+    expect = {
+        "hub_id": "never downloads",
+        "bad_record": ":2:",
+        "empty_file": "holds no records",
+        "no_template": "need a chat template",
+        "pickle_weights": "safetensors",
+        "bad_target": "lora.target",
+        "pack_gpt": "dataset.pack=false",
+    }[case]
+    if case == "hub_id":
+        args.append("model.path=Qwen/Qwen2.5-0.5B")
+    elif case == "bad_record":
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"prompt": "a", "completion": "b"}\n{"question": "a"}\n')
+        args.append(f"dataset.path={bad}")
+    elif case == "empty_file":
+        (tmp_path / "empty.jsonl").write_text("")
+        args.append(f"dataset.path={tmp_path / 'empty.jsonl'}")
+    elif case == "no_template":
+        plain = write_tiny_llama(tmp_path / "plain", chat_template=None)
+        args.append(f"model.path={plain}")
+    elif case == "pickle_weights":
+        folder = write_tiny_llama(tmp_path / "pickled")
+        from safetensors.torch import load_file
+
+        torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+        (folder / "model.safetensors").unlink()
+        args.append(f"model.path={folder}")
+    elif case == "bad_target":
+        args.append("lora.target=[nonexistent_proj]")
+    elif case == "pack_gpt":
+        args = [a for a in args if not a.startswith("model.path=")]
+        args += [
+            "model=gpt",
+            "model.block_size=96",
+            "model.n_layer=1",
+            "model.n_head=2",
+            "model.n_embd=32",
+            f"dataset.tokenizer={folders['model']}",
+        ]
+    proc = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert expect in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
