@@ -331,3 +331,48 @@ def test_bad_inputs_are_one_paragraph(case, folders, run_cli, tmp_path):
     proc = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"])
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert expect in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_lora_on_the_builtin_gpt_from_its_own_checkpoint(run_cli, tmp_path):
+    """Pretrain a tiny GPT, then adapt it with model.weights + lora.rank: the adapters alone are
+    checkpointed (every Linear but the output head adapted), and accel-sample reads them."""
+    text = "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(200))
+    (tmp_path / "input.txt").write_text(text)
+    check_ok(run_cli(["tokenize", "input=input.txt", "out=tokens"], prog="accel-data"))
+    gpt = [
+        "task=language_model",
+        "model=gpt",
+        "model.n_layer=1",
+        "model.n_head=2",
+        "model.n_embd=32",
+        "model.block_size=32",
+        "dataset=tokens",
+        f"dataset.path={tmp_path / 'tokens'}",
+        "dataset.windows_per_epoch=32",
+        "dataset.eval_windows=8",
+        "loader.batch_size=8",
+        "trainer.max_epochs=1",
+        "trainer.progress=none",
+        "logger=none",
+    ]
+    check_ok(run_cli([*gpt, f"hydra.run.dir={tmp_path / 'base'}"]))
+    base = tmp_path / "base" / "checkpoints" / "last.pt"
+    proc = run_cli(
+        [*gpt, f"model.weights={base}", "lora.rank=2", f"hydra.run.dir={tmp_path / 'a'}"]
+    )
+    check_ok(proc)
+    adapted = tmp_path / "a" / "checkpoints" / "last.pt"
+    keys = load_checkpoint(adapted)["model"]
+    layers = {k.split(".lora_")[0] for k in keys if ".lora_" in k}
+    assert layers == {
+        "blocks.0.attn.qkv",
+        "blocks.0.attn.proj",
+        "blocks.0.mlp.fc",
+        "blocks.0.mlp.proj",
+    }
+    assert set(keys) - {k for k in keys if ".lora_" in k} == {"lora_base_fingerprint"}
+    sample = run_cli(
+        [f"ckpt_path={adapted}", "prompt=def", "max_new_tokens=8"], prog="accel-sample"
+    )
+    check_ok(sample)
+    assert any(line.startswith("def") for line in sample.stdout.splitlines())

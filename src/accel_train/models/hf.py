@@ -17,6 +17,7 @@ and activation checkpointing wraps.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -37,6 +38,9 @@ def _transformers():
     """transformers, imported on first use (seconds): only runs that pick model=hf pay it."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no network call, whatever else happens
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    # torchao (which transformers imports when installed) registers enums with torch's pytree
+    # and torch warns about each one: noise in every run's log, nothing the user can act on.
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     try:
         import transformers
     except ImportError:

@@ -7,12 +7,14 @@ other part of the run (the task, DDP/FSDP, compile, the checkpoint) sees an ordi
 weight plus a scale per 64, dequantized block by block in the forward.
 
 What a checkpoint holds (hooks on the model, so the loop's save, DCP, resume, accel-eval,
-accel-sample and accel-export all follow the same rule): the trainable parameters (the adapters,
-and any layer the user did not freeze), every buffer, and `lora_base_fingerprint`: a hash of the
-base weights (their names, shapes and a strided sample of each tensor's values, rounded to bf16
-so that a fp32 and a bf16 load of the same folder agree). Loading into a model whose base
-differs is refused, naming both fingerprints; the base itself is read again from where the
-config says (`model.path`, `model.weights`, or the seed of a fresh model).
+accel-sample and accel-export all follow the same rule), when the base is read from a file
+(`model=hf`'s `model.path`, `model.weights`): the trainable parameters (the adapters, and any
+layer the user did not freeze), every buffer, and `lora_base_fingerprint`: a hash of the base
+weights (their names, shapes and a strided sample of each tensor's values, rounded to bf16 so
+that a fp32 and a bf16 load of the same folder agree). Loading into a model whose base differs
+is refused, naming both fingerprints; the base itself is read again from that file. A base the
+run initialised itself (a fresh `model=gpt`, a user's constructor) cannot be read again, so
+checkpoints keep it whole.
 
 Applied by the model builder's callers through `apply_lora` (training, accel-eval,
 accel-sample, accel-export: each rebuilds the same module), and first in the transform order
@@ -35,26 +37,18 @@ from accel_train.techniques import PREPARE, BuildContext, Technique
 log = logging.getLogger("accel_train")
 
 FINGERPRINT = "lora_base_fingerprint"
-# Output layers a default target leaves alone (a causal LM's head, a classifier's): adapting the
-# vocabulary projection costs much and helps little (PEFT's `all-linear` skips it too).
-HEAD_NAMES = ("lm_head", "score", "classifier", "head", "fc")
 BASE_DTYPES = (None, "nf4")
 NF4_BLOCK = 64  # weights per NF4 scale (QLoRA's)
 
 
 def target_modules(model: nn.Module, patterns: list[str]) -> list[str]:
     """The names of the Linear layers LoRA wraps: `patterns` (module names, name suffixes such as
-    `q_proj`, or globs), else every Linear but the output head."""
+    `q_proj`, or globs), else every Linear but the output layer (the last one: a causal LM's
+    vocabulary projection, a classifier's head), which PEFT's `all-linear` leaves out too:
+    adapting it costs much and helps little."""
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n]
     if not patterns:
-        out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        hf = getattr(model, "hf", None)
-        out = out or (hf.get_output_embeddings() if hf is not None else None)
-        return [
-            n
-            for n in linears
-            if n.rsplit(".", 1)[-1] not in HEAD_NAMES and model.get_submodule(n) is not out
-        ]
+        return linears[:-1]
     chosen = [n for n in linears if any(_matches(n, str(p)) for p in patterns)]
     if not chosen:
         raise UserError(
@@ -109,8 +103,17 @@ def _quantize_nf4(model: nn.Module, names: list[str]) -> int:
     return saved
 
 
-def apply_lora(model: nn.Module, cfg: DictConfig) -> nn.Module:
-    """Adapters on `model` in place (see the module docstring); returns it."""
+def base_is_reloadable(model_cfg: DictConfig) -> bool:
+    """Whether the base can be read again from where the config says (a pretrained folder, a
+    weights file): only then do checkpoints leave it out. A base the run initialised itself
+    (a fresh model, a user's constructor) is kept in them."""
+    pretrained_folder = model_cfg.get("path") and model_cfg.get("pretrained", True)
+    return bool(model_cfg.get("weights") or pretrained_folder)
+
+
+def apply_lora(model: nn.Module, cfg: DictConfig, keep_base: bool = False) -> nn.Module:
+    """Adapters on `model` in place (see the module docstring); returns it. `keep_base`: the
+    checkpoints hold the frozen base too (it is not read from a file)."""
     if cfg.base_dtype not in BASE_DTYPES:
         raise UserError(
             f"lora.base_dtype={cfg.base_dtype}: must be null (the run's precision) or nf4 "
@@ -140,9 +143,10 @@ def apply_lora(model: nn.Module, cfg: DictConfig) -> nn.Module:
         if "lora_" in n and dtype is not None:
             p.data = p.data.to(dtype)  # the adapters in the base's dtype (bf16_true: bf16)
     model.register_buffer(FINGERPRINT, fingerprint)
-    model.register_state_dict_post_hook(_drop_frozen)
-    model.register_load_state_dict_pre_hook(_check_fingerprint)
-    model.register_load_state_dict_post_hook(_frozen_not_missing)
+    if not keep_base:  # (a kept base is loaded with the adapters: nothing to compare)
+        model.register_load_state_dict_pre_hook(_check_fingerprint)
+        model.register_state_dict_post_hook(_drop_frozen)
+        model.register_load_state_dict_post_hook(_frozen_not_missing)
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info(
         "lora: rank %d on %d Linear layers (%s); %s trainable parameters%s",
@@ -152,11 +156,18 @@ def apply_lora(model: nn.Module, cfg: DictConfig) -> nn.Module:
         f"{trained:,}",
         f"; base stored as NF4 ({saved / 2**20:.1f} MiB saved)" if saved else "",
     )
+    if keep_base:
+        log.info(
+            "lora: the base is not read from a file (model.weights, model=hf's model.path), so "
+            "checkpoints keep it beside the adapters"
+        )
     return model
 
 
 def _frozen(module: nn.Module) -> set[str]:
-    return {n for n, p in module.named_parameters() if not p.requires_grad}
+    """Every name of a frozen parameter (a tied one under each of its names)."""
+    params = module.named_parameters(remove_duplicate=False)
+    return {n for n, p in params if not p.requires_grad}
 
 
 def _drop_frozen(module, state_dict, prefix, local_metadata) -> None:
@@ -196,18 +207,20 @@ class Lora(Technique):
     name = "lora"
     order = PREPARE - 5
 
-    def __init__(self, cfg: DictConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: DictConfig, keep_base: bool):
+        self.cfg, self.keep_base = cfg, keep_base
 
     def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
-        return apply_lora(model, self.cfg)
+        return apply_lora(model, self.cfg, self.keep_base)
 
 
 def lora_for_run(model: nn.Module, cfg: DictConfig) -> nn.Module:
     """What every tool that rebuilds a run's model from its config does after build_model
     (accel-eval, accel-sample, accel-export): the adapters, when the run trained some."""
     lora = cfg.get("lora")
-    return apply_lora(model, lora) if lora is not None and lora.rank > 0 else model
+    if lora is None or lora.rank <= 0:
+        return model
+    return apply_lora(model, lora, keep_base=not base_is_reloadable(cfg.model))
 
 
 def merge_lora(model: nn.Module) -> nn.Module:

@@ -35,7 +35,7 @@ from accel_train.techniques.compile import Compile
 from accel_train.techniques.distill import Distill
 from accel_train.techniques.early_stopping import EarlyStopping, StopAtTarget
 from accel_train.techniques.ema import Ema
-from accel_train.techniques.lora import Lora
+from accel_train.techniques.lora import Lora, base_is_reloadable
 from accel_train.techniques.malloc import TuneMalloc
 from accel_train.techniques.nonfinite import NonFinite
 from accel_train.techniques.profiler import Profiler
@@ -51,7 +51,7 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
     t = cfg.trainer
     chosen: list[Technique] = []
     if cfg.lora.rank > 0:
-        chosen.append(Lora(cfg.lora))
+        chosen.append(Lora(cfg.lora, keep_base=not base_is_reloadable(cfg.model)))
     if t.tune_malloc:
         chosen.append(TuneMalloc())
     ac = cfg.activation_checkpointing
