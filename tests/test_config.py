@@ -42,6 +42,10 @@ REFUSED = {
     "task=custom": "task.step",
     "dataset=image_folder": "dataset.root",
     "dataset=streaming": "dataset.remote",
+    # Fine-tuning needs a model folder and records on disk (tests/test_finetune.py runs them).
+    "model=hf": "model.path",
+    "dataset=sft": "dataset.path",
+    "+experiment=sft_lora": ".path",
 }
 # Trackers that are optional extras are refused, naming the extra, where not installed.
 REFUSED.update(

@@ -65,7 +65,7 @@ class GptConfig(ModelConfig):
 
 @dataclass
 class HfModelConfig(ModelConfig):
-    path: str | None = None
+    path: str = MISSING
     head: str = "causal_lm"
     pretrained: bool = True
     attn_implementation: str = "sdpa"
