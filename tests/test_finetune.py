@@ -119,24 +119,36 @@ def test_adapters_on_another_base_are_refused(folders, reference, run_cli, tmp_p
         assert "other base weights" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_ddp_two_processes_agree_with_one(folders, run_cli, tmp_path):
-    """2 processes x 2 rows = 1 process x 4 rows: the same adapters (fp32, reduction order)."""
-    single, ddp = tmp_path / "single", tmp_path / "ddp"
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_agree_with_one(strategy, folders, run_cli, tmp_path):
+    """2 processes x 2 rows = 1 process x 4 rows: the same adapters (fp32, reduction order).
+    FSDP's checkpoint is a .dcp folder of the adapters alone; format=hf reads it."""
+    single, multi = tmp_path / "single", tmp_path / strategy
     common = [*_sft(folders), "trainer.max_steps=4", "trainer.deterministic=true"]
     check_ok(run_cli([*common, f"hydra.run.dir={single}"]))
     check_ok(
         run_cli(
             [
                 *common,
-                "strategy=ddp",
+                f"strategy={strategy}",
                 "launcher.nproc_per_node=2",
                 "loader.batch_size=2",
-                f"hydra.run.dir={ddp}",
+                f"hydra.run.dir={multi}",
             ]
         )
     )
     a = load_checkpoint(single / "checkpoints" / "last.pt")["model"]
-    b = load_checkpoint(ddp / "checkpoints" / "last.pt")["model"]
+    if strategy == "ddp":
+        b = load_checkpoint(multi / "checkpoints" / "last.pt")["model"]
+    else:  # the merged export of each, compared in transformers' own key names
+        from safetensors.torch import load_file
+
+        for run, ckpt in ((single, "last.pt"), (multi, "last.dcp")):
+            out = run / "hf"
+            args = [f"ckpt_path={run / 'checkpoints' / ckpt}", "format=hf", f"out_path={out}"]
+            check_ok(run_cli(args, prog="accel-export"))
+        a, b = (load_file(run / "hf" / "model.safetensors") for run in (single, multi))
+    assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
 
