@@ -26,6 +26,7 @@ SWITCH = {
     "activation_checkpointing": ["activation_checkpointing.mode=full"],
     "qat": ["quant=qat"],
     "prune": ["prune.amount=0.5"],
+    "lora": ["lora.rank=2"],
 }
 
 TINY = [

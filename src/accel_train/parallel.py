@@ -157,7 +157,10 @@ def shard_units(model: nn.Module, wrap_classes: list[str]) -> list[nn.Module]:
     repeated = {cls for cls, n in counts.items() if n >= 2}
 
     def has_params(m: nn.Module) -> bool:
-        return any(True for _ in m.parameters())
+        # fully_shard needs a module with a forward: never a ModuleDict / ModuleList (PEFT's
+        # lora_A and lora_B repeat in every adapted layer), whose owner is sharded instead.
+        no_forward = isinstance(m, nn.ModuleDict | nn.ModuleList | nn.ParameterDict)
+        return not no_forward and any(True for _ in m.parameters())
 
     def is_block(m: nn.Module) -> bool:
         return type(m) in repeated and has_params(m) and any(True for _ in m.children())

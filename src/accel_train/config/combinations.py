@@ -1,7 +1,7 @@
 """Which model transforms each multi-process strategy supports: one table, checked at compose.
 
 Every pair of a strategy (ddp, fsdp, pipeline) and a model transform (compile, channels_last,
-activation checkpointing, QAT, pruning) either works or is refused here, before any process
+activation checkpointing, QAT, pruning, LoRA) either works or is refused here, before any process
 starts, with one paragraph naming both keys and the way out. tests/test_strategy_transforms.py
 checks every pair and runs the working ones in real 2-process runs.
 
@@ -31,6 +31,7 @@ TRANSFORMS: dict[str, tuple[str, Callable[[DictConfig], bool]]] = {
     ),
     "qat": ("quant=qat", lambda cfg: cfg.quant.name == "qat"),
     "prune": ("prune.amount", lambda cfg: cfg.prune.amount > 0),
+    "lora": ("lora.rank", lambda cfg: cfg.lora.rank > 0),
 }
 
 STRATEGIES = ("ddp", "fsdp", "pipeline")
@@ -51,6 +52,12 @@ REFUSED: dict[tuple[str, str], str] = {
         "prune with strategy=pipeline is not supported: torch.nn.utils.prune keeps a full mask "
         "per weight and ranks the weights of the whole model, while pipeline spreads the layers "
         "over the ranks. Use `strategy=ddp` (or single), or `prune.amount=0`."
+    ),
+    ("pipeline", "lora"): (
+        "lora.rank with strategy=pipeline is not supported: the adapters' checkpoint rules (the "
+        "frozen base left out and fingerprinted) are not wired into the pipeline's per-stage "
+        "checkpoints. Use `strategy=fsdp` or `strategy=ddp` (FSDP shards the frozen base too), "
+        "or `lora.rank=0`."
     ),
     ("pipeline", "compile"): (
         "trainer.compile with strategy=pipeline: torch.compile of the stage modules is not "

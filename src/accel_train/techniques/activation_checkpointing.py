@@ -160,9 +160,11 @@ def sequential_segments(model: nn.Module) -> list[list[nn.Module]]:
     segments: list[list[nn.Module]] = [[]]
     has_params = False  # the open segment has a layer with parameters
     for layer in model:
-        if any(True for _ in layer.children()):
+        # An adapter around one layer (PEFT's LoRA: `get_base_layer`) is still one layer.
+        wrapped = hasattr(layer, "get_base_layer")
+        if any(True for _ in layer.children()) and not wrapped:
             return []  # not flat: its sub-blocks would need a policy of their own
-        params = any(True for _ in layer.parameters(recurse=False))
+        params = any(True for _ in layer.parameters(recurse=wrapped))
         if params and has_params:
             segments.append([])
         segments[-1].append(layer)
