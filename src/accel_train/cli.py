@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from accel_train.config import CONFIG_DIR, hydra_compose, hydra_errors
 from accel_train.config.aliases import alias_overrides, apply_process_wide, eval_argv
 from accel_train.config.checks import check_export_config
+from accel_train.config.free_text import take_free_text
 from accel_train.config.hydra_errors import refuse_unknown_keys, report_config_errors
 from accel_train.config.schema import (
     EvalConfig,
@@ -296,10 +297,20 @@ def _sample(cfg: DictConfig):
     refuse_unknown_keys(cfg, SampleConfig)
     from accel_train.launch.sample import sample_checkpoint  # deferred: see the module docstring
 
-    sample_checkpoint(cfg)
+    sample_checkpoint(cfg, prompt=_free_text.get("prompt"))
+
+
+# accel-sample's free-text keys: taken out of argv verbatim, never parsed as overrides
+# (config/free_text.py): `prompt="def "` keeps its space, `prompt_file=PATH`, `prompt=-`.
+SAMPLE_FREE_TEXT = ("prompt",)
+_free_text: dict[str, str] = {}  # this command's free-text values, by key
 
 
 def sample() -> None:
+    global _free_text
+    if not _wants_help(sys.argv[1:]):
+        argv, _free_text = report_user_errors(take_free_text)(sys.argv[1:], SAMPLE_FREE_TEXT)
+        sys.argv[1:] = argv
     _run_entry(_sample, "sample.yaml")
 
 

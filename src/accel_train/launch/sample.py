@@ -33,7 +33,9 @@ from accel_train.train.evaluate import _load_weights
 log = logging.getLogger("accel_train")
 
 
-def sample_checkpoint(scfg: DictConfig) -> list[str]:
+def sample_checkpoint(scfg: DictConfig, prompt: str | None = None) -> list[str]:
+    """`prompt`: the prompt as the command line gave it, verbatim (the CLI takes it out of
+    the overrides: config/free_text.py); None = the config's `prompt`."""
     ckpt_path = _check(scfg)
     state = load_checkpoint(ckpt_path, key="ckpt_path")
     cfg = typed(state["config"])
@@ -68,7 +70,7 @@ def sample_checkpoint(scfg: DictConfig) -> list[str]:
             f"ckpt_path={ckpt_path}: its model config names no block_size (the context length)."
         )
 
-    prompt = str(scfg.prompt)
+    prompt = str(scfg.prompt) if prompt is None else prompt
     if isinstance(tokenizer, CharTokenizer) and tokenizer.unknown(prompt):
         missing = "".join(tokenizer.unknown(prompt)[:20])
         raise UserError(
