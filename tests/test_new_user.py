@@ -62,3 +62,33 @@ def test_fast_dev_run_works_with_every_experiment(experiment, run_cli, tmp_path)
         long = run_cli([*args[:1], *data, "trainer.max_steps=50", "hydra.run.dir=long"])
         assert long.returncode == 2 and "warmup_steps=100 is not below" in long.stderr
         assert "Traceback" not in long.stderr
+
+
+TINY_GPT = [
+    "model=gpt",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.n_embd=16",
+    "model.block_size=16",
+    "dataset.windows_per_epoch=32",
+    "dataset.eval_windows=8",
+    "loader.batch_size=8",
+    "trainer.max_epochs=1",
+    "trainer.progress=none",
+]
+
+
+def test_the_gpt_on_a_token_folder_is_a_language_model(run_cli, tmp_path):
+    """dataset=tokens picks task=language_model; a task that cannot read token windows, asked
+    for by name, is one paragraph naming the fix."""
+    data = _tokens(tmp_path, run_cli)
+    proc = run_cli([*TINY_GPT, "dataset=tokens", *data, "hydra.run.dir=run"])
+    check_ok(proc)
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["monitor"] == "val/loss" and summary["best_val_loss"] > 0
+    for task in ("classification", "regression"):
+        args = [*TINY_GPT, "dataset=tokens", *data, f"task={task}", f"hydra.run.dir={task}"]
+        refused = run_cli(args)
+        assert refused.returncode == 2, refused.stderr
+        assert "`task=language_model`" in refused.stderr and "Traceback" not in refused.stderr
+        assert not (tmp_path / task).exists()  # a refused run leaves no run dir behind

@@ -20,10 +20,13 @@ from accel_train.targets import build
 LABEL_SAMPLE = 256
 
 
-def build_splits(ds: DictConfig, data_dir: str, labelled: bool = True) -> Splits:
+def build_splits(
+    ds: DictConfig, data_dir: str, labelled: bool = True, task: DictConfig | None = None
+) -> Splits:
     """The splits. `labelled`: items are (input, class index) pairs, checked against the number
     of classes (classification); otherwise an item may be any structure of tensors (a tuple, a
-    dict, nested) and only the splits' sizes are checked."""
+    dict, nested) and only the splits' sizes are checked. `task`: the run's task config, checked
+    against the one task the data can feed (Splits.only_task), if any."""
     own = (*DATASET_COMMON_KEYS, "val_fraction", "seed")  # passed when the target names them
     made = build(
         ds,
@@ -33,6 +36,7 @@ def build_splits(ds: DictConfig, data_dir: str, labelled: bool = True) -> Splits
     )
     if isinstance(made, Splits):
         splits = made
+        check_task_fits(splits, ds, task, labelled)
     elif labelled:
         splits = _from_user(made, ds)
     else:
@@ -50,6 +54,26 @@ def build_splits(ds: DictConfig, data_dir: str, labelled: bool = True) -> Splits
                     "dataset.val_fraction, which must leave samples on both sides)."
                 )
     return splits
+
+
+def check_task_fits(
+    splits: Splits, ds: DictConfig, task: DictConfig | None, labelled: bool
+) -> None:
+    """Data that feeds one task only (token windows: a language model) with another of the
+    built-in tasks: one paragraph naming the fix, not an error about the first item's target. A
+    task of the user's own (task=custom) may read any data."""
+    want = splits.only_task
+    if want is None or (task is not None and task.get("name") == want):
+        return
+    ours = task is None or str(task.get("_target_", "")).startswith("accel_train.tasks.")
+    if ours and (labelled or task is not None):
+        have = task.get("name") if task is not None else "classification"
+        raise UserError(
+            f"dataset={ds.name} feeds only task={want} (its items are token windows: inputs and "
+            f"the next tokens, no class labels), but the run's task is {have}. Set "
+            f"`task={want}` (or leave task= out: dataset={ds.name} picks it), or use "
+            "`task=custom` with a step of your own."
+        )
 
 
 def _unlabelled(made: Any, ds: DictConfig) -> Splits:

@@ -188,7 +188,7 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
 
     task = build_task(cfg)
     labelled = task.labelled_data
-    splits = build_splits(cfg.dataset, cfg.paths.data_dir, labelled)
+    splits = build_splits(cfg.dataset, cfg.paths.data_dir, labelled, cfg.task)
     if cfg.loader.name == "device":
         check_device_loader(cfg, splits, env.device, labelled)
     train_loader = make_loader(
