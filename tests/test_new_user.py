@@ -92,3 +92,47 @@ def test_the_gpt_on_a_token_folder_is_a_language_model(run_cli, tmp_path):
         assert refused.returncode == 2, refused.stderr
         assert "`task=language_model`" in refused.stderr and "Traceback" not in refused.stderr
         assert not (tmp_path / task).exists()  # a refused run leaves no run dir behind
+
+
+USER_SETS = '''
+import torch
+from torch.utils.data import Dataset
+
+
+class Plain(Dataset):
+    """(image, int) items: no .classes, no .targets."""
+
+    def __init__(self, n=200, k=3):
+        self.n, self.k = n, k
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full((1, 8, 8), float(i % self.k)), i % self.k
+
+
+class WithTargets(Plain):
+    """The labels kept apart (torchvision's `targets`), still no .classes."""
+
+    def __init__(self, n=600, k=4):
+        super().__init__(n, k)
+        self.targets = [i % k for i in range(n)]
+'''
+
+
+def test_user_datasets_without_classes_count_them(run_cli, tmp_path):
+    """A user Dataset without `.classes` trains: its classes are counted from the labels where
+    that is cheap (a `targets` list; a small set's items), said in one log line; a large set
+    with neither is one paragraph asking for dataset.num_classes."""
+    (tmp_path / "my_sets.py").write_text(USER_SETS)
+    base = ["dataset=custom", "model=mlp", "trainer.max_epochs=1", "trainer.progress=none"]
+    for target, extra, classes in (("Plain", [], 3), ("WithTargets", [], 4)):
+        args = [*base, f"dataset._target_=my_sets.{target}", *extra, f"hydra.run.dir={target}"]
+        proc = run_cli(args)
+        check_ok(proc)
+        assert f"{classes} classes counted from its labels" in proc.stdout + proc.stderr
+        assert json.loads((tmp_path / target / "summary.json").read_text())["steps"] > 0
+    large = run_cli([*base, "dataset._target_=my_sets.Plain", "+dataset.n=600", "hydra.run.dir=l"])
+    assert large.returncode == 2 and "dataset.num_classes=N" in large.stderr, large.stderr
+    assert "Traceback" not in large.stderr
