@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import check_ok, write_mnist
+from helpers import FAST, check_ok, write_mnist
+from omegaconf import OmegaConf
 
 from accel_train.config import CONFIG_DIR
 
@@ -136,3 +137,16 @@ def test_user_datasets_without_classes_count_them(run_cli, tmp_path):
     large = run_cli([*base, "dataset._target_=my_sets.Plain", "+dataset.n=600", "hydra.run.dir=l"])
     assert large.returncode == 2 and "dataset.num_classes=N" in large.stderr, large.stderr
     assert "Traceback" not in large.stderr
+
+
+def test_lht_callback_groups(run_cli, tmp_path):
+    """lightning-hydra-template's `callbacks=early_stopping` (early stopping on the task's
+    monitored metric) and `callbacks=model_checkpoint` (checkpoints, no early stopping)."""
+    base = [*FAST, "trainer.max_epochs=2", "logger=none"]
+    for group, monitor in (("early_stopping", "val/acc"), ("model_checkpoint", None)):
+        proc = run_cli([*base, f"callbacks={group}", f"hydra.run.dir={group}"])
+        check_ok(proc)
+        cfg = OmegaConf.load(tmp_path / group / "config.yaml")
+        assert cfg.early_stopping.monitor == monitor
+        assert cfg.early_stopping.mode == "max"
+        assert (tmp_path / group / "checkpoints/best.pt").is_file()
