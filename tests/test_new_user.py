@@ -150,3 +150,33 @@ def test_lht_callback_groups(run_cli, tmp_path):
         assert cfg.early_stopping.monitor == monitor
         assert cfg.early_stopping.mode == "max"
         assert (tmp_path / group / "checkpoints/best.pt").is_file()
+
+
+def test_sweep_summaries_speak_the_tasks_metric(run_cli, tmp_path):
+    """An Optuna search of a language model: the table, sweep_summary.csv/json and
+    optimization_results.yaml show val/loss (min) and the objective final_val_loss, not
+    accuracy columns."""
+    data = _tokens(tmp_path, run_cli)
+    search = [
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=2",
+        "optimizer.lr=interval(1e-3,1e-2)",
+    ]
+    args = ["-m", *search, *TINY_GPT, "dataset=tokens", *data, "logger=none"]
+    proc = run_cli([*args, "hydra.sweep.dir=sweep"])
+    check_ok(proc)
+    out = proc.stdout + proc.stderr
+    assert "best val/loss" in out and "(min)" in out and "final val/loss" in out
+    assert "final_val_loss" in out and "best acc" not in out
+    assert "Best value: final_val_loss=" in out
+    summary = json.loads((tmp_path / "sweep/sweep_summary.json").read_text())
+    assert (summary["monitor"], summary["monitor_mode"]) == ("val/loss", "min")
+    assert (summary["objective"], summary["direction"]) == ("final_val_loss", "minimize")
+    for row in summary["rows"]:
+        assert row["best_val_loss"] > 0 and row["objective"] == row["final_val_loss"]
+        assert "best_val_acc" not in row
+    header = (tmp_path / "sweep/sweep_summary.csv").read_text().splitlines()[0].split(",")
+    assert {"objective", "best_val_loss", "final_val_loss"} <= set(header)
+    assert "best_val_acc" not in header
+    results = OmegaConf.load(tmp_path / "sweep/optimization_results.yaml")
+    assert results.objectives == ["final_val_loss"] and results.monitor == "val/loss"
