@@ -51,7 +51,8 @@ def test_fast_dev_run_works_with_every_experiment(experiment, run_cli, tmp_path)
     """A smoke run is never refused for a schedule sized for the full run (gpt_char's 100
     warm-up steps against fast_dev_run's one step): the warm-up is shortened, said in the log."""
     data = EXPERIMENT_DATA[experiment](tmp_path, run_cli)
-    args = [f"+experiment={experiment}", "+debug=fast_dev_run", *data, "trainer.progress=none"]
+    # +debug first: it applies after the experiment whatever the order (one step, not 2,000).
+    args = ["+debug=fast_dev_run", f"+experiment={experiment}", *data, "trainer.progress=none"]
     proc = run_cli([*args, "hydra.run.dir=run"])
     check_ok(proc)
     summary = json.loads((tmp_path / "run/summary.json").read_text())
@@ -60,7 +61,7 @@ def test_fast_dev_run_works_with_every_experiment(experiment, run_cli, tmp_path)
         assert "scheduler.warmup_steps=100 shortened to 0" in proc.stdout + proc.stderr
     # A full run is still refused a warm-up it cannot finish.
     if experiment == "gpt_char":
-        long = run_cli([*args[:1], *data, "trainer.max_steps=50", "hydra.run.dir=long"])
+        long = run_cli([args[1], *data, "trainer.max_steps=50", "hydra.run.dir=long"])
         assert long.returncode == 2 and "warmup_steps=100 is not below" in long.stderr
         assert "Traceback" not in long.stderr
 

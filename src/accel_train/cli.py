@@ -223,6 +223,7 @@ def train() -> None:
         sys.argv[1:] = eval_argv(aliased)
         _evaluate()
         return
+    sys.argv[1:] = debug_last(sys.argv[1:])
     report_user_errors(sweep_summary.check_plugins)(sys.argv[1:])
     try:
         _train()
@@ -237,6 +238,20 @@ def train() -> None:
     if result is not None and result.failed:
         print(f"accel-train: {sweep_summary.failure_paragraph(result)}", file=sys.stderr)
         sys.exit(1)
+
+
+def debug_last(argv: list[str]) -> list[str]:
+    """`+debug=NAME` moved just after the last `+experiment=NAME`: Hydra appends added groups
+    in the order of the command line, so `+debug=fast_dev_run +experiment=gpt_char` would let
+    the experiment's 2,000 steps override the smoke run's one batch. A debug mode applies after
+    the experiment, whatever the order."""
+    debug = [a for a in argv if a.startswith("+debug=")]
+    rest = [a for a in argv if not a.startswith("+debug=")]
+    experiments = [i for i, a in enumerate(rest) if a.startswith("+experiment=")]
+    if not debug or not experiments:
+        return argv
+    at = experiments[-1] + 1
+    return [*rest[:at], *debug, *rest[at:]]
 
 
 def main() -> None:
