@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import FAST, check_ok, write_mnist
+from hf_fixtures import write_records, write_tiny_llama
 from omegaconf import OmegaConf
 
 from accel_train.config import CONFIG_DIR
@@ -34,12 +35,26 @@ def _cifar_shaped(cwd: Path, run_cli) -> list[str]:
     return ["dataset=synthetic", "dataset.in_channels=3", "dataset.image_size=32"]
 
 
+def _sft(cwd: Path, run_cli) -> list[str]:
+    # A 2-layer Llama and its chat tokenizer, written with save_pretrained (never downloaded).
+    return [
+        f"model.path={write_tiny_llama(cwd / 'llama')}",
+        f"dataset.path={write_records(cwd / 'train.jsonl', 16)}",
+        f"dataset.val_path={write_records(cwd / 'val.jsonl', 4)}",
+        "dataset.max_length=96",
+        "lora.rank=4",
+    ]
+
+
 # Each experiment's data, made by the test: a new experiment must say what it needs here.
 EXPERIMENT_DATA = {
     "cifar10_resnet18_bf16": _cifar_shaped,
     "gpt_char": _tokens,
     "mnist_amp": _mnist,
+    "sft_lora": _sft,
 }
+# The experiments whose warm-up is longer than the smoke run's one step.
+WARMUP = {"gpt_char": 100, "sft_lora": 10}
 
 
 def test_every_experiment_names_its_test_data():
@@ -57,8 +72,9 @@ def test_fast_dev_run_works_with_every_experiment(experiment, run_cli, tmp_path)
     check_ok(proc)
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     assert summary["steps"] == 1
-    if experiment == "gpt_char":
-        assert "scheduler.warmup_steps=100 shortened to 0" in proc.stdout + proc.stderr
+    if experiment in WARMUP:
+        shortened = f"scheduler.warmup_steps={WARMUP[experiment]} shortened to 0"
+        assert shortened in proc.stdout + proc.stderr
     # A full run is still refused a warm-up it cannot finish.
     if experiment == "gpt_char":
         long = run_cli([args[1], *data, "trainer.max_steps=50", "hydra.run.dir=long"])

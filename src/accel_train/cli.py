@@ -312,12 +312,13 @@ def _sample(cfg: DictConfig):
     refuse_unknown_keys(cfg, SampleConfig)
     from accel_train.launch.sample import sample_checkpoint  # deferred: see the module docstring
 
-    sample_checkpoint(cfg, prompt=_free_text.get("prompt"))
+    sample_checkpoint(cfg, _free_text)
 
 
 # accel-sample's free-text keys: taken out of argv verbatim, never parsed as overrides
-# (config/free_text.py): `prompt="def "` keeps its space, `prompt_file=PATH`, `prompt=-`.
-SAMPLE_FREE_TEXT = ("prompt",)
+# (config/free_text.py): `prompt="def "` keeps its space, `prompt_file=PATH`, `prompt=-`; the
+# same for chat=true's system message.
+SAMPLE_FREE_TEXT = ("prompt", "system")
 _free_text: dict[str, str] = {}  # this command's free-text values, by key
 
 
