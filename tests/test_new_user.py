@@ -179,7 +179,7 @@ def test_sweep_summaries_speak_the_tasks_metric(run_cli, tmp_path):
         "hydra.sweeper.n_trials=2",
         "optimizer.lr=interval(1e-3,1e-2)",
     ]
-    args = ["-m", *search, *TINY_GPT, "dataset=tokens", *data, "logger=none"]
+    args = ["-m", *search, *TINY_GPT, "task=language_model", "dataset=tokens", *data]
     proc = run_cli([*args, "hydra.sweep.dir=sweep"])
     check_ok(proc)
     out = proc.stdout + proc.stderr
