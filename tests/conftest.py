@@ -54,6 +54,7 @@ LONGEST_FIRST = (
     "test_export.py",
     "test_holdout.py",
     "test_sweep.py",
+    "test_new_user.py",
     "test_report.py",
     "test_install.py",
 )

@@ -43,8 +43,10 @@ def run_cli(
     prog: str = "accel-train",
     timeout: float = 180,
     env: dict[str, str] | None = None,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run a console script in a subprocess, the way a user would, and capture its output."""
+    """Run a console script in a subprocess, the way a user would, and capture its output
+    (`input`: its standard input)."""
     full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     # Never fall back to ./data or the shared data set: a test that needs data says where.
     full_env["ACCEL_TRAIN_DATA_DIR"] = str(Path(cwd) / "no-data-here")
@@ -61,6 +63,7 @@ def run_cli(
         capture_output=True,
         text=True,
         timeout=timeout,
+        input=input,
     )
 
 

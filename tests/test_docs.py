@@ -98,3 +98,25 @@ def test_every_measured_number_in_the_docs_is_in_benchmarks():
                     continue
                 missing.append(f"{page.relative_to(ROOT)}:{n}: {match.group(0)}")
     assert not missing, "numbers not in BENCHMARKS.md:\n" + "\n".join(missing)
+
+
+# Paths of the machines the project was built on (spelled in pieces: this file is tracked too).
+MACHINE_PATHS = ("/" + "work/", "/" + "root/", "/tmp/" + "pytest-of")
+
+
+def test_no_path_of_the_build_machines_in_tracked_files():
+    """Every tracked file writes paths relative to the repository (`../shared/data`) or as
+    placeholders (`<repo>`), never one of the machine it was written on."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    found = []
+    for name in filter(None, listed.split("\0")):
+        path = ROOT / name
+        if not path.is_file() or path.is_symlink():
+            continue
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            if any(p in line for p in MACHINE_PATHS):
+                found.append(f"{name}:{number}: {line.strip()[:120]}")
+    assert not found, "paths of this machine in tracked files:\n" + "\n".join(found)

@@ -66,7 +66,7 @@ def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
     """The command's argv with its placeholders pointing at the fixtures."""
     text = command.text.replace("<run>", RUN)
     text = re.sub(r"ckpt_path=\.\.\.", "ckpt_path=outputs/my_run/checkpoints/best.pt", text)
-    for data in ("../shared/data", "/path/to/data", "/work/shared/data", "/elsewhere"):
+    for data in ("../shared/data", "/path/to/data", "/elsewhere"):
         text = text.replace(data, str(mnist_dir))
     text = text.replace("/tmp/bench/readme_run/run", "outputs/readme_run")
     # docs/streaming.md: a tiny JPEG folder of the workspace, and shards beside it.

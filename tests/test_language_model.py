@@ -14,6 +14,8 @@ from helpers import check_ok, read_jsonl, run_cli
 from accel_train.data.tokens import token_splits
 
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
+# Characters Hydra's override grammar would parse (the prompts of test_the_prompt_is_verbatim).
+TEXT += "x = f(a, [b]) $y print('hi', \"yo\")\n"
 TINY_GPT = [
     "task=language_model",
     "model=gpt",
@@ -71,6 +73,35 @@ def test_sampling_is_seeded(lm_run):
     assert first.stdout == again.stdout and first.stdout != other.stdout
     assert first.stdout.startswith("def") and len(first.stdout.strip()) >= 30
     assert set(first.stdout) <= set(TEXT) | {"\n"}
+
+
+# Prompts Hydra's grammar trims or cannot parse: a trailing space, `=`, commas, brackets,
+# quotes, `$`, a newline.
+PROMPTS = ["def ", "x = f(a, [b]) ", "print('hi', \"yo\")", "a=$y,\n  b"]
+
+
+def test_the_prompt_is_verbatim(lm_run, tmp_path):
+    """Whatever the shell passes after prompt= reaches the model unchanged (the text printed
+    starts with it), and prompt_file=PATH and prompt=- (standard input) take long prompts."""
+    cwd, _ = lm_run
+    best = f"ckpt_path={cwd / 'run/checkpoints/best.pt'}"
+    args = [best, "max_new_tokens=3", "temperature=0"]
+    for prompt in PROMPTS[:3]:
+        proc = run_cli([*args, f"prompt={prompt}"], cwd, prog="accel-sample")
+        check_ok(proc)
+        assert proc.stdout.startswith(prompt) and len(proc.stdout) == len(prompt) + 4, prompt
+    (tmp_path / "prompt.txt").write_text(PROMPTS[3])
+    from_file = run_cli([*args, f"prompt_file={tmp_path / 'prompt.txt'}"], cwd, prog="accel-sample")
+    from_stdin = run_cli([*args, "prompt=-"], cwd, prog="accel-sample", input=PROMPTS[3])
+    for proc in (from_file, from_stdin):
+        check_ok(proc)
+        assert proc.stdout.startswith(PROMPTS[3]), proc.stdout
+    assert from_file.stdout == from_stdin.stdout
+    twice = run_cli([*args, "prompt=a", "prompt_file=prompt.txt"], cwd, prog="accel-sample")
+    missing = run_cli([*args, "prompt_file=nowhere.txt"], cwd, prog="accel-sample")
+    for proc, message in ((twice, "prompt is given twice"), (missing, "no such file")):
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
 
 
 def test_a_checkpoint_samples_without_its_token_folder(lm_run, tmp_path):

@@ -37,6 +37,11 @@ ALIASES = {
         "checkpoint.save_top_k=0",
         "checkpoint.save_last=false",
     ],
+    "callbacks=model_checkpoint": ["early_stopping.monitor=null"],
+    "callbacks=early_stopping": [
+        "early_stopping.monitor=${task.monitor}",
+        "early_stopping.mode=${task.monitor_mode}",
+    ],
     "callbacks.early_stopping.patience=3": ["early_stopping.patience=3"],
     "callbacks.model_checkpoint.monitor=val/loss": ["checkpoint.monitor=val/loss"],
     "extras.print_config=false": ["trainer.progress=none"],

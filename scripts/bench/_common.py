@@ -15,7 +15,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_DATA_DIR = os.environ.get("ACCEL_TRAIN_DATA_DIR", "/work/shared/data")
+# The shared data beside the checkout (<repo>/../shared/data), written relative to the current
+# dir so that the tables the scripts print name no machine's path.
+DEFAULT_DATA_DIR = os.environ.get(
+    "ACCEL_TRAIN_DATA_DIR", os.path.relpath(REPO.parent / "shared" / "data")
+)
 
 
 def console_script(name: str) -> str:

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from accel_train.config import CONFIG_DIR, hydra_compose, hydra_errors
 from accel_train.config.aliases import alias_overrides, apply_process_wide, eval_argv
 from accel_train.config.checks import check_export_config
+from accel_train.config.free_text import take_free_text
 from accel_train.config.hydra_errors import refuse_unknown_keys, report_config_errors
 from accel_train.config.schema import (
     EvalConfig,
@@ -222,6 +223,7 @@ def train() -> None:
         sys.argv[1:] = eval_argv(aliased)
         _evaluate()
         return
+    sys.argv[1:] = debug_last(sys.argv[1:])
     report_user_errors(sweep_summary.check_plugins)(sys.argv[1:])
     try:
         _train()
@@ -236,6 +238,20 @@ def train() -> None:
     if result is not None and result.failed:
         print(f"accel-train: {sweep_summary.failure_paragraph(result)}", file=sys.stderr)
         sys.exit(1)
+
+
+def debug_last(argv: list[str]) -> list[str]:
+    """`+debug=NAME` moved just after the last `+experiment=NAME`: Hydra appends added groups
+    in the order of the command line, so `+debug=fast_dev_run +experiment=gpt_char` would let
+    the experiment's 2,000 steps override the smoke run's one batch. A debug mode applies after
+    the experiment, whatever the order."""
+    debug = [a for a in argv if a.startswith("+debug=")]
+    rest = [a for a in argv if not a.startswith("+debug=")]
+    experiments = [i for i, a in enumerate(rest) if a.startswith("+experiment=")]
+    if not debug or not experiments:
+        return argv
+    at = experiments[-1] + 1
+    return [*rest[:at], *debug, *rest[at:]]
 
 
 def main() -> None:
@@ -296,10 +312,21 @@ def _sample(cfg: DictConfig):
     refuse_unknown_keys(cfg, SampleConfig)
     from accel_train.launch.sample import sample_checkpoint  # deferred: see the module docstring
 
-    sample_checkpoint(cfg)
+    sample_checkpoint(cfg, _free_text)
+
+
+# accel-sample's free-text keys: taken out of argv verbatim, never parsed as overrides
+# (config/free_text.py): `prompt="def "` keeps its space, `prompt_file=PATH`, `prompt=-`; the
+# same for chat=true's system message.
+SAMPLE_FREE_TEXT = ("prompt", "system")
+_free_text: dict[str, str] = {}  # this command's free-text values, by key
 
 
 def sample() -> None:
+    global _free_text
+    if not _wants_help(sys.argv[1:]):
+        argv, _free_text = report_user_errors(take_free_text)(sys.argv[1:], SAMPLE_FREE_TEXT)
+        sys.argv[1:] = argv
     _run_entry(_sample, "sample.yaml")
 
 

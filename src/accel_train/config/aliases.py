@@ -26,6 +26,9 @@ before composing.
   trainer.detect_anomaly=true        autograd's anomaly mode (techniques/anomaly.py)
   callbacks=default                  (our defaults: checkpoints kept, early stopping as set)
   callbacks=none                     no early stopping, no checkpoint files
+  callbacks=model_checkpoint         checkpoints kept, no early stopping
+  callbacks=early_stopping           early stopping on the task's monitored metric (and mode);
+                                     checkpoints kept (Lightning's default checkpoint)
   callbacks.early_stopping.K=V       early_stopping.K=V
   callbacks.model_checkpoint.K=V     checkpoint.K=V
   logger=many_loggers                logger=[csv,tensorboard] and each installed tracker
@@ -100,6 +103,16 @@ CALLBACKS_NONE = [
     "checkpoint.save_top_k=0",
     "checkpoint.save_last=false",
 ]
+# LHT's callback groups (configs/callbacks/*.yaml there) -> our overrides.
+CALLBACK_GROUPS = {
+    "default": [],
+    "none": CALLBACKS_NONE,
+    "model_checkpoint": ["early_stopping.monitor=null"],
+    "early_stopping": [
+        "early_stopping.monitor=${task.monitor}",
+        "early_stopping.mode=${task.monitor_mode}",
+    ],
+}
 TRACKERS = ("mlflow", "wandb")  # in many_loggers when installed
 
 
@@ -171,8 +184,8 @@ def alias_overrides(argv: list[str]) -> Aliased:
         elif key == "trainer.detect_anomaly":
             on = _bool(key, value)
             new = [f"+callbacks.detect_anomaly._target_={_ANOMALY}"] if on else []
-        elif key == "callbacks" and value in ("default", "none"):
-            new = [] if value == "default" else list(CALLBACKS_NONE)
+        elif key == "callbacks" and value in CALLBACK_GROUPS:
+            new = list(CALLBACK_GROUPS[value])
         elif key.startswith("callbacks.") and key.split(".")[1] in CALLBACK_KEYS:
             _, lht, rest = key.split(".", 2) if key.count(".") >= 2 else (*key.split("."), "")
             if not rest:

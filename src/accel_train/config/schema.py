@@ -630,6 +630,7 @@ class TokenizeConfig:
 @dataclass
 class ShardConfig:
     dataset: Any = MISSING
+    task: Any = None  # what dataset=tokens picks for training (its defaults list): unused here
     out: str = MISSING
     chunk_bytes: str = "64MB"
     num_workers: int = 1

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,15 +16,22 @@ from accel_train.data.splits import ImageSet, Splits, held_out_indices
 from accel_train.errors import UserError
 from accel_train.targets import build
 
+log = logging.getLogger("accel_train")
+
 # How many items of a split without a label tensor are read to check the labels up front (the
 # torch loader checks every batch's labels on the host as well).
 LABEL_SAMPLE = 256
+# The most labels counted to find a user set's number of classes (see _counted_classes).
+COUNT_LIMIT = 100_000_000
 
 
-def build_splits(ds: DictConfig, data_dir: str, labelled: bool = True) -> Splits:
+def build_splits(
+    ds: DictConfig, data_dir: str, labelled: bool = True, task: DictConfig | None = None
+) -> Splits:
     """The splits. `labelled`: items are (input, class index) pairs, checked against the number
     of classes (classification); otherwise an item may be any structure of tensors (a tuple, a
-    dict, nested) and only the splits' sizes are checked."""
+    dict, nested) and only the splits' sizes are checked. `task`: the run's task config, checked
+    against the one task the data can feed (Splits.only_task), if any."""
     own = (*DATASET_COMMON_KEYS, "val_fraction", "seed")  # passed when the target names them
     made = build(
         ds,
@@ -33,6 +41,7 @@ def build_splits(ds: DictConfig, data_dir: str, labelled: bool = True) -> Splits
     )
     if isinstance(made, Splits):
         splits = made
+        check_task_fits(splits, ds, task, labelled)
     elif labelled:
         splits = _from_user(made, ds)
     else:
@@ -50,6 +59,26 @@ def build_splits(ds: DictConfig, data_dir: str, labelled: bool = True) -> Splits
                     "dataset.val_fraction, which must leave samples on both sides)."
                 )
     return splits
+
+
+def check_task_fits(
+    splits: Splits, ds: DictConfig, task: DictConfig | None, labelled: bool
+) -> None:
+    """Data that feeds one task only (token windows: a language model) with another of the
+    built-in tasks: one paragraph naming the fix, not an error about the first item's target. A
+    task of the user's own (task=custom) may read any data."""
+    want = splits.only_task
+    if want is None or (task is not None and task.get("name") == want):
+        return
+    ours = task is None or str(task.get("_target_", "")).startswith("accel_train.tasks.")
+    if ours and (labelled or task is not None):
+        have = task.get("name") if task is not None else "classification"
+        raise UserError(
+            f"dataset={ds.name} feeds only task={want} (its items are token windows: inputs and "
+            f"the next tokens, no class labels), but the run's task is {have}. Set "
+            f"`task={want}` (or leave task= out: dataset={ds.name} picks it), or use "
+            "`task=custom` with a step of your own."
+        )
 
 
 def _unlabelled(made: Any, ds: DictConfig) -> Splits:
@@ -117,12 +146,7 @@ def _from_user(made: Any, ds: DictConfig) -> Splits:
         classes = getattr(train, "classes", None) or getattr(
             getattr(train, "dataset", None), "classes", None
         )
-        if not classes:
-            raise UserError(
-                f"dataset._target_={target}: how many classes? The train set has no `.classes`; "
-                "set `dataset.num_classes=N`."
-            )
-        num_classes = len(classes)
+        num_classes = len(classes) if classes else _counted_classes((train, val, test), target)
     sample, _ = _item(train, 0, "train", target)
     if sample.dim() != 3:
         raise UserError(
@@ -140,6 +164,41 @@ def _from_user(made: Any, ds: DictConfig) -> Splits:
         random_shift=ds.random_shift,
         random_hflip=ds.random_hflip,
     )
+
+
+def _counted_classes(splits: tuple, target: str) -> int:
+    """A user set without `.classes`: the number of classes counted from its labels where that
+    is cheap (labels kept apart from the inputs: a `targets` or `labels` tensor or list, a
+    TensorDataset, up to COUNT_LIMIT of them; or a split of at most LABEL_SAMPLE items, which
+    check_split reads anyway), said in one log line. A larger split that keeps no labels apart
+    would have to be read whole: the user says how many."""
+    highest = -1
+    for name, split in zip(("train", "val", "test"), splits, strict=True):
+        if split is None:
+            continue
+        labels = _label_tensor(split)
+        if labels is None and len(split) <= LABEL_SAMPLE:
+            labels = torch.tensor([_item(split, i, name, target)[1] for i in range(len(split))])
+        if labels is None or labels.numel() > COUNT_LIMIT:
+            if name == "train":
+                raise UserError(
+                    f"dataset._target_={target}: how many classes? The train set has no "
+                    f"`.classes`, and its {len(split):,} labels are not kept apart from the "
+                    "inputs (a `targets` tensor or list), so counting them would read the whole "
+                    "data set. Set `dataset.num_classes=N` (or give the set a `classes` list or "
+                    "a `targets` list of its labels)."
+                )
+            continue  # the train split's count stands; check_split checks this split's labels
+        if labels.numel():
+            highest = max(highest, int(labels.max()))
+    log.info(
+        "dataset._target_=%s has no `.classes`: %d classes counted from its labels (0-%d); "
+        "set dataset.num_classes to say otherwise",
+        target,
+        highest + 1,
+        highest,
+    )
+    return highest + 1
 
 
 def _item(split: Dataset, i: int, name: str, target: str) -> tuple[torch.Tensor, int]:

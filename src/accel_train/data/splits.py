@@ -61,6 +61,8 @@ class Splits:
     # What the data tells the model's constructor beyond the shape (a token folder's
     # vocab_size): passed when the constructor names it.
     model_args: dict = field(default_factory=dict)
+    # The one task option this data can feed (token windows: "language_model"); None: any.
+    only_task: str | None = None
 
     @property
     def data_args(self) -> dict:

@@ -113,7 +113,9 @@ def window_splits(train, val, vocab_size: int) -> Splits:
     """Token windows' splits: no image shape and no classes; the model is told the vocabulary
     (dataset=tokens, dataset=streaming_tokens, and accel-sample rebuilding the model)."""
     shape = {"in_channels": 0, "image_size": 0, "num_classes": 0}
-    return Splits(train, val, None, **shape, model_args={"vocab_size": vocab_size})
+    return Splits(
+        train, val, None, **shape, model_args={"vocab_size": vocab_size}, only_task="language_model"
+    )
 
 
 def check_token_ids(window: np.ndarray, vocab_size: int, where: str, fix: str) -> None:

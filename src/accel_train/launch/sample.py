@@ -33,7 +33,11 @@ from accel_train.train.evaluate import _load_weights
 log = logging.getLogger("accel_train")
 
 
-def sample_checkpoint(scfg: DictConfig) -> list[str]:
+def sample_checkpoint(scfg: DictConfig, texts: dict[str, str] | None = None) -> list[str]:
+    """`texts`: the free-text keys (prompt, system) as the command line gave them, verbatim
+    (the CLI takes them out of the overrides: config/free_text.py); absent ones: the config's."""
+    texts = texts or {}
+    prompt = texts.get("prompt", str(scfg.prompt))
     ckpt_path = _check(scfg)
     state = load_checkpoint(ckpt_path, key="ckpt_path")
     cfg = typed(state["config"])
@@ -45,7 +49,8 @@ def sample_checkpoint(scfg: DictConfig) -> list[str]:
             "trained with task=language_model (e.g. `+experiment=gpt_char`)."
         )
     if cfg.dataset.get("tokenizer"):  # dataset=sft: the model folder's own tokenizer
-        return _sample_chat_model(scfg, cfg, state, ckpt_path)
+        system = texts.get("system", scfg.system)
+        return _sample_chat_model(scfg, cfg, state, ckpt_path, prompt, system)
     kept = (state.get("task") or {}).get("tokenizer")
     if kept:  # the checkpoint's own copy: no data needed
         where = f"kept in {ckpt_path}"
@@ -68,7 +73,6 @@ def sample_checkpoint(scfg: DictConfig) -> list[str]:
             f"ckpt_path={ckpt_path}: its model config names no block_size (the context length)."
         )
 
-    prompt = str(scfg.prompt)
     if isinstance(tokenizer, CharTokenizer) and tokenizer.unknown(prompt):
         missing = "".join(tokenizer.unknown(prompt)[:20])
         raise UserError(
@@ -111,21 +115,22 @@ def _rebuild(cfg, data_args, state, ckpt_path, device, precision):
     return model.eval()
 
 
-def _sample_chat_model(scfg: DictConfig, cfg: DictConfig, state, ckpt_path: Path) -> list[str]:
+def _sample_chat_model(
+    scfg: DictConfig, cfg: DictConfig, state, ckpt_path: Path, prompt: str, system: str | None
+) -> list[str]:
     """A model fine-tuned on instruction records: its folder's tokenizer, the chat template with
     chat=true, and the model's own generate where it has one (model=hf: a KV cache)."""
     tok = load_tokenizer(str(cfg.dataset.tokenizer), "the checkpoint's dataset.tokenizer")
     device = resolve_device(scfg.device)
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
     model = _rebuild(cfg, {"vocab_size": len(tok)}, state, ckpt_path, device, precision)
-    prompt = str(scfg.prompt)
     if scfg.chat:
         if not getattr(tok, "chat_template", None):
             raise UserError(
                 f"chat=true: the tokenizer of {cfg.dataset.tokenizer} has no chat template. "
                 "Drop chat=true to continue the prompt as plain text."
             )
-        messages = [{"role": "system", "content": str(scfg.system)}] if scfg.system else []
+        messages = [{"role": "system", "content": str(system)}] if system else []
         messages.append({"role": "user", "content": prompt})
         ids = list(
             tok.apply_chat_template(

@@ -25,7 +25,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
@@ -42,7 +42,36 @@ SWEEP_ID_FILE = ".sweep_id"  # in the sweep dir: which invocation the job dirs b
 SUMMARY_NAME = "sweep_summary"
 
 
-METRICS = ("best_val_acc", "final_val_acc", "test_acc", "train_samples_per_s", "wall_s")
+# Columns of every task besides its monitored metric's (see Columns).
+SPEED = ("train_samples_per_s", "wall_s")
+
+
+@dataclass
+class Columns:
+    """What the summary shows: the task's monitored metric (task.monitor, e.g. val/acc or
+    val/loss, and its mode) as summary.json's best_val_<m>, final_val_<m> and test_<m>, and the
+    objective the sweep returns (objective=...)."""
+
+    monitor: str
+    mode: str
+    objective: str
+
+    @classmethod
+    def of(cls, config: DictConfig) -> Columns:
+        monitor = str(OmegaConf.select(config, "task.monitor", default=None) or "val/acc")
+        mode = str(OmegaConf.select(config, "task.monitor_mode", default=None) or "max")
+        objective = str(OmegaConf.select(config, "objective", default=None) or "best_val_acc")
+        return cls(monitor, mode, objective)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        name = self.monitor.rpartition("/")[2]  # val/loss -> loss
+        return (f"best_val_{name}", f"final_val_{name}", f"test_{name}", *SPEED)
+
+    @property
+    def headers(self) -> tuple[str, ...]:
+        name = self.monitor.rpartition("/")[2]
+        return (f"best {self.monitor} ({self.mode})", f"final {self.monitor}", f"test/{name}")
 
 
 def in_multirun() -> bool:
@@ -145,13 +174,14 @@ def finish_pending() -> None:
 
 def summarize(config: DictConfig, sweep_id: str | None, print_table: bool = True) -> SweepResult:
     sweep_dir = Path(str(config.hydra.sweep.dir))
-    objective = str(config.get("objective", "best_val_acc"))
+    columns = Columns.of(config)
+    objective = columns.objective
     result = SweepResult(sweep_dir)
     for path in sorted(sweep_dir.rglob(STATUS_FILE)):
         status = read_json(path)
         if status is None or (sweep_id is not None and status.get("sweep_id") != sweep_id):
             continue  # not a job of this invocation
-        result.rows.append(_row(path.parent, status))
+        result.rows.append(_row(path.parent, status, columns.metrics))
     result.rows.sort(key=lambda r: r["job"])
     # What tells the jobs apart: the overrides that not every job shares.
     common = set.intersection(*(set(r["overrides"]) for r in result.rows)) if result.rows else set()
@@ -168,6 +198,9 @@ def summarize(config: DictConfig, sweep_id: str | None, print_table: bool = True
         "sweep_dir": str(sweep_dir),
         "objective": objective,
         "direction": direction,
+        "monitor": columns.monitor,
+        "monitor_mode": columns.mode,
+        "metrics": list(columns.metrics),
         "jobs": len(result.rows),
         "failed": len(result.failed),
         "best": {k: best[k] for k in ("job", "varying", "objective", "dir")} if best else None,
@@ -175,8 +208,8 @@ def summarize(config: DictConfig, sweep_id: str | None, print_table: bool = True
     }
     (sweep_dir / f"{SUMMARY_NAME}.json").write_text(json.dumps(data, indent=2) + "\n")
     with open(sweep_dir / f"{SUMMARY_NAME}.csv", "w", newline="") as f:
-        columns = ["job", "varying", "status", "error", "objective", *METRICS, "dir", "overrides"]
-        writer = csv.DictWriter(f, fieldnames=columns)
+        names = ["job", "varying", "status", "error", "objective", *columns.metrics, "dir"]
+        writer = csv.DictWriter(f, fieldnames=[*names, "overrides"])
         writer.writeheader()
         for row in result.rows:
             writer.writerow(
@@ -187,11 +220,11 @@ def summarize(config: DictConfig, sweep_id: str | None, print_table: bool = True
                 }
             )
     if print_table:
-        _print(result, objective, direction, best)
+        _print(result, columns, direction, best)
     return result
 
 
-def _row(job_dir: Path, status: dict[str, Any]) -> dict[str, Any]:
+def _row(job_dir: Path, status: dict[str, Any], metrics: tuple[str, ...]) -> dict[str, Any]:
     state = status.get("status", "unknown")
     summary = read_json(job_dir / SUMMARY_FILE) if state in ("done", "skipped", "pruned") else None
     error = status.get("error")
@@ -203,27 +236,22 @@ def _row(job_dir: Path, status: dict[str, Any]) -> dict[str, Any]:
         "status": "skipped (done)" if state == "skipped" else state,
         "error": error,
         "objective": status.get("value"),
-        **{k: (summary or {}).get(k) for k in METRICS},
+        **{k: (summary or {}).get(k) for k in metrics},
         "dir": str(job_dir),
     }
 
 
-def _print(result: SweepResult, objective: str, direction: str, best: dict | None) -> None:
+def _print(result: SweepResult, columns: Columns, direction: str, best: dict | None) -> None:
     def num(value: Any, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
+    objective = columns.objective
     table = Table(title=f"sweep {result.sweep_dir}", title_justify="left")
-    for name, justify in (
-        ("job", "right"),
-        ("overrides", "left"),
-        ("status", "left"),
-        ("best acc", "right"),
-        ("final acc", "right"),
-        ("test acc", "right"),
-        ("samples/s", "right"),
-        ("wall s", "right"),
-    ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for name in ("job", "overrides", "status"):
+        table.add_column(name, justify="right" if name == "job" else "left")
+    for name in (*columns.headers, objective, "samples/s", "wall s"):
+        table.add_column(name, justify="right")
+    best_m, final_m, test_m = columns.metrics[:3]
     for row in result.rows:
         status = row["status"]
         if status == "failed":
@@ -235,9 +263,10 @@ def _print(result: SweepResult, objective: str, direction: str, best: dict | Non
             f"{row['job']}{marker}",
             " ".join(row["varying"]) or "-",
             status,
-            num(row["best_val_acc"], ".4f"),
-            num(row["final_val_acc"], ".4f"),
-            num(row["test_acc"], ".4f"),
+            num(row[best_m], ".4f"),
+            num(row[final_m], ".4f"),
+            num(row[test_m], ".4f"),
+            num(row["objective"], ".4g"),
             num(row["train_samples_per_s"], ",.0f"),
             num(row["wall_s"], ".1f"),
         )

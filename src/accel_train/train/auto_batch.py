@@ -159,7 +159,9 @@ class _Probe:
         seed_everything(t.seed, t.deterministic)
         self.precision = resolve_precision(cfg.precision.name, env.device, cfg.precision.tf32)
         self.task = build_task(cfg)
-        self.splits = build_splits(cfg.dataset, cfg.paths.data_dir, self.task.labelled_data)
+        self.splits = build_splits(
+            cfg.dataset, cfg.paths.data_dir, self.task.labelled_data, cfg.task
+        )
         self.transform = BatchTransform(
             cfg.dataset, self.splits, env.device, self.precision.param_dtype, seed=t.seed, rank=0
         )

@@ -22,7 +22,7 @@ from accel_train.data.splits import ImageSet, Splits
 from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError
 from accel_train.models import build_model
-from accel_train.optim import build_optimizer, build_scheduler, scaled_lr
+from accel_train.optim import build_optimizer, build_scheduler, cut_short, scaled_lr
 from accel_train.parallel import DistEnv, wrap_model
 from accel_train.pipeline import Pipeline, PipelineEval, build_pipeline, data_coords
 from accel_train.precision import Precision, resolve_precision
@@ -188,7 +188,7 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
 
     task = build_task(cfg)
     labelled = task.labelled_data
-    splits = build_splits(cfg.dataset, cfg.paths.data_dir, labelled)
+    splits = build_splits(cfg.dataset, cfg.paths.data_dir, labelled, cfg.task)
     if cfg.loader.name == "device":
         check_device_loader(cfg, splits, env.device, labelled)
     train_loader = make_loader(
@@ -265,7 +265,13 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
     # Frozen parameters (model.freeze, a LoRA base) get no optimizer state.
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(trained, cfg.optimizer, lr, env.device)
-    scheduler = build_scheduler(optimizer, cfg.scheduler, total_steps, lr / cfg.optimizer.lr)
+    scheduler = build_scheduler(
+        optimizer,
+        cfg.scheduler,
+        total_steps,
+        lr / cfg.optimizer.lr,
+        cut_short=cut_short(cfg.trainer.limit_train_batches),
+    )
     return Components(
         splits=splits,
         train_loader=train_loader,

@@ -69,7 +69,7 @@ from omegaconf import DictConfig
 from accel_train import checkpoint as ckpt_io
 from accel_train.config.run_config import DEFAULT_TASK, flatten, to_container
 from accel_train.errors import UserError
-from accel_train.optim import build_scheduler
+from accel_train.optim import build_scheduler, cut_short
 from accel_train.parallel import SHARDED_STRATEGIES
 from accel_train.train.checkpointing import best_score, link_or_copy
 from accel_train.train.found import find_checkpoint, read_checkpoint
@@ -542,7 +542,12 @@ def _restore_schedule(loop: Loop, state: dict, changed: set[str]) -> None:
         group.pop("initial_lr", None)
     lr_scale = base_lr / loop.cfg.optimizer.lr
     loop.scheduler = loop.parts.scheduler = build_scheduler(
-        loop.optimizer, loop.cfg.scheduler, parts.total_steps, lr_scale, start_step=p["step"]
+        loop.optimizer,
+        loop.cfg.scheduler,
+        parts.total_steps,
+        lr_scale,
+        start_step=p["step"],
+        cut_short=cut_short(loop.cfg.trainer.limit_train_batches),
     )
     if loop.env.is_main:
         log.info(

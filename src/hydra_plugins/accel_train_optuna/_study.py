@@ -27,7 +27,13 @@ from optuna.trial import Trial, TrialState
 
 from accel_train.config.checks import OBJECTIVES
 from accel_train.errors import UserError
-from accel_train.launch.sweep_summary import STATUS_FILE, SUMMARY_FILE, one_line, read_json
+from accel_train.launch.sweep_summary import (
+    STATUS_FILE,
+    SUMMARY_FILE,
+    Columns,
+    one_line,
+    read_json,
+)
 from accel_train.targets import build, locate
 from hydra_plugins.accel_train_optuna._registry import LINK_DIR, LIVE
 from hydra_plugins.accel_train_optuna._search_space import (
@@ -67,7 +73,10 @@ def run_search(sweeper: Any, arguments: list[str]) -> list[JobReturn]:
     directions = _directions(s.get("direction"), objectives)
     space = parse_search_space(s.get("params"), arguments)
     sampler, grid_size = _sampler(s.get("sampler"), space)
-    pruner, metric = _pruner(s.get("pruner"), s.get("pruning_metric"), objectives, directions)
+    monitor = Columns.of(cfg)  # the task's monitored metric: the pruner's default
+    pruner, metric = _pruner(
+        s.get("pruner"), s.get("pruning_metric"), objectives, directions, monitor
+    )
     study_name = str(s.get("study_name") or cfg.name)
     storage = s.get("storage")
     custom = _custom_search_space(s.get("custom_search_space"))
@@ -120,7 +129,7 @@ def run_search(sweeper: Any, arguments: list[str]) -> list[JobReturn]:
             failed = sum(state == TrialState.FAIL for _, state, _ in outcomes)
             rate = float(s.get("max_failure_rate", 1.0))
             if failed / len(outcomes) > rate and todo > 0:
-                _write_results(study, sweep_dir, storage)
+                _write_results(study, sweep_dir, storage, objectives, monitor)
                 # The CLI writes the sweep summary and reports the failed trials' reasons in
                 # one paragraph, then this (accel_train.cli._sweep_failure).
                 raise UserError(
@@ -130,7 +139,7 @@ def run_search(sweeper: Any, arguments: list[str]) -> list[JobReturn]:
                 )
     finally:
         LIVE.pop(study_name, None)
-    _write_results(study, sweep_dir, storage)
+    _write_results(study, sweep_dir, storage, objectives, monitor)
     if outcomes and all(state == TrialState.FAIL for _, state, _ in outcomes):
         # The CLI writes the summary and lists each trial's reason in one paragraph, then this.
         raise UserError(
@@ -220,7 +229,7 @@ def _sampler(node: Any, space: SearchSpace) -> tuple[Any, int | None]:
 
 
 def _pruner(
-    node: Any, metric: Any, objectives: list[str], directions: list[str]
+    node: Any, metric: Any, objectives: list[str], directions: list[str], monitor: Columns
 ) -> tuple[Any, str | None]:
     if node is None:
         return None, None
@@ -232,8 +241,9 @@ def _pruner(
             f"has {len(objectives)} objectives ({', '.join(objectives)}). Set "
             "`hydra.sweeper.pruner=null`, or search one objective."
         )
-    metric = str(metric or ("val/loss" if objectives == ["final_val_loss"] else "val/acc"))
-    better = METRIC_DIRECTIONS.get(metric)
+    metric = str(metric or _objective_metric(objectives[0]) or monitor.monitor)
+    known = {**METRIC_DIRECTIONS, monitor.monitor: f"{monitor.mode}imize"}
+    better = known.get(metric)
     if better is not None and better != directions[0]:
         raise UserError(
             f"hydra.sweeper.pruner compares the {metric} that trials report after each epoch "
@@ -244,6 +254,14 @@ def _pruner(
             "or drop the pruner."
         )
     return pruner, metric
+
+
+def _objective_metric(objective: str) -> str | None:
+    """The validation metric an objective is read from (best_val_loss -> val/loss), if any."""
+    for prefix in ("best_val_", "final_val_"):
+        if objective.startswith(prefix):
+            return "val/" + objective.removeprefix(prefix)
+    return None
 
 
 def _custom_search_space(name: Any) -> Any:
@@ -437,21 +455,37 @@ def _outcome(
 # ---- the end ----------------------------------------------------------------------------
 
 
-def _write_results(study: Any, sweep_dir: Path, storage: Any) -> None:
+def _write_results(
+    study: Any, sweep_dir: Path, storage: Any, objectives: list[str], monitor: Columns
+) -> None:
     """optimization_results.yaml (hydra-optuna-sweeper's file) with the study's best trial(s),
-    earlier runs' included."""
+    earlier runs' included, naming the objective(s) and the task's monitored metric."""
     try:
         best = study.best_trials
     except ValueError:
         best = []
     if not best:
         return
-    results: dict[str, Any] = {"name": study.study_name, "storage": storage}
+    directions = [d.name.lower() for d in study.directions]
+    results: dict[str, Any] = {
+        "name": study.study_name,
+        "storage": storage,
+        "objectives": objectives,
+        "directions": directions,
+        "monitor": monitor.monitor,
+        "monitor_mode": monitor.mode,
+    }
     if len(study.directions) == 1:
         trial = best[0]
         results.update(best_trial=trial.number, best_params=trial.params, best_value=trial.value)
         log.info("Best parameters: %s", trial.params)
-        log.info("Best value: %s (trial %d)", trial.value, trial.number)
+        log.info(
+            "Best value: %s=%s (%s; trial %d)",
+            objectives[0],
+            trial.value,
+            directions[0],
+            trial.number,
+        )
     else:
         results["solutions"] = [
             {"trial": t.number, "params": t.params, "values": t.values} for t in best

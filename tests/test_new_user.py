@@ -1,0 +1,199 @@
+"""What a new user of the language-model and task features hits first (issue 27), through the
+real console scripts: every experiment's smoke run, a GPT on tokens without naming the task,
+user data sets without `.classes`, sweep tables in the task's metric, lightning-hydra-template's
+callback groups. Each data set is the test's own and tiny."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import FAST, check_ok, write_mnist
+from hf_fixtures import write_records, write_tiny_llama
+from omegaconf import OmegaConf
+
+from accel_train.config import CONFIG_DIR
+
+TEXT = "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(100))
+
+
+def _tokens(cwd: Path, run_cli) -> list[str]:
+    (cwd / "input.txt").write_text(TEXT)
+    check_ok(run_cli(["tokenize", "input=input.txt", "out=tokens"], cwd=cwd, prog="accel-data"))
+    return ["dataset.path=tokens"]
+
+
+def _mnist(cwd: Path, run_cli) -> list[str]:
+    return [f"paths.data_dir={write_mnist(cwd / 'data')}"]
+
+
+def _cifar_shaped(cwd: Path, run_cli) -> list[str]:
+    # torchvision's CIFAR10 checks each file's MD5, so no tiny CIFAR-10 of a test's own loads:
+    # the recipe runs on synthetic 3 x 32 x 32 images (its model, precision, loader, optimizer
+    # and schedule are what the smoke run checks).
+    return ["dataset=synthetic", "dataset.in_channels=3", "dataset.image_size=32"]
+
+
+def _sft(cwd: Path, run_cli) -> list[str]:
+    # A 2-layer Llama and its chat tokenizer, written with save_pretrained (never downloaded).
+    return [
+        f"model.path={write_tiny_llama(cwd / 'llama')}",
+        f"dataset.path={write_records(cwd / 'train.jsonl', 16)}",
+        f"dataset.val_path={write_records(cwd / 'val.jsonl', 4)}",
+        "dataset.max_length=96",
+        "lora.rank=4",
+    ]
+
+
+# Each experiment's data, made by the test: a new experiment must say what it needs here.
+EXPERIMENT_DATA = {
+    "cifar10_resnet18_bf16": _cifar_shaped,
+    "gpt_char": _tokens,
+    "mnist_amp": _mnist,
+    "sft_lora": _sft,
+}
+# The experiments whose warm-up is longer than the smoke run's one step.
+WARMUP = {"gpt_char": 100, "sft_lora": 10}
+
+
+def test_every_experiment_names_its_test_data():
+    assert {p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml")} == set(EXPERIMENT_DATA)
+
+
+@pytest.mark.parametrize("experiment", sorted(EXPERIMENT_DATA))
+def test_fast_dev_run_works_with_every_experiment(experiment, run_cli, tmp_path):
+    """A smoke run is never refused for a schedule sized for the full run (gpt_char's 100
+    warm-up steps against fast_dev_run's one step): the warm-up is shortened, said in the log."""
+    data = EXPERIMENT_DATA[experiment](tmp_path, run_cli)
+    # +debug first: it applies after the experiment whatever the order (one step, not 2,000).
+    args = ["+debug=fast_dev_run", f"+experiment={experiment}", *data, "trainer.progress=none"]
+    proc = run_cli([*args, "hydra.run.dir=run"])
+    check_ok(proc)
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["steps"] == 1
+    if experiment in WARMUP:
+        shortened = f"scheduler.warmup_steps={WARMUP[experiment]} shortened to 0"
+        assert shortened in proc.stdout + proc.stderr
+    # A full run is still refused a warm-up it cannot finish.
+    if experiment == "gpt_char":
+        long = run_cli([args[1], *data, "trainer.max_steps=50", "hydra.run.dir=long"])
+        assert long.returncode == 2 and "warmup_steps=100 is not below" in long.stderr
+        assert "Traceback" not in long.stderr
+
+
+TINY_GPT = [
+    "model=gpt",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.n_embd=16",
+    "model.block_size=16",
+    "dataset.windows_per_epoch=32",
+    "dataset.eval_windows=8",
+    "loader.batch_size=8",
+    "trainer.max_epochs=1",
+    "trainer.progress=none",
+]
+
+
+def test_the_gpt_on_a_token_folder_is_a_language_model(run_cli, tmp_path):
+    """dataset=tokens picks task=language_model; a task that cannot read token windows, asked
+    for by name, is one paragraph naming the fix."""
+    data = _tokens(tmp_path, run_cli)
+    proc = run_cli([*TINY_GPT, "dataset=tokens", *data, "hydra.run.dir=run"])
+    check_ok(proc)
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["monitor"] == "val/loss" and summary["best_val_loss"] > 0
+    for task in ("classification", "regression"):
+        args = [*TINY_GPT, "dataset=tokens", *data, f"task={task}", f"hydra.run.dir={task}"]
+        refused = run_cli(args)
+        assert refused.returncode == 2, refused.stderr
+        assert "`task=language_model`" in refused.stderr and "Traceback" not in refused.stderr
+        assert not (tmp_path / task).exists()  # a refused run leaves no run dir behind
+
+
+USER_SETS = '''
+import torch
+from torch.utils.data import Dataset
+
+
+class Plain(Dataset):
+    """(image, int) items: no .classes, no .targets."""
+
+    def __init__(self, n=200, k=3):
+        self.n, self.k = n, k
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full((1, 8, 8), float(i % self.k)), i % self.k
+
+
+class WithTargets(Plain):
+    """The labels kept apart (torchvision's `targets`), still no .classes."""
+
+    def __init__(self, n=600, k=4):
+        super().__init__(n, k)
+        self.targets = [i % k for i in range(n)]
+'''
+
+
+def test_user_datasets_without_classes_count_them(run_cli, tmp_path):
+    """A user Dataset without `.classes` trains: its classes are counted from the labels where
+    that is cheap (a `targets` list; a small set's items), said in one log line; a large set
+    with neither is one paragraph asking for dataset.num_classes."""
+    (tmp_path / "my_sets.py").write_text(USER_SETS)
+    base = ["dataset=custom", "model=mlp", "trainer.max_epochs=1", "trainer.progress=none"]
+    for target, extra, classes in (("Plain", [], 3), ("WithTargets", [], 4)):
+        args = [*base, f"dataset._target_=my_sets.{target}", *extra, f"hydra.run.dir={target}"]
+        proc = run_cli(args)
+        check_ok(proc)
+        assert f"{classes} classes counted from its labels" in proc.stdout + proc.stderr
+        assert json.loads((tmp_path / target / "summary.json").read_text())["steps"] > 0
+    large = run_cli([*base, "dataset._target_=my_sets.Plain", "+dataset.n=600", "hydra.run.dir=l"])
+    assert large.returncode == 2 and "dataset.num_classes=N" in large.stderr, large.stderr
+    assert "Traceback" not in large.stderr
+
+
+def test_lht_callback_groups(run_cli, tmp_path):
+    """lightning-hydra-template's `callbacks=early_stopping` (early stopping on the task's
+    monitored metric) and `callbacks=model_checkpoint` (checkpoints, no early stopping)."""
+    base = [*FAST, "trainer.max_epochs=2", "logger=none"]
+    for group, monitor in (("early_stopping", "val/acc"), ("model_checkpoint", None)):
+        proc = run_cli([*base, f"callbacks={group}", f"hydra.run.dir={group}"])
+        check_ok(proc)
+        cfg = OmegaConf.load(tmp_path / group / "config.yaml")
+        assert cfg.early_stopping.monitor == monitor
+        assert cfg.early_stopping.mode == "max"
+        assert (tmp_path / group / "checkpoints/best.pt").is_file()
+
+
+def test_sweep_summaries_speak_the_tasks_metric(run_cli, tmp_path):
+    """An Optuna search of a language model: the table, sweep_summary.csv/json and
+    optimization_results.yaml show val/loss (min) and the objective final_val_loss, not
+    accuracy columns."""
+    data = _tokens(tmp_path, run_cli)
+    search = [
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=2",
+        "optimizer.lr=interval(1e-3,1e-2)",
+    ]
+    args = ["-m", *search, *TINY_GPT, "task=language_model", "dataset=tokens", *data]
+    proc = run_cli([*args, "hydra.sweep.dir=sweep"])
+    check_ok(proc)
+    out = proc.stdout + proc.stderr
+    assert "best val/loss" in out and "(min)" in out and "final val/loss" in out
+    assert "final_val_loss" in out and "best acc" not in out
+    assert "Best value: final_val_loss=" in out
+    summary = json.loads((tmp_path / "sweep/sweep_summary.json").read_text())
+    assert (summary["monitor"], summary["monitor_mode"]) == ("val/loss", "min")
+    assert (summary["objective"], summary["direction"]) == ("final_val_loss", "minimize")
+    for row in summary["rows"]:
+        assert row["best_val_loss"] > 0 and row["objective"] == row["final_val_loss"]
+        assert "best_val_acc" not in row
+    header = (tmp_path / "sweep/sweep_summary.csv").read_text().splitlines()[0].split(",")
+    assert {"objective", "best_val_loss", "final_val_loss"} <= set(header)
+    assert "best_val_acc" not in header
+    results = OmegaConf.load(tmp_path / "sweep/optimization_results.yaml")
+    assert results.objectives == ["final_val_loss"] and results.monitor == "val/loss"
