@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from doc_commands import DocCommand, all_commands
+from hf_fixtures import write_records, write_tiny_llama
 from helpers import check_ok, run_cli
 from test_image_folder import write_image_folder
 
@@ -72,6 +73,14 @@ def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
     # docs/streaming.md: a tiny JPEG folder of the workspace, and shards beside it.
     text = text.replace("/data/imagenette2-160", "imagenette2-160")
     text = text.replace("/mnt/shards/", "shards/")
+    # docs/fine-tuning.md: the tiny Llama folder, its records and a JPEG folder for the pets.
+    for folder in ("/models/qwen2.5-0.5b", "/models/llama-3.2-1b"):
+        text = text.replace(folder, "models/tiny-llama")
+    # (one export folder per command: an export never writes over an existing folder)
+    where = re.sub(r"\W", "_", command.source)
+    text = text.replace("/models/my-finetune", f"models/my-finetune-{where}")
+    text = text.replace("/models/resnet18.pth", "models/resnet18.pth")
+    text = text.replace("/data/pets", "imagenette2-160")
     argv = [a for a in shlex.split(text) if a != "..."]
     if any(a.startswith("hparams_search=") for a in argv):
         argv.append("hydra.sweeper.n_trials=2")  # checks the same as 20 or 50 trials
@@ -112,6 +121,17 @@ def workspace(tmp_path_factory, mnist_dir) -> Path:
         "trainer.val_check_interval=2",
     ]
     check_ok(run_cli([*gpt, f"hydra.run.dir=outputs/gpt_char/{RUN}", *fast], root))
+    # Fine-tuning: a tiny Llama folder and records (docs/fine-tuning.md), a two-step sft_lora run.
+    write_tiny_llama(root / "models" / "tiny-llama")
+    write_records(root / "data" / "chat.jsonl", 16)
+    write_records(root / "data" / "chat_val.jsonl", 4)
+    sft = ["+experiment=sft_lora", "model.path=models/tiny-llama", "dataset.path=data/chat.jsonl"]
+    sft += [
+        "dataset.val_path=data/chat_val.jsonl",
+        f"dataset.test_path={root / 'data/chat_val.jsonl'}",
+    ]
+    sft += ["dataset.max_length=64", "trainer.max_steps=2", "scheduler.warmup_steps=0"]
+    check_ok(run_cli([*sft, f"hydra.run.dir=outputs/sft_lora/{RUN}", *fast], root))
     (root / RUN).symlink_to(root / "outputs" / "my_run")
     for name in ("mnist_amp", "train"):
         (root / "outputs" / name).mkdir(parents=True, exist_ok=True)

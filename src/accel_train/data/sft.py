@@ -293,6 +293,7 @@ def sft_splits(
         image_size=0,
         num_classes=0,
         model_args={"vocab_size": len(tok)},
+        only_task="language_model",
     )
 
 
