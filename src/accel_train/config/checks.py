@@ -734,3 +734,39 @@ def check_export_config(ecfg: DictConfig) -> None:
             "by accel-train (e.g. outputs/<run>/checkpoints/best.pt) or an FSDP .dcp directory "
             "(which holds meta.pt)."
         )
+    if ecfg.out_path:
+        check_export_target(str(ecfg.ckpt_path), str(ecfg.out_path), bool(ecfg.overwrite))
+
+
+def _is_run_checkpoint(path: Path) -> bool:
+    """A name accel-train's checkpoints take in a run's checkpoints/ folder (last.pt, best.pt,
+    epoch=3-step=120.pt, last.dcp); exported artifacts there end in .pt2, .onnx or
+    .torchscript.pt."""
+    if path.parent.name != "checkpoints" or path.name.endswith(EXPORT_FORMATS["torchscript"]):
+        return False
+    return path.suffix in (".pt", ".dcp")
+
+
+def check_export_target(ckpt_path: str, out_path: str, overwrite: bool) -> None:
+    """An explicit out_path never replaces the checkpoint being read, nor any checkpoint of a
+    run (resume=auto would refuse the run, best.pt would be lost), and an existing file only
+    with overwrite=true."""
+    out, ckpt = Path(out_path).expanduser(), Path(ckpt_path).expanduser()
+    if out.resolve() == ckpt.resolve() or _is_run_checkpoint(out.resolve()):
+        same = out.resolve() == ckpt.resolve()
+        what = "the checkpoint being exported" if same else "a run's checkpoint"
+        raise UserError(
+            f"out_path={out_path} is {what}: the artifact would replace it, even with "
+            "overwrite=true. Write the artifact elsewhere, e.g. `out_path=exports/model.onnx`, "
+            "or leave out_path out (the artifact goes beside the checkpoint, e.g. best.onnx)."
+        )
+    if out.is_dir():
+        raise UserError(f"out_path={out_path} is a folder: give the artifact's file name.")
+    card = out.with_name(out.name + ".json")
+    existing = [str(p) for p in (out, card) if p.exists()]
+    if existing and not overwrite:
+        raise UserError(
+            f"out_path={out_path}: {' and '.join(existing)} "
+            f"{'exist' if len(existing) > 1 else 'exists'} already (the artifact and its card). "
+            "Choose another `out_path`, or replace them with `overwrite=true`."
+        )

@@ -8,7 +8,9 @@ split is held out from the training folder exactly as `dataset=image_folder` doe
 seeded by dataset.seed), so both options train on the same samples. LitData's `optimize`
 writes the chunks and their index.json; accel_train.index.json (the classes and labels) is
 written last, so a shard set without it is incomplete and is refused by `dataset=streaming`.
-A local `out` is written under a temporary name and renamed into place.
+A local `out` is written under a temporary name and renamed into place (launch/outputs.py);
+`overwrite=true` replaces only a shard set (a folder with accel_train.index.json), never a
+folder of other files nor the data being sharded.
 
 A token folder's train.bin and val.bin are written in LitData's token format
 (`optimize(..., item_loader=TokensLoader())`, as litgpt does): each split's tokens in order, cut
@@ -24,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -48,7 +51,15 @@ from accel_train.data.tokenizer import TOKENIZER_FILE
 from accel_train.data.tokenizer import read_meta as read_token_meta
 from accel_train.data.tokens import token_folder
 from accel_train.errors import UserError
-from accel_train.launch.tokenize import replace_folder
+from accel_train.launch.outputs import (
+    STAGING_PREFIX,
+    names,
+    partial_path,
+    refuse_inside,
+    remove_leftovers,
+    replace_folder,
+    resolved,
+)
 
 log = logging.getLogger("accel_train")
 
@@ -116,7 +127,7 @@ def shard(cfg: DictConfig) -> str:
         name: [(i, path, label) for i, (path, label) in enumerate(items)]
         for name, items in parts.items()
     }
-    _write(cfg, out, read_item, inputs, meta, None)
+    _write(cfg, out, read_item, inputs, meta, None, (root, "dataset.root"))
     counts = ", ".join(f"{len(v):,} {k}" for k, v in parts.items())
     print(f"accel-data: {counts} images of {len(train_folder.classes)} classes -> {out}/")
     return out
@@ -164,17 +175,18 @@ def _shard_tokens(cfg: DictConfig, out: str) -> str:
         if not bpe.is_file():
             raise UserError(f"{bpe} not found: {folder / 'meta.json'} names a BPE tokenizer.")
         meta["tokenizer_json"] = bpe.read_text()
-    _write(cfg, out, read_tokens, inputs, meta, TokensLoader())
+    _write(cfg, out, read_tokens, inputs, meta, TokensLoader(), (folder, "dataset.path"))
     counts = ", ".join(f"{v['tokens']:,} {k}" for k, v in splits.items())
     print(f"accel-data: {counts} tokens (vocabulary {folder_meta['vocab_size']:,}) -> {out}/")
     return out
 
 
-def _write(cfg: DictConfig, out: str, fn, inputs: dict, meta: dict, item_loader) -> None:
+def _write(cfg: DictConfig, out: str, fn, inputs: dict, meta: dict, item_loader, source) -> None:
     if is_s3(out):
         _write_s3(cfg, out, fn, inputs, meta, item_loader)
     else:
-        _write_local(cfg, Path(out).expanduser(), fn, inputs, meta, item_loader)
+        refuse_inside(Path(out), source[0], "out", source[1])
+        _write_local(cfg, resolved(Path(out)), fn, inputs, meta, item_loader)
 
 
 @contextlib.contextmanager
@@ -185,7 +197,7 @@ def _private_staging():
     stages in a folder of its own, removed afterwards (forked writers inherit the variables)."""
     keys = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
     saved = {key: os.environ.get(key) for key in keys}
-    staging = Path(tempfile.mkdtemp(prefix="accel-shard-"))
+    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
     os.environ[keys[0]] = str(staging / "chunks")
     os.environ[keys[1]] = str(staging / "data")
     try:
@@ -199,13 +211,45 @@ def _private_staging():
         shutil.rmtree(staging, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _interrupts_raise():
+    """LitData's SIGINT handler (DataProcessor._signal_handler) stops the writer processes and
+    then calls `os._exit(0)`: Ctrl-C would end `accel-data shard` with exit 0, no word, and the
+    partial folder left (`accel-data shard ... && accel-train ...` would train on). This one
+    stops the writers the same way, then raises KeyboardInterrupt in the main process, so the
+    partial folder is removed and the command exits 130 (launch/outputs.py)."""
+    from litdata.processing.data_processor import DataProcessor
+
+    main_pid = os.getpid()
+
+    def handler(self, signum, frame):
+        if os.getpid() != main_pid:  # a forked writer: the main process cleans up
+            os._exit(130)
+        for queue in getattr(self, "stop_queues", None) or []:
+            queue.put(None)
+        for worker in getattr(self, "workers", None) or []:
+            worker.join(5)
+            if worker.is_alive():
+                worker.terminate()
+                worker.join(5)
+        raise KeyboardInterrupt
+
+    original = DataProcessor._signal_handler
+    DataProcessor._signal_handler = handler
+    try:
+        yield
+    finally:
+        DataProcessor._signal_handler = original
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # LitData leaves its own set
+
+
 def _optimize(cfg: DictConfig, fn, inputs: list, output_dir: str, mode, item_loader) -> None:
     import litdata
 
     kwargs = {"mode": mode} if mode else {}
     if item_loader is not None:
         kwargs["item_loader"] = item_loader
-    with _private_staging():
+    with _private_staging(), _interrupts_raise():
         litdata.optimize(
             fn=fn,
             inputs=inputs,
@@ -222,15 +266,22 @@ def _optimize(cfg: DictConfig, fn, inputs: list, output_dir: str, mode, item_loa
 
 def _write_local(cfg: DictConfig, out: Path, fn, inputs: dict, meta: dict, item_loader) -> None:
     if out.exists() and not out.is_dir():
-        raise UserError(f"out={out} is a file, not a folder: choose another `out`.")
-    if out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
+        raise UserError(f"out={cfg.out} is a file, not a folder: choose another `out`.")
+    held = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    if held and META not in held:
         raise UserError(
-            f"out={out} exists and is not empty. Choose another folder, or replace it with "
+            f"out={cfg.out} holds files that are not a shard set ({names(held)}): accel-data shard "
+            f"replaces only a shard set it wrote (a folder with {META}), so that nothing else "
+            "is lost, with `overwrite=true` or not. Choose a new or empty folder for `out`."
+        )
+    if held and not cfg.overwrite:
+        raise UserError(
+            f"out={cfg.out} holds a shard set already. Choose another folder, or replace it with "
             "`overwrite=true`."
         )
-    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    remove_leftovers(out)
+    partial = partial_path(out)
     try:
-        shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     except OSError as err:
         raise UserError(f"out={out}: cannot write there ({err.strerror or err}).") from None

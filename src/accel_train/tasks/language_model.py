@@ -89,6 +89,17 @@ class LanguageModel(Task):
     def checkpoint_data(self) -> dict[str, Any]:
         return {"tokenizer": self.kept_tokenizer} if self.kept_tokenizer else {}
 
+    def resume_conflict(self, saved: dict[str, Any]) -> str | None:
+        """The data re-tokenized since the checkpoint (same size, other ids) would train on
+        silently remapped ids, and its tokenizer would replace the checkpoint's."""
+        old, new = saved.get("tokenizer"), self.kept_tokenizer
+        if not old or not new or old == new:
+            return None
+        a, b = _describe(old["meta"]), _describe(new["meta"])
+        if a == b:
+            b += ", the same size but other ids"
+        return f"was trained on data with a {a}, and this run's data has a {b}"
+
     def _setup_samples(self, ctx: TaskContext) -> None:
         path = ctx.cfg.dataset.get("path") or ctx.cfg.dataset.get("remote")
         block = ctx.cfg.model.get("block_size") or getattr(ctx.model, "block_size", 0)
@@ -159,3 +170,7 @@ class LanguageModel(Task):
         if "loss" in metrics:
             metrics["ppl"] = math.exp(min(metrics["loss"], 50.0))
         return metrics
+
+
+def _describe(meta: dict[str, Any]) -> str:
+    return f"{meta.get('tokenizer', 'custom')} tokenizer of {meta.get('vocab_size')} ids"
