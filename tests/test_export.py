@@ -205,16 +205,20 @@ def test_export_errors(trained, run_cli, tmp_path):
 
 
 def test_out_path_never_replaces_a_checkpoint_nor_an_existing_file(trained, run_cli, tmp_path):
-    """out_path=<run>/checkpoints/best.pt wrote the artifact over the checkpoint it read (and
-    last.pt: resume=auto then refused the run); any existing file was replaced (issue 32)."""
+    """out_path=<run>/checkpoints/best.pt wrote the artifact (or accel-eval's result) over the
+    checkpoint it read (and last.pt: resume=auto then refused the run); any existing file was
+    replaced (issue 32)."""
     ckpts = Path(shutil.copytree(trained, tmp_path / "run")) / "checkpoints"
     before = {p.name: p.read_bytes() for p in ckpts.iterdir()}
     best = ckpts / "best.pt"
-    for target, what in ((best, "the checkpoint being exported"), (ckpts / "last.pt", "a run's")):
+    for target, what in ((best, "the checkpoint being read"), (ckpts / "last.pt", "a run's")):
         for extra in ([], ["overwrite=true"]):
             args = [f"ckpt_path={best}", "format=torch_export", f"out_path={target}", *extra]
             err = _errors(run_cli(args, prog="accel-export"))
             assert f"out_path={target} is {what}" in err
+    # accel-eval's result file neither.
+    err = _errors(run_cli([f"ckpt_path={best}", f"out_path={best}"], prog="accel-eval"))
+    assert "is the checkpoint being read" in err
     assert {p.name: p.read_bytes() for p in ckpts.iterdir()} == before
     mine = tmp_path / "model.pt2"
     mine.write_bytes(b"mine")

@@ -747,19 +747,26 @@ def _is_run_checkpoint(path: Path) -> bool:
     return path.suffix in (".pt", ".dcp")
 
 
-def check_export_target(ckpt_path: str, out_path: str, overwrite: bool) -> None:
-    """An explicit out_path never replaces the checkpoint being read, nor any checkpoint of a
-    run (resume=auto would refuse the run, best.pt would be lost), and an existing file only
-    with overwrite=true."""
-    out, ckpt = Path(out_path).expanduser(), Path(ckpt_path).expanduser()
-    if out.resolve() == ckpt.resolve() or _is_run_checkpoint(out.resolve()):
-        same = out.resolve() == ckpt.resolve()
-        what = "the checkpoint being exported" if same else "a run's checkpoint"
+def refuse_checkpoint_target(ckpt_path: str, out_path: str, example: str) -> None:
+    """An output path (accel-export's artifact, accel-eval's result) is never the checkpoint
+    being read nor any run's checkpoint: best.pt would be lost, and a last.pt replaced by
+    something else makes resume=auto refuse the run."""
+    out = Path(out_path).expanduser().resolve()
+    same = out == Path(ckpt_path).expanduser().resolve()
+    if same or _is_run_checkpoint(out):
+        what = "the checkpoint being read" if same else "a run's checkpoint"
         raise UserError(
-            f"out_path={out_path} is {what}: the artifact would replace it, even with "
-            "overwrite=true. Write the artifact elsewhere, e.g. `out_path=exports/model.onnx`, "
-            "or leave out_path out (the artifact goes beside the checkpoint, e.g. best.onnx)."
+            f"out_path={out_path} is {what}: writing there would replace it, whatever "
+            f"`overwrite` says. Write elsewhere, e.g. `out_path={example}`, or leave out_path "
+            "out (the output then goes beside the checkpoint under a name of its own)."
         )
+
+
+def check_export_target(ckpt_path: str, out_path: str, overwrite: bool) -> None:
+    """An explicit out_path never replaces a checkpoint, and an existing file only with
+    overwrite=true."""
+    refuse_checkpoint_target(ckpt_path, out_path, "exports/model.onnx")
+    out = Path(out_path).expanduser()
     if out.is_dir():
         raise UserError(f"out_path={out_path} is a folder: give the artifact's file name.")
     card = out.with_name(out.name + ".json")

@@ -48,7 +48,7 @@ def sample_checkpoint(scfg: DictConfig) -> list[str]:
         tokenizer = tokenizer_from_meta(kept["meta"], where, kept.get("bpe_json"))
     else:  # written before checkpoints kept it, or data without a tokenizer file
         tokenizer, where = dataset_tokenizer(cfg.dataset, scfg.data_dir or cfg.paths.data_dir)
-    device = resolve_device(scfg.device)
+    device = resolve_device(scfg.device, key="device")
     # What the token data told the model in training.
     model = build_model(cfg.model, window_splits(None, None, tokenizer.vocab_size).data_args)
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)

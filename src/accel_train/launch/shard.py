@@ -39,6 +39,7 @@ from accel_train.data.streaming import (
     META,
     META_FORMAT,
     allow_plain_http,
+    check_url,
     is_s3,
     parse_size,
     require_litdata,
@@ -49,7 +50,7 @@ from accel_train.data.streaming import (
 )
 from accel_train.data.tokenizer import TOKENIZER_FILE
 from accel_train.data.tokenizer import read_meta as read_token_meta
-from accel_train.data.tokens import token_folder
+from accel_train.data.tokens import token_count, token_folder
 from accel_train.errors import UserError
 from accel_train.launch.outputs import (
     STAGING_PREFIX,
@@ -77,6 +78,7 @@ def shard(cfg: DictConfig) -> str:
             "`out` is required: `accel-data shard dataset=image_folder dataset.root=<folder> "
             "out=<folder or s3://bucket/prefix>`."
         )
+    check_url(str(cfg.out), "out")
     ds, out = cfg.dataset, str(cfg.out).rstrip("/")
     require_litdata()
     if ds.get("name") == "tokens":
@@ -155,7 +157,7 @@ def _shard_tokens(cfg: DictConfig, out: str) -> str:
         file = folder / f"{name}.bin"
         if not file.is_file():
             raise UserError(f"{file} not found: a token folder holds train.bin and val.bin.")
-        tokens = file.stat().st_size // dtype.itemsize
+        tokens = token_count(file, dtype.name)
         if tokens == 0:  # LitData refuses an empty input list with a bare ValueError
             raise UserError(f"{file} holds no tokens: tokenize more text into {folder}.")
         inputs[name] = [

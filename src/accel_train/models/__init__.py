@@ -77,10 +77,21 @@ def resnet18(*, in_channels: int, image_size: int, num_classes: int) -> nn.Modul
     return model
 
 
+# Constructor arguments the data set gives (Splits.data_args), with the fix when it gives none:
+# `+model.vocab_size=...` on image data would only fail later, inside the forward.
+DATA_GIVEN = {
+    "vocab_size": (
+        "which a token data set gives (its meta.json), and this data set has no vocabulary. "
+        "Train it on tokens: `task=language_model dataset=tokens dataset.path=<folder>` (a "
+        "folder made by `accel-data tokenize input=<text> out=<folder>`)."
+    ),
+}
+
+
 def build_model(model_cfg: DictConfig, data_args: dict) -> nn.Module:
     """The model, given what the data tells it (Splits.data_args: in_channels, image_size,
     num_classes, a token folder's vocab_size, ...) where its constructor names them."""
-    model = build(model_cfg, "model", runtime=data_args)
+    model = build(model_cfg, "model", runtime=data_args, hints=DATA_GIVEN)
     if not isinstance(model, nn.Module):
         raise UserError(
             f"model._target_={model_cfg._target_} built a {type(model).__name__}, not a "

@@ -56,6 +56,14 @@ class LanguageModel(Task):
                 "targets) pairs of token ids, e.g. from `dataset=tokens`."
             )
         x, y = batch
+        if isinstance(x, torch.Tensor) and (x.dim() != 2 or x.is_floating_point()):
+            raise UserError(
+                f"task=language_model trains on token ids of shape (batch, time), but "
+                f"dataset={ctx.cfg.dataset.get('name', 'custom')} gives {x.dtype} inputs of "
+                f"shape {tuple(x.shape)}. Train it on tokens: `dataset=tokens "
+                "dataset.path=<folder>` (made by `accel-data tokenize input=<text> "
+                "out=<folder>`) with `model=gpt`."
+            )
         was = ctx.model.training
         ctx.model.eval()
         try:
