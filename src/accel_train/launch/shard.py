@@ -297,6 +297,20 @@ def _write_local(cfg: DictConfig, out: Path, fn, inputs: dict, meta: dict, item_
         raise
 
 
+def _s3_has_index(client, bucket: str, prefix: str, out: str) -> bool:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        client.head_object(Bucket=bucket, Key=f"{prefix}/{META}".lstrip("/"))
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise s3_error(err, out, "out") from None
+    except (BotoCoreError, ConnectionError) as err:
+        raise s3_error(err, out, "out") from None
+    return True
+
+
 def _write_s3(cfg: DictConfig, out: str, fn, inputs: dict, meta: dict, item_loader) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -315,6 +329,13 @@ def _write_s3(cfg: DictConfig, out: str, fn, inputs: dict, meta: dict, item_load
         raise UserError(
             f"out={out} holds objects already. Choose another prefix, or replace it with "
             "`overwrite=true`."
+        )
+    if listed.get("KeyCount", 0) and not _s3_has_index(client, bucket, prefix, out):
+        raise UserError(
+            f"out={out} holds objects that are not a shard set (no {META}): accel-data shard "
+            "replaces only a shard set it wrote, with `overwrite=true` or not. Choose an empty "
+            "prefix (a shard set whose overwrite was interrupted has lost its index: remove "
+            f"the prefix first, e.g. `aws s3 rm --recursive {out}/`)."
         )
     try:
         if cfg.overwrite:  # the index goes first: a half-replaced set is never taken as whole
