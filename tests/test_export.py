@@ -219,6 +219,10 @@ def test_out_path_never_replaces_a_checkpoint_nor_an_existing_file(trained, run_
     # accel-eval's result file neither.
     err = _errors(run_cli([f"ckpt_path={best}", f"out_path={best}"], prog="accel-eval"))
     assert "is the checkpoint being read" in err
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    err = _errors(run_cli([f"ckpt_path={best}", f"out_path={notes}"], prog="accel-eval"))
+    assert "is not an accel-eval result" in err and notes.read_text() == "mine"
     assert {p.name: p.read_bytes() for p in ckpts.iterdir()} == before
     mine = tmp_path / "model.pt2"
     mine.write_bytes(b"mine")

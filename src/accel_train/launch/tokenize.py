@@ -95,6 +95,12 @@ def tokenize(cfg: DictConfig) -> Path:
 
 
 def _check_input(path: Path) -> int:
+    if path.is_dir():
+        texts = sorted(p.name for p in path.glob("*.txt"))[:1]
+        example = path / (texts[0] if texts else "input.txt")
+        raise UserError(
+            f"input={path} is a folder: pass the text file to tokenize, e.g. `input={example}`."
+        )
     if not path.is_file():
         raise UserError(
             f"input={path}: no such file. Pass the text file to tokenize, e.g. "

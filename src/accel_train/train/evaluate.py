@@ -182,12 +182,28 @@ def _check_eval_config(ecfg: DictConfig) -> tuple[Path, torch.device]:
         )
     if ecfg.out_path:
         refuse_checkpoint_target(str(ecfg.ckpt_path), str(ecfg.out_path), "eval/result.json")
+        _refuse_foreign_file(Path(ecfg.out_path))
     if ecfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError(
             "device=cuda but this machine has no usable CUDA device (torch.cuda.is_available() "
             "is False). Use `device=cpu` or `device=auto`."
         )
     return ckpt_path, resolve_device(ecfg.device)
+
+
+def _refuse_foreign_file(out: Path) -> None:
+    """An existing out_path is replaced only when it is an earlier accel-eval result."""
+    if not out.is_file():
+        return
+    try:
+        earlier = json.loads(out.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        earlier = None
+    if not (isinstance(earlier, dict) and "ckpt_path" in earlier and "split" in earlier):
+        raise UserError(
+            f"out_path={out} exists and is not an accel-eval result: accel-eval replaces only "
+            "its own result files. Choose another `out_path` (e.g. `out_path=eval/result.json`)."
+        )
 
 
 def _no_test_split(ckpt_path: Path, cfg: DictConfig, splits) -> str:
