@@ -137,10 +137,7 @@ def interrupts_exit(prog: str) -> Iterator[None]:
         yield
     except KeyboardInterrupt as err:
         code = getattr(err, "code", 130)
-        print(
-            f"{prog}: interrupted: nothing was written (the partial output was removed)",
-            file=sys.stderr,
-        )
+        print(f"{prog}: interrupted (its partial output was removed)", file=sys.stderr)
         sys.exit(code)
     finally:
         signal.signal(signal.SIGTERM, previous)
