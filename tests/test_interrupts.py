@@ -54,9 +54,9 @@ def _when_writing(proc: subprocess.Popen, cwd: Path, out: str, inside: str | Non
 
 
 def _leftovers(cwd: Path, out: str) -> list[str]:
-    partial = [p.name for p in cwd.glob(f".{out}.*")]
-    staging = [p.name for p in (cwd / "tmp").glob("accel-shard-*")]
-    return partial + staging
+    """The partial folder beside `out`, and anything in $TMPDIR (LitData's staging folder and
+    its items list, which an interrupt left there)."""
+    return [p.name for p in cwd.glob(f".{out}.*")] + [p.name for p in (cwd / "tmp").iterdir()]
 
 
 def _signalled(proc: subprocess.Popen, sig: int) -> tuple[int, str]:

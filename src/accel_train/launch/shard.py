@@ -38,6 +38,7 @@ from accel_train.data.splits import held_out_indices
 from accel_train.data.streaming import (
     META,
     META_FORMAT,
+    SPLITS,
     allow_plain_http,
     check_url,
     is_s3,
@@ -196,15 +197,21 @@ def _private_staging():
     """LitData stages the chunks of a remote `out` in one folder per machine ($TMPDIR/chunks)
     and uploads whatever it finds there: two shard jobs on one machine would upload each
     other's chunks, and a killed job's leftovers would join the next one's set. Each job
-    stages in a folder of its own, removed afterwards (forked writers inherit the variables)."""
+    stages in a folder of its own, removed afterwards (forked writers inherit the variables).
+    LitData's other temporary files (its items list, `litdata-node-*-items-<pid>-*.pkl`, left
+    behind by an interrupt) go there too: a killed job's are removed by the next
+    (launch/outputs.py remove_leftovers)."""
     keys = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
     saved = {key: os.environ.get(key) for key in keys}
     staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
     os.environ[keys[0]] = str(staging / "chunks")
     os.environ[keys[1]] = str(staging / "data")
+    (staging / "tmp").mkdir()
+    saved_tempdir, tempfile.tempdir = tempfile.tempdir, str(staging / "tmp")
     try:
         yield
     finally:
+        tempfile.tempdir = saved_tempdir
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -297,18 +304,30 @@ def _write_local(cfg: DictConfig, out: Path, fn, inputs: dict, meta: dict, item_
         raise
 
 
-def _s3_has_index(client, bucket: str, prefix: str, out: str) -> bool:
+def _s3_foreign(client, bucket: str, prefix: str, out: str) -> list[str]:
+    """The entries right under `prefix` that a shard set does not have (its split folders and
+    its index): with any, the prefix is not a shard set, nor one whose write was interrupted."""
     from botocore.exceptions import BotoCoreError, ClientError
 
+    base = f"{prefix}/" if prefix else ""
     try:
-        client.head_object(Bucket=bucket, Key=f"{prefix}/{META}".lstrip("/"))
-    except ClientError as err:
-        if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return False
+        listed = client.list_objects_v2(Bucket=bucket, Prefix=base, Delimiter="/")
+    except (BotoCoreError, ClientError, ConnectionError) as err:
         raise s3_error(err, out, "out") from None
-    except (BotoCoreError, ConnectionError) as err:
-        raise s3_error(err, out, "out") from None
-    return True
+    own = {f"{base}{split}/" for split in SPLITS} | {f"{base}{META}"}
+    entries = [c["Prefix"] for c in listed.get("CommonPrefixes", [])]
+    entries += [o["Key"] for o in listed.get("Contents", [])]
+    return [e.removeprefix(base) for e in entries if e not in own]
+
+
+def _s3_remove(client, bucket: str, prefix: str) -> None:
+    """Remove what an interrupted or failed write to an empty prefix uploaded."""
+    base = f"{prefix}/" if prefix else ""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base)
+    for page in pages:
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
 
 
 def _write_s3(cfg: DictConfig, out: str, fn, inputs: dict, meta: dict, item_loader) -> None:
@@ -330,13 +349,26 @@ def _write_s3(cfg: DictConfig, out: str, fn, inputs: dict, meta: dict, item_load
             f"out={out} holds objects already. Choose another prefix, or replace it with "
             "`overwrite=true`."
         )
-    if listed.get("KeyCount", 0) and not _s3_has_index(client, bucket, prefix, out):
+    foreign = _s3_foreign(client, bucket, prefix, out) if listed.get("KeyCount", 0) else []
+    if foreign:
         raise UserError(
-            f"out={out} holds objects that are not a shard set (no {META}): accel-data shard "
-            "replaces only a shard set it wrote, with `overwrite=true` or not. Choose an empty "
-            "prefix (a shard set whose overwrite was interrupted has lost its index: remove "
-            f"the prefix first, e.g. `aws s3 rm --recursive {out}/`)."
+            f"out={out} holds objects that are not a shard set ({names(foreign)}): accel-data "
+            "shard replaces only a shard set it wrote (train/, val/, test/ and its index), with "
+            "`overwrite=true` or not. Choose an empty prefix."
         )
+    fresh = not listed.get("KeyCount", 0)
+    try:
+        _upload(cfg, client, bucket, prefix, out, fn, inputs, meta, item_loader)
+    except BaseException:
+        if fresh:  # nothing was there before: what was uploaded goes again
+            with contextlib.suppress(BotoCoreError, ClientError, ConnectionError):
+                _s3_remove(client, bucket, prefix)
+        raise
+
+
+def _upload(cfg, client, bucket, prefix, out, fn, inputs, meta, item_loader) -> None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
     try:
         if cfg.overwrite:  # the index goes first: a half-replaced set is never taken as whole
             with contextlib.suppress(ClientError):
