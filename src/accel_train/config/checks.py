@@ -767,8 +767,6 @@ def check_export_target(ckpt_path: str, out_path: str, overwrite: bool) -> None:
     overwrite=true."""
     refuse_checkpoint_target(ckpt_path, out_path, "exports/model.onnx")
     out = Path(out_path).expanduser()
-    if out.is_dir():
-        raise UserError(f"out_path={out_path} is a folder: give the artifact's file name.")
     card = out.with_name(out.name + ".json")
     existing = [str(p) for p in (out, card) if p.exists()]
     if existing and not overwrite:
