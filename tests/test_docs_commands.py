@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 from doc_commands import DocCommand, all_commands
-from hf_fixtures import write_records, write_tiny_llama
 from helpers import check_ok, run_cli
+from hf_fixtures import write_records, write_tiny_llama
 from test_image_folder import write_image_folder
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,6 +7,7 @@ torch.export / onnxruntime / torch.jit, and compared with the checkpoint's weigh
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -201,6 +202,35 @@ def test_export_errors(trained, run_cli, tmp_path):
         env={"PYTHONPATH": str(tmp_path / "no_ort")},
     )
     assert "pip install 'accel-train[onnx]'" in _errors(proc)
+
+
+def test_out_path_never_replaces_a_checkpoint_nor_an_existing_file(trained, run_cli, tmp_path):
+    """out_path=<run>/checkpoints/best.pt wrote the artifact (or accel-eval's result) over the
+    checkpoint it read (and last.pt: resume=auto then refused the run); any existing file was
+    replaced (issue 32)."""
+    ckpts = Path(shutil.copytree(trained, tmp_path / "run")) / "checkpoints"
+    before = {p.name: p.read_bytes() for p in ckpts.iterdir()}
+    best = ckpts / "best.pt"
+    for target, what in ((best, "the checkpoint being read"), (ckpts / "last.pt", "a run's")):
+        for extra in ([], ["overwrite=true"]):
+            args = [f"ckpt_path={best}", "format=torch_export", f"out_path={target}", *extra]
+            err = _errors(run_cli(args, prog="accel-export"))
+            assert f"out_path={target} is {what}" in err
+    # accel-eval's result file neither.
+    err = _errors(run_cli([f"ckpt_path={best}", f"out_path={best}"], prog="accel-eval"))
+    assert "is the checkpoint being read" in err
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    err = _errors(run_cli([f"ckpt_path={best}", f"out_path={notes}"], prog="accel-eval"))
+    assert "is not an accel-eval result" in err and notes.read_text() == "mine"
+    assert {p.name: p.read_bytes() for p in ckpts.iterdir()} == before
+    mine = tmp_path / "model.pt2"
+    mine.write_bytes(b"mine")
+    args = [f"ckpt_path={best}", "format=torch_export", f"out_path={mine}"]
+    err = _errors(run_cli(args, prog="accel-export"))
+    assert "exists already" in err and "overwrite=true" in err and mine.read_bytes() == b"mine"
+    check_ok(run_cli([*args, "overwrite=true"], prog="accel-export"))
+    assert torch.export.load(mine) is not None and _card(mine)["source"]["checkpoint"] == str(best)
 
 
 def test_qat_refuses_impossible_combinations(run_cli, tmp_path):

@@ -201,7 +201,21 @@ def test_export_hf_reloads_in_transformers_and_samples_the_same(folders, referen
     card = json.loads((out / "accel_export.json").read_text())
     assert card["lora_merged"] and card["max_abs_diff"] < 1e-4
     again = run_cli([f"ckpt_path={best}", "format=hf", f"out_path={out}"], prog="accel-export")
-    assert again.returncode == 2 and "already exists" in again.stderr  # never written over
+    assert again.returncode == 2 and "overwrite=true" in again.stderr  # not without asking
+    check_ok(
+        run_cli(
+            [f"ckpt_path={best}", "format=hf", f"out_path={out}", "overwrite=true"],
+            prog="accel-export",
+        )
+    )
+    mine = folders["root"] / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    never = run_cli(
+        [f"ckpt_path={best}", "format=hf", f"out_path={mine}", "overwrite=true"],
+        prog="accel-export",
+    )
+    assert never.returncode == 2 and (mine / "notes.txt").read_text() == "keep me"
 
     # The merged folder, greedy, through transformers alone = accel-sample on the checkpoint.
     model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()

@@ -5,10 +5,12 @@ tokenize` a tiny text -> `accel-train task=language_model model=gpt dataset=toke
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from helpers import check_ok, read_jsonl, run_cli
 
 from accel_train.data.tokens import token_splits
@@ -208,3 +210,28 @@ def test_token_ids_outside_the_vocabulary_are_one_paragraph(lm_run, tmp_path, wo
     assert proc.returncode == 2, proc.stderr
     assert "train.bin" in proc.stderr and "vocab_size" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "Original" not in proc.stderr, proc.stderr
+
+
+def test_resume_on_data_tokenized_again_with_other_ids_is_refused(lm_run, tmp_path):
+    """The token folder tokenized again with another mapping of the same size: the resume
+    trained on silently remapped ids and replaced the checkpoint's tokenizer (issue 32). It is
+    refused naming both, unless resume_new_tokenizer=true."""
+    cwd, _ = lm_run
+    shutil.copytree(cwd / "run", tmp_path / "run")
+    (tmp_path / "other.txt").write_text(TEXT.translate(str.maketrans("def", "abc")))
+    check_ok(run_cli(["tokenize", "input=other.txt", "out=tokens"], tmp_path, prog="accel-data"))
+    old = json.loads((cwd / "tokens/meta.json").read_text())
+    new = json.loads((tmp_path / "tokens/meta.json").read_text())
+    assert new["vocab_size"] == old["vocab_size"] and new["itos"] != old["itos"]
+    last = tmp_path / "run/checkpoints/last.pt"
+    before = last.read_bytes()
+    args = [*TINY_GPT, "trainer.max_epochs=4", "hydra.run.dir=run", "resume=auto"]
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    size = old["vocab_size"]
+    assert f"char tokenizer of {size} ids, the same size but other ids" in proc.stderr
+    assert "dataset.path=tokens" in proc.stderr and "resume_new_tokenizer=true" in proc.stderr
+    assert last.read_bytes() == before
+    check_ok(run_cli([*args, "resume_new_tokenizer=true"], tmp_path))
+    kept = torch.load(last, map_location="cpu", weights_only=True)["task"]["tokenizer"]
+    assert kept["meta"]["itos"] == new["itos"]

@@ -324,6 +324,8 @@ def test_max_failure_rate_stops_the_search(run_cli, tmp_path):
             ["hydra.sweeper.direction", "best_val_acc"],
         ),
         (["hydra.sweeper.search_space={x:1}"], ["rename it to hydra.sweeper.params"]),
+        # n_trials=0 ran nothing and exited 0 without a word.
+        (["hydra.sweeper.n_trials=0"], ["hydra.sweeper.n_trials=0", ">= 1"]),
         (
             [
                 "hydra.sweeper.objectives=[best_val_acc,wall_s]",

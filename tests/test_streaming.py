@@ -127,6 +127,18 @@ def test_shard_writes_litdata_shards_and_an_index(data, run_cli):
     assert "Traceback" not in proc.stderr
 
 
+def test_an_s3_prefix_of_other_objects_is_never_overwritten(data, endpoint, run_cli):
+    """`overwrite=true` replaces only a shard set (its accel_train.index.json), on S3 as in a
+    folder: a prefix of the user's own objects is refused (issue 32)."""
+    client = data["client"]
+    client.put_object(Bucket=BUCKET, Key="mine/notes.txt", Body=b"keep")
+    out = f"out=s3://{BUCKET}/mine"
+    args = ["shard", "dataset=image_folder", f"dataset.root={data['tree']}", out, "overwrite=true"]
+    _refused(run_cli(args, prog="accel-data", env=s3_env(endpoint)), out, "not a shard set")
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix="mine/")["Contents"]
+    assert [o["Key"] for o in listed] == ["mine/notes.txt"]
+
+
 # ---- training: local and S3, a small cache, the cache reused ---------------------------------
 
 

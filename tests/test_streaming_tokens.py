@@ -255,3 +255,26 @@ def test_each_streaming_option_refuses_the_other_kind_of_shards(data, run_cli):
     _refused(run_cli(tokens), "dataset.remote=", "holds image shards", "dataset=streaming ")
     images = ["dataset=streaming", f"dataset.remote={data['local']}", "trainer.max_steps=1"]
     _refused(run_cli(images), "dataset.remote=", "holds token shards", "dataset=streaming_tokens")
+
+
+def test_overwrite_replaces_only_a_shard_set_never_the_source_or_other_files(run_cli, tmp_path):
+    """`overwrite=true` removed whatever `out` held: a folder of the user's files, or the very
+    token folder being sharded (issue 32)."""
+    (tmp_path / "input.txt").write_text(TEXT[:3000])
+    check_ok(run_cli(["tokenize", "input=input.txt", "out=tok"], prog="accel-data"))
+
+    def files(folder: Path) -> dict:
+        return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    before = files(tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    args = ["shard", "dataset=tokens", "dataset.path=tok", "chunk_bytes=1KB", "overwrite=true"]
+    _refused(run_cli([*args, "out=tok"], prog="accel-data"), "out=tok", "dataset.path=tok")
+    _refused(run_cli([*args, "out=."], prog="accel-data"), "out=.", "dataset.path=tok")
+    _refused(run_cli([*args, "out=mine"], prog="accel-data"), "out=mine", "notes.txt")
+    assert files(tmp_path) == {**before, Path("mine/notes.txt"): b"keep"}
+    check_ok(run_cli([*args, "out=shards"], prog="accel-data"))
+    check_ok(run_cli([*args, "out=shards"], prog="accel-data"))  # a shard set: replaced
+    assert (tmp_path / "shards" / streaming.META).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["input.txt", "mine", "shards", "tok"]

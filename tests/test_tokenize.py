@@ -121,3 +121,38 @@ def test_bad_input_is_one_paragraph(tmp_path, setup, args, message):
 def test_an_unknown_command_names_the_commands(tmp_path):
     proc = run_cli(["tokenise", "input=x"], tmp_path, prog="accel-data")
     assert proc.returncode == 2 and "tokenize" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_overwrite_never_removes_the_input_or_other_files(tmp_path):
+    """nanoGPT's layout keeps input.txt beside train.bin: `out=<that folder> overwrite=true`
+    removed every file in it, the input included (issue 32)."""
+    folder = tmp_path / "pycode"
+    folder.mkdir()
+    (folder / "input.txt").write_text(TEXT)
+    (folder / "README.md").write_text("mine")
+    for extra in ([], ["overwrite=true"]):
+        proc = tokenize(tmp_path, "input=pycode/input.txt", "out=pycode", *extra)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "README.md, input.txt" in proc.stderr and "out=pycode/tokens" in proc.stderr
+    # `out=.` where the user's files are: the same refusal, not a traceback.
+    proc = tokenize(folder, "input=input.txt", "out=.", "overwrite=true")
+    assert proc.returncode == 2 and "input.txt" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["README.md", "input.txt", "pycode"]
+    assert (folder / "input.txt").read_text() == TEXT
+
+
+def test_overwrite_replaces_a_token_folders_own_files(tmp_path, text_file):
+    """A token folder of tokenize's own is replaced file by file (a BPE's tokenizer.json goes
+    when the new one is char); `out=.` inside it works too."""
+    check_ok(tokenize(tmp_path, f"input={text_file}", "out=tok", "tokenizer=bpe", "vocab_size=300"))
+    check_ok(tokenize(tmp_path, f"input={text_file}", "out=tok", "overwrite=true"))
+    assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == [
+        "meta.json",
+        "train.bin",
+        "val.bin",
+    ]
+    check_ok(tokenize(tmp_path / "tok", f"input={text_file}", "out=.", "overwrite=true"))
+    meta, train, val = read_folder(tmp_path / "tok")
+    assert meta["tokenizer"] == "char" and len(train) + len(val) == len(TEXT)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["input.txt", "tok"]

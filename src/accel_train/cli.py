@@ -39,6 +39,7 @@ from accel_train.config.schema import (
 from accel_train.environment import register_resolvers
 from accel_train.errors import UserError, report_user_errors
 from accel_train.launch import sweep_summary
+from accel_train.launch.outputs import interrupts_exit
 
 
 def _check_config_dir() -> None:
@@ -355,7 +356,8 @@ def data() -> None:
         report_user_errors(_unknown_data_command)(command)
     run, config_file = _DATA_COMMANDS[command]
     sys.argv = [sys.argv[0], *argv[1:]]  # Hydra parses the overrides after the command
-    _run_entry(run, config_file)
+    with interrupts_exit("accel-data"):  # Ctrl-C: the partial output removed, then exit 130
+        _run_entry(run, config_file)
 
 
 def _unknown_data_command(command: str) -> None:

@@ -3,10 +3,11 @@ model.safetensors, the tokenizer and its chat template) that `from_pretrained` l
 LoRA adapters folded into the weights (an NF4 base dequantized first).
 
 The folder is written beside its final name and renamed into place when complete, so a failed
-export leaves no half-written folder; an existing folder is never written over. Then it is
-loaded back by transformers and run next to the checkpoint's model on seeded token ids: the max
-abs difference of the logits (fp32) goes into the card (`accel_export.json` in the folder), and
-an export above `max_abs_diff` fails.
+export leaves no half-written folder. Before that it is loaded back by transformers and run next
+to the checkpoint's model on seeded token ids: the max abs difference of the logits (fp32) goes
+into the card (`accel_export.json` in the folder), and an export above `MAX_ABS_DIFF` fails. An
+existing folder is replaced only with `overwrite=true` and only when it is an earlier export
+(its card is there), never a folder of other files.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def export_hf(ecfg: DictConfig, ckpt_path: Path) -> dict[str, Any]:
                 f"(more than {MAX_ABS_DIFF:g} in fp32): the export is not faithful, so nothing "
                 f"was written to {out}. Report this with the model's architecture."
             )
-        partial.rename(out)
+        _move_into_place(partial, out)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     log.info("format=hf: %s (merged weights and tokenizer; logits match to %.1e)", out, diff)
@@ -91,14 +92,30 @@ def export_hf(ecfg: DictConfig, ckpt_path: Path) -> dict[str, Any]:
 def _out_folder(ecfg: DictConfig, ckpt_path: Path) -> Path:
     out = Path(ecfg.out_path).expanduser() if ecfg.out_path else None
     out = out or ckpt_path.with_name(f"{ckpt_path.name.split('.')[0]}-hf")
-    if out.exists():
+    if out.exists() and not (ecfg.overwrite and (out / CARD).is_file()):
+        fix = (
+            "it is not a folder this command wrote (no accel_export.json in it), so it is never "
+            "replaced"
+            if ecfg.overwrite
+            else "replace it with `overwrite=true` if it is an earlier format=hf export"
+        )
         raise UserError(
-            f"out_path={out} already exists: format=hf writes a new folder and never writes "
-            "over one. Remove it or give another out_path."
+            f"out_path={out} already exists: {fix}. Remove it or give another out_path."
         )
     if not out.parent.is_dir():
         raise UserError(f"out_path={out}: its parent folder {out.parent} does not exist.")
     return out
+
+
+def _move_into_place(partial: Path, out: Path) -> None:
+    """The complete folder takes the name; an earlier export there (overwrite=true) is moved
+    aside first and removed only once the new one is in place."""
+    old = out.with_name(f".{out.name}.old")
+    if out.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+    partial.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _probe_ids(model: HFModel) -> torch.Tensor:

@@ -58,12 +58,15 @@ class DistEnv:
             dist.barrier()
 
 
-def resolve_device(requested: str, local_rank: int = 0) -> torch.device:
+def resolve_device(
+    requested: str, local_rank: int = 0, key: str = "trainer.device"
+) -> torch.device:
+    """`key`: the device's key as the command spells it (accel-sample's is `device`)."""
     if requested == "cuda" and not torch.cuda.is_available():
         raise UserError(
-            "trainer.device=cuda but this machine has no usable CUDA device "
+            f"{key}=cuda but this machine has no usable CUDA device "
             f"(torch {torch.__version__}, torch.cuda.is_available() is False). "
-            "Use `trainer.device=cpu` or `trainer.device=auto`."
+            f"Use `{key}=cpu` or `{key}=auto`."
         )
     if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")

@@ -86,12 +86,14 @@ def build(
     runtime: Mapping[str, Any] | None = None,
     optional: Mapping[str, Any] | None = None,
     exclude: tuple[str, ...] = ("name",),
+    hints: Mapping[str, str] | None = None,
 ) -> Any:
     """Call ``node._target_`` with the node's keys (less ``exclude``).
 
     ``runtime`` values (e.g. the data shape) are added when the target names them or takes
     ``**kwargs``; ``optional`` ones (accel-train's own keys such as ``seed``) only when it names
-    them. A key the target does not take is an error naming ``key`` and the key."""
+    them. A key the target does not take is an error naming ``key`` and the key; a missing one
+    is an error with ``hints[name]`` as its fix when given (a value the data should provide)."""
     target = str(node._target_)
     fn = locate(target, f"{key}._target_")
     params = _parameters(fn)
@@ -111,6 +113,8 @@ def build(
         for name, p in params.items()
         if p.default is p.empty and p.kind not in _VAR and name not in given and name not in extra
     ]
+    if missing and missing[0] in (hints or {}):  # a value the data gives, not the user
+        raise UserError(f"{key}: {target}() needs {missing[0]}, {hints[missing[0]]}")
     if missing:
         raise UserError(
             f"{key}: {target}() needs {', '.join(missing)}. Add `+{key}.{missing[0]}=...` to the "

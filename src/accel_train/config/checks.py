@@ -740,3 +740,46 @@ def check_export_config(ecfg: DictConfig) -> None:
             "by accel-train (e.g. outputs/<run>/checkpoints/best.pt) or an FSDP .dcp directory "
             "(which holds meta.pt)."
         )
+    if ecfg.out_path and ecfg.format == "hf":  # a folder: export_hf decides what it replaces
+        refuse_checkpoint_target(str(ecfg.ckpt_path), str(ecfg.out_path), "exports/my-model")
+    elif ecfg.out_path:
+        check_export_target(str(ecfg.ckpt_path), str(ecfg.out_path), bool(ecfg.overwrite))
+
+
+def _is_run_checkpoint(path: Path) -> bool:
+    """A name accel-train's checkpoints take in a run's checkpoints/ folder (last.pt, best.pt,
+    epoch=3-step=120.pt, last.dcp); exported artifacts there end in .pt2, .onnx or
+    .torchscript.pt."""
+    if path.parent.name != "checkpoints" or path.name.endswith(EXPORT_FORMATS["torchscript"]):
+        return False
+    return path.suffix in (".pt", ".dcp")
+
+
+def refuse_checkpoint_target(ckpt_path: str, out_path: str, example: str) -> None:
+    """An output path (accel-export's artifact, accel-eval's result) is never the checkpoint
+    being read nor any run's checkpoint: best.pt would be lost, and a last.pt replaced by
+    something else makes resume=auto refuse the run."""
+    out = Path(out_path).expanduser().resolve()
+    same = out == Path(ckpt_path).expanduser().resolve()
+    if same or _is_run_checkpoint(out):
+        what = "the checkpoint being read" if same else "a run's checkpoint"
+        raise UserError(
+            f"out_path={out_path} is {what}: writing there would replace it, whatever "
+            f"`overwrite` says. Write elsewhere, e.g. `out_path={example}`, or leave out_path "
+            "out (the output then goes beside the checkpoint under a name of its own)."
+        )
+
+
+def check_export_target(ckpt_path: str, out_path: str, overwrite: bool) -> None:
+    """An explicit out_path never replaces a checkpoint, and an existing file only with
+    overwrite=true."""
+    refuse_checkpoint_target(ckpt_path, out_path, "exports/model.onnx")
+    out = Path(out_path).expanduser()
+    card = out.with_name(out.name + ".json")
+    existing = [str(p) for p in (out, card) if p.exists()]
+    if existing and not overwrite:
+        raise UserError(
+            f"out_path={out_path}: {' and '.join(existing)} "
+            f"{'exist' if len(existing) > 1 else 'exists'} already (the artifact and its card). "
+            "Choose another `out_path`, or replace them with `overwrite=true`."
+        )

@@ -546,6 +546,7 @@ class PathsConfig:
 class TrainConfig:
     name: str = "train"
     resume: str | None = None
+    resume_new_tokenizer: bool = False
     objective: str = "best_val_acc"
     # One style for every group: the field holds whichever option YAML the defaults list (or
     # the command line) picks, and that option names its own schema (OPTION_SCHEMAS) in its
@@ -599,6 +600,7 @@ class ExportConfig:
     verify_samples: int = 0
     calib_batches: int = 8
     min_agreement: float = 0.999
+    overwrite: bool = False
 
 
 @dataclass

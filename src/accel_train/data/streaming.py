@@ -79,6 +79,31 @@ def is_s3(url: str) -> bool:
     return str(url).startswith("s3://")
 
 
+_BUCKET = re.compile(r"^[a-zA-Z0-9.\-_]{1,255}$")  # botocore's own check of a bucket name
+
+
+def check_url(url: str, key: str) -> None:
+    """A URL that is not a well-formed s3://bucket/prefix would reach botocore as a raw
+    validation dump, or (`s3:/b`, `s3://`) become a local folder named `s3:`."""
+    text = str(url)
+    scheme = text.split("://")[0] if "://" in text else None
+    if scheme is None and not text.lower().startswith("s3:"):
+        return  # a local folder
+    example = f"`{key}=s3://my-bucket/imagenette`"
+    if scheme != "s3":
+        raise UserError(
+            f"{key}={url}: shard sets live in a local folder or at an s3://bucket/prefix URL, "
+            f"and this is neither. Write e.g. {example}."
+        )
+    bucket = split_url(text)[0]
+    if not _BUCKET.match(bucket):
+        what = f"{bucket!r} is not a bucket name" if bucket else "it names no bucket"
+        raise UserError(
+            f"{key}={url}: {what} (a bucket name is letters, digits, dots and hyphens). Write "
+            f"{key}=s3://<bucket>/<prefix>, e.g. {example}."
+        )
+
+
 def endpoint_url() -> str | None:
     """The S3 endpoint from the standard places: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL
     (boto3 reads both, and ~/.aws/config's endpoint_url), else S3_ENDPOINT_URL (s3cmd's and
@@ -199,6 +224,7 @@ KINDS = {
 def read_meta(remote: str, key: str = "dataset.remote", kind: str = "image_folder") -> dict:
     """The shard set's accel_train.index.json (which `accel-data shard` writes last: a shard
     set without it is incomplete), refused unless it holds ``kind`` (image_folder, tokens)."""
+    check_url(remote, key)
     url = f"{remote.rstrip('/')}/{META}"
     missing = (
         f"{key}={remote}: there is no shard set there ({META} is missing). Check the URL, or "

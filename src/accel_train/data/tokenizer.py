@@ -159,6 +159,11 @@ def read_meta(folder: Path) -> dict:
         raise UserError(f"{path} is not valid JSON ({err}). Tokenize the text again.") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("vocab_size"), int):
         raise UserError(f"{path} has no integer `vocab_size`. Tokenize the text again.")
+    if meta["vocab_size"] < 1:
+        raise UserError(
+            f"{path}: vocab_size={meta['vocab_size']} must be a positive number of token ids. "
+            "Tokenize the text again, or set it to the tokenizer's vocabulary size."
+        )
     if meta.get("dtype", "uint16") not in ("uint16", "uint32"):
         raise UserError(f"{path}: dtype must be uint16 or uint32, not {meta.get('dtype')!r}.")
     return meta

@@ -26,13 +26,27 @@ from accel_train.data.tokenizer import read_meta
 from accel_train.errors import UserError
 
 
+def token_count(path: Path, dtype: str) -> int:
+    """The tokens of a .bin file, checked: a byte count that is not a whole number of tokens
+    (a truncated copy, or meta.json naming another dtype) is one paragraph naming the file."""
+    size, width = path.stat().st_size, np.dtype(dtype).itemsize
+    if size % width:
+        raise UserError(
+            f"{path} holds {size:,} bytes, not a whole number of {dtype} tokens ({width} bytes "
+            f"each, the dtype of {path.parent / 'meta.json'}): the file is truncated or was "
+            "written with another dtype. Tokenize the text again (`accel-data tokenize "
+            f"input=<text> out={path.parent} overwrite=true`)."
+        )
+    return size // width
+
+
 class TokenWindows(Dataset):
     def __init__(self, path: Path, dtype: str, block_size: int, starts: np.ndarray | None, n: int):
         self.path, self.dtype, self.block_size = path, dtype, block_size
         self.vocab_size = 0  # meta.json's: ids at or above it are refused (0: not checked)
         self.fixed = starts  # evaluation: these windows; training: None (drawn per epoch)
         self.n = n  # windows in the split (per epoch, for training)
-        self.tokens = len(np.memmap(path, dtype=dtype, mode="r"))
+        self.tokens = token_count(Path(path), dtype)
         self.seed = 0
         self._data: np.memmap | None = None
         self._epoch_starts: tuple[int, np.ndarray] | None = None

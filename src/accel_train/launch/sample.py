@@ -62,7 +62,7 @@ def sample_checkpoint(scfg: DictConfig, texts: dict[str, str] | None = None) -> 
             f"chat=true renders the prompt with a chat template, and ckpt_path={ckpt_path} was "
             f"trained on a token folder ({where}), whose tokenizer has none. Drop chat=true."
         )
-    device = resolve_device(scfg.device)
+    device = resolve_device(scfg.device, key="device")
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
     # What the token data told the model in training.
     data_args = window_splits(None, None, tokenizer.vocab_size).data_args
@@ -121,7 +121,7 @@ def _sample_chat_model(
     """A model fine-tuned on instruction records: its folder's tokenizer, the chat template with
     chat=true, and the model's own generate where it has one (model=hf: a KV cache)."""
     tok = load_tokenizer(str(cfg.dataset.tokenizer), "the checkpoint's dataset.tokenizer")
-    device = resolve_device(scfg.device)
+    device = resolve_device(scfg.device, key="device")
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
     model = _rebuild(cfg, {"vocab_size": len(tok)}, state, ckpt_path, device, precision)
     if scfg.chat:

@@ -8,7 +8,9 @@ split is held out from the training folder exactly as `dataset=image_folder` doe
 seeded by dataset.seed), so both options train on the same samples. LitData's `optimize`
 writes the chunks and their index.json; accel_train.index.json (the classes and labels) is
 written last, so a shard set without it is incomplete and is refused by `dataset=streaming`.
-A local `out` is written under a temporary name and renamed into place.
+A local `out` is written under a temporary name and renamed into place (launch/outputs.py);
+`overwrite=true` replaces only a shard set (a folder with accel_train.index.json), never a
+folder of other files nor the data being sharded.
 
 A token folder's train.bin and val.bin are written in LitData's token format
 (`optimize(..., item_loader=TokensLoader())`, as litgpt does): each split's tokens in order, cut
@@ -24,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -35,7 +38,9 @@ from accel_train.data.splits import held_out_indices
 from accel_train.data.streaming import (
     META,
     META_FORMAT,
+    SPLITS,
     allow_plain_http,
+    check_url,
     is_s3,
     parse_size,
     require_litdata,
@@ -46,9 +51,17 @@ from accel_train.data.streaming import (
 )
 from accel_train.data.tokenizer import TOKENIZER_FILE
 from accel_train.data.tokenizer import read_meta as read_token_meta
-from accel_train.data.tokens import token_folder
+from accel_train.data.tokens import token_count, token_folder
 from accel_train.errors import UserError
-from accel_train.launch.tokenize import replace_folder
+from accel_train.launch.outputs import (
+    STAGING_PREFIX,
+    names,
+    partial_path,
+    refuse_inside,
+    remove_leftovers,
+    replace_folder,
+    resolved,
+)
 
 log = logging.getLogger("accel_train")
 
@@ -66,6 +79,7 @@ def shard(cfg: DictConfig) -> str:
             "`out` is required: `accel-data shard dataset=image_folder dataset.root=<folder> "
             "out=<folder or s3://bucket/prefix>`."
         )
+    check_url(str(cfg.out), "out")
     ds, out = cfg.dataset, str(cfg.out).rstrip("/")
     require_litdata()
     if ds.get("name") == "tokens":
@@ -116,7 +130,7 @@ def shard(cfg: DictConfig) -> str:
         name: [(i, path, label) for i, (path, label) in enumerate(items)]
         for name, items in parts.items()
     }
-    _write(cfg, out, read_item, inputs, meta, None)
+    _write(cfg, out, read_item, inputs, meta, None, (root, "dataset.root"))
     counts = ", ".join(f"{len(v):,} {k}" for k, v in parts.items())
     print(f"accel-data: {counts} images of {len(train_folder.classes)} classes -> {out}/")
     return out
@@ -144,7 +158,7 @@ def _shard_tokens(cfg: DictConfig, out: str) -> str:
         file = folder / f"{name}.bin"
         if not file.is_file():
             raise UserError(f"{file} not found: a token folder holds train.bin and val.bin.")
-        tokens = file.stat().st_size // dtype.itemsize
+        tokens = token_count(file, dtype.name)
         if tokens == 0:  # LitData refuses an empty input list with a bare ValueError
             raise UserError(f"{file} holds no tokens: tokenize more text into {folder}.")
         inputs[name] = [
@@ -164,17 +178,18 @@ def _shard_tokens(cfg: DictConfig, out: str) -> str:
         if not bpe.is_file():
             raise UserError(f"{bpe} not found: {folder / 'meta.json'} names a BPE tokenizer.")
         meta["tokenizer_json"] = bpe.read_text()
-    _write(cfg, out, read_tokens, inputs, meta, TokensLoader())
+    _write(cfg, out, read_tokens, inputs, meta, TokensLoader(), (folder, "dataset.path"))
     counts = ", ".join(f"{v['tokens']:,} {k}" for k, v in splits.items())
     print(f"accel-data: {counts} tokens (vocabulary {folder_meta['vocab_size']:,}) -> {out}/")
     return out
 
 
-def _write(cfg: DictConfig, out: str, fn, inputs: dict, meta: dict, item_loader) -> None:
+def _write(cfg: DictConfig, out: str, fn, inputs: dict, meta: dict, item_loader, source) -> None:
     if is_s3(out):
         _write_s3(cfg, out, fn, inputs, meta, item_loader)
     else:
-        _write_local(cfg, Path(out).expanduser(), fn, inputs, meta, item_loader)
+        refuse_inside(Path(out), source[0], "out", source[1])
+        _write_local(cfg, resolved(Path(out)), fn, inputs, meta, item_loader)
 
 
 @contextlib.contextmanager
@@ -182,15 +197,21 @@ def _private_staging():
     """LitData stages the chunks of a remote `out` in one folder per machine ($TMPDIR/chunks)
     and uploads whatever it finds there: two shard jobs on one machine would upload each
     other's chunks, and a killed job's leftovers would join the next one's set. Each job
-    stages in a folder of its own, removed afterwards (forked writers inherit the variables)."""
+    stages in a folder of its own, removed afterwards (forked writers inherit the variables).
+    LitData's other temporary files (its items list, `litdata-node-*-items-<pid>-*.pkl`, left
+    behind by an interrupt) go there too: a killed job's are removed by the next
+    (launch/outputs.py remove_leftovers)."""
     keys = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
     saved = {key: os.environ.get(key) for key in keys}
-    staging = Path(tempfile.mkdtemp(prefix="accel-shard-"))
+    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
     os.environ[keys[0]] = str(staging / "chunks")
     os.environ[keys[1]] = str(staging / "data")
+    (staging / "tmp").mkdir()
+    saved_tempdir, tempfile.tempdir = tempfile.tempdir, str(staging / "tmp")
     try:
         yield
     finally:
+        tempfile.tempdir = saved_tempdir
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -199,13 +220,45 @@ def _private_staging():
         shutil.rmtree(staging, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _interrupts_raise():
+    """LitData's SIGINT handler (DataProcessor._signal_handler) stops the writer processes and
+    then calls `os._exit(0)`: Ctrl-C would end `accel-data shard` with exit 0, no word, and the
+    partial folder left (`accel-data shard ... && accel-train ...` would train on). This one
+    stops the writers the same way, then raises KeyboardInterrupt in the main process, so the
+    partial folder is removed and the command exits 130 (launch/outputs.py)."""
+    from litdata.processing.data_processor import DataProcessor
+
+    main_pid = os.getpid()
+
+    def handler(self, signum, frame):
+        if os.getpid() != main_pid:  # a forked writer: the main process cleans up
+            os._exit(130)
+        for queue in getattr(self, "stop_queues", None) or []:
+            queue.put(None)
+        for worker in getattr(self, "workers", None) or []:
+            worker.join(5)
+            if worker.is_alive():
+                worker.terminate()
+                worker.join(5)
+        raise KeyboardInterrupt
+
+    original = DataProcessor._signal_handler
+    DataProcessor._signal_handler = handler
+    try:
+        yield
+    finally:
+        DataProcessor._signal_handler = original
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # LitData leaves its own set
+
+
 def _optimize(cfg: DictConfig, fn, inputs: list, output_dir: str, mode, item_loader) -> None:
     import litdata
 
     kwargs = {"mode": mode} if mode else {}
     if item_loader is not None:
         kwargs["item_loader"] = item_loader
-    with _private_staging():
+    with _private_staging(), _interrupts_raise():
         litdata.optimize(
             fn=fn,
             inputs=inputs,
@@ -222,15 +275,22 @@ def _optimize(cfg: DictConfig, fn, inputs: list, output_dir: str, mode, item_loa
 
 def _write_local(cfg: DictConfig, out: Path, fn, inputs: dict, meta: dict, item_loader) -> None:
     if out.exists() and not out.is_dir():
-        raise UserError(f"out={out} is a file, not a folder: choose another `out`.")
-    if out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
+        raise UserError(f"out={cfg.out} is a file, not a folder: choose another `out`.")
+    held = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    if held and META not in held:
         raise UserError(
-            f"out={out} exists and is not empty. Choose another folder, or replace it with "
+            f"out={cfg.out} holds files that are not a shard set ({names(held)}): accel-data shard "
+            f"replaces only a shard set it wrote (a folder with {META}), so that nothing else "
+            "is lost, with `overwrite=true` or not. Choose a new or empty folder for `out`."
+        )
+    if held and not cfg.overwrite:
+        raise UserError(
+            f"out={cfg.out} holds a shard set already. Choose another folder, or replace it with "
             "`overwrite=true`."
         )
-    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    remove_leftovers(out)
+    partial = partial_path(out)
     try:
-        shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     except OSError as err:
         raise UserError(f"out={out}: cannot write there ({err.strerror or err}).") from None
@@ -242,6 +302,32 @@ def _write_local(cfg: DictConfig, out: Path, fn, inputs: dict, meta: dict, item_
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+
+
+def _s3_foreign(client, bucket: str, prefix: str, out: str) -> list[str]:
+    """The entries right under `prefix` that a shard set does not have (its split folders and
+    its index): with any, the prefix is not a shard set, nor one whose write was interrupted."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    base = f"{prefix}/" if prefix else ""
+    try:
+        listed = client.list_objects_v2(Bucket=bucket, Prefix=base, Delimiter="/")
+    except (BotoCoreError, ClientError, ConnectionError) as err:
+        raise s3_error(err, out, "out") from None
+    own = {f"{base}{split}/" for split in SPLITS} | {f"{base}{META}"}
+    entries = [c["Prefix"] for c in listed.get("CommonPrefixes", [])]
+    entries += [o["Key"] for o in listed.get("Contents", [])]
+    return [e.removeprefix(base) for e in entries if e not in own]
+
+
+def _s3_remove(client, bucket: str, prefix: str) -> None:
+    """Remove what an interrupted or failed write to an empty prefix uploaded."""
+    base = f"{prefix}/" if prefix else ""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base)
+    for page in pages:
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
 
 
 def _write_s3(cfg: DictConfig, out: str, fn, inputs: dict, meta: dict, item_loader) -> None:
@@ -263,6 +349,26 @@ def _write_s3(cfg: DictConfig, out: str, fn, inputs: dict, meta: dict, item_load
             f"out={out} holds objects already. Choose another prefix, or replace it with "
             "`overwrite=true`."
         )
+    foreign = _s3_foreign(client, bucket, prefix, out) if listed.get("KeyCount", 0) else []
+    if foreign:
+        raise UserError(
+            f"out={out} holds objects that are not a shard set ({names(foreign)}): accel-data "
+            "shard replaces only a shard set it wrote (train/, val/, test/ and its index), with "
+            "`overwrite=true` or not. Choose an empty prefix."
+        )
+    fresh = not listed.get("KeyCount", 0)
+    try:
+        _upload(cfg, client, bucket, prefix, out, fn, inputs, meta, item_loader)
+    except BaseException:
+        if fresh:  # nothing was there before: what was uploaded goes again
+            with contextlib.suppress(BotoCoreError, ClientError, ConnectionError):
+                _s3_remove(client, bucket, prefix)
+        raise
+
+
+def _upload(cfg, client, bucket, prefix, out, fn, inputs, meta, item_loader) -> None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
     try:
         if cfg.overwrite:  # the index goes first: a half-replaced set is never taken as whole
             with contextlib.suppress(ClientError):

@@ -5,15 +5,16 @@ The text is read twice in chunks that end at line ends, so a file larger than me
 to learn the vocabulary (the characters, or a byte-level BPE) and count the characters, once to
 encode. The first `1 - val_fraction` of the characters become train.bin, the rest val.bin. The
 folder is written under a temporary name and renamed into place at the end, so an interrupted or
-failed run leaves no half-written folder, and an existing one is replaced only with
-`overwrite=true`.
+failed run leaves no half-written folder (a killed run's is removed by the next run:
+launch/outputs.py). An existing `out` is replaced only with `overwrite=true`, and only when it
+holds nothing but what tokenize writes (TOKENIZE_FILES): the input text, a README or any other
+file of the user's is never removed.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -23,13 +24,28 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from accel_train.data.tokenizer import META, BpeTokenizer, CharTokenizer, token_dtype
+from accel_train.data.tokenizer import (
+    META,
+    TOKENIZER_FILE,
+    BpeTokenizer,
+    CharTokenizer,
+    token_dtype,
+)
 from accel_train.errors import UserError
+from accel_train.launch.outputs import (
+    names,
+    partial_path,
+    remove_leftovers,
+    replace_files,
+    replace_folder,
+    resolved,
+)
 
 log = logging.getLogger("accel_train")
 
 CHUNK_CHARS = 1 << 22  # ~4 M characters a chunk (cut at a line end): memory stays bounded
 PROGRESS_BYTES = 8 << 20  # a progress bar for inputs from 8 MB on (on a terminal)
+TOKENIZE_FILES = ("train.bin", "val.bin", META, TOKENIZER_FILE)  # all that tokenize writes
 
 
 def tokenize(cfg: DictConfig) -> Path:
@@ -38,9 +54,10 @@ def tokenize(cfg: DictConfig) -> Path:
             raise UserError(
                 f"`{key}` is required: `accel-data tokenize input=<text file> out=<folder>`."
             )
-    source, out = Path(cfg.input), Path(cfg.out)
+    source, out = Path(cfg.input), resolved(Path(cfg.out))
     size = _check_input(source)
     _check_options(cfg, out)
+    remove_leftovers(out)
     with _progress(size) as progress:
         task = progress.add_task("reading", total=size)
         chars, seen = 0, set()
@@ -51,9 +68,11 @@ def tokenize(cfg: DictConfig) -> Path:
         tokenizer = _tokenizer(cfg, source, seen)
         dtype = token_dtype(tokenizer.vocab_size)
         n_train = int(chars * (1 - cfg.val_fraction))  # nanoGPT: data[: int(n * 0.9)]
-        partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+        partial = partial_path(out)
+        try:
+            partial.mkdir(parents=True)
+        except OSError as err:
+            raise UserError(f"out={cfg.out}: cannot write there ({err.strerror or err}).") from None
         try:
             progress.reset(task, description="encoding", total=size)
             counts = _encode(source, tokenizer, dtype, n_train, partial, progress, task)
@@ -61,18 +80,27 @@ def tokenize(cfg: DictConfig) -> Path:
             if isinstance(tokenizer, BpeTokenizer):
                 tokenizer.save(partial)
             (partial / META).write_text(json.dumps(meta, ensure_ascii=False) + "\n")
-            replace_folder(partial, out)
+            if out.is_dir():  # empty, or a token folder (overwrite=true): file by file
+                replace_files(partial, out, TOKENIZE_FILES, last=META)
+            else:
+                replace_folder(partial, out)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
     print(
         f"accel-data: {chars:,} characters -> {counts['train']:,} train + {counts['val']:,} val "
-        f"tokens ({tokenizer.kind}, vocabulary {tokenizer.vocab_size:,}, {dtype}) in {out}/"
+        f"tokens ({tokenizer.kind}, vocabulary {tokenizer.vocab_size:,}, {dtype}) in {cfg.out}/"
     )
     return out
 
 
 def _check_input(path: Path) -> int:
+    if path.is_dir():
+        texts = sorted(p.name for p in path.glob("*.txt"))[:1]
+        example = path / (texts[0] if texts else "input.txt")
+        raise UserError(
+            f"input={path} is a folder: pass the text file to tokenize, e.g. `input={example}`."
+        )
     if not path.is_file():
         raise UserError(
             f"input={path}: no such file. Pass the text file to tokenize, e.g. "
@@ -94,12 +122,22 @@ def _check_input(path: Path) -> int:
 def _check_options(cfg: DictConfig, out: Path) -> None:
     if not 0 < cfg.val_fraction < 1:
         raise UserError(f"val_fraction={cfg.val_fraction} must be between 0 and 1 (e.g. 0.1).")
-    if out.exists() and not cfg.overwrite:
-        raise UserError(
-            f"out={out} exists already. Choose another folder, or replace it with `overwrite=true`."
-        )
     if out.exists() and not out.is_dir():
-        raise UserError(f"out={out} is a file, not a folder: choose another `out`.")
+        raise UserError(f"out={cfg.out} is a file, not a folder: choose another `out`.")
+    held = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    foreign = held - set(TOKENIZE_FILES)
+    if foreign:
+        raise UserError(
+            f"out={cfg.out} holds files accel-data tokenize did not write ({names(foreign)}): "
+            "tokenize writes only into a new folder, an empty one, or (with overwrite=true) a "
+            "token folder of its own, so that the input and your other files are never "
+            f"touched. Write to a folder of its own, e.g. `out={Path(cfg.out) / 'tokens'}`."
+        )
+    if held and not cfg.overwrite:
+        raise UserError(
+            f"out={cfg.out} is a token folder already ({names(held)}). Choose another folder, "
+            "or replace its files with `overwrite=true`."
+        )
 
 
 def _chunks(path: Path) -> Iterator[str]:
@@ -167,18 +205,6 @@ def _encode(source, tokenizer, dtype, n_train, folder, progress, task) -> dict[s
             "val tokens. Give more text, or another val_fraction."
         )
     return counts
-
-
-def replace_folder(partial: Path, out: Path) -> None:
-    """Move the finished folder into place; an old one (overwrite=true) goes only after (every
-    accel-data command writes its output folder this way)."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(partial, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _progress(size: int) -> Progress:

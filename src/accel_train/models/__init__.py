@@ -82,6 +82,17 @@ def resnet18(*, in_channels: int, image_size: int, num_classes: int) -> nn.Modul
     return model
 
 
+# Constructor arguments the data set gives (Splits.data_args), with the fix when it gives none:
+# `+model.vocab_size=...` on image data would only fail later, inside the forward.
+DATA_GIVEN = {
+    "vocab_size": (
+        "which a token data set gives (its meta.json), and this data set has no vocabulary. "
+        "Train it on tokens: `task=language_model dataset=tokens dataset.path=<folder>` (a "
+        "folder made by `accel-data tokenize input=<text> out=<folder>`)."
+    ),
+}
+
+
 def build_model(
     model_cfg: DictConfig, data_args: dict, dtype: torch.dtype = torch.float32
 ) -> nn.Module:
@@ -94,6 +105,7 @@ def build_model(
         "model",
         runtime={**data_args, "dtype": dtype},
         exclude=("name", "weights", "freeze"),
+        hints=DATA_GIVEN,
     )
     if not isinstance(model, nn.Module):
         raise UserError(

@@ -191,6 +191,11 @@ class Task:
         without the training data: a language model's tokenizer, for accel-sample."""
         return {}
 
+    def resume_conflict(self, saved: dict[str, Any]) -> str | None:
+        """Why a checkpoint whose checkpoint_data() was `saved` does not fit this run's data
+        (None: it does); the resume refuses it unless `resume_new_tokenizer=true`."""
+        return None
+
     def eval_output(self, model: nn.Module, batch: Any) -> Any:
         """What `evaluate` scores by default: the step's own output (no grad)."""
         return self.step(model, batch)

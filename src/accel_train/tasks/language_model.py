@@ -60,6 +60,14 @@ class LanguageModel(Task):
         x, y = batch
         if isinstance(x, Mapping):
             _check_named_inputs(ctx.model, x, ctx.cfg.model.get("name"))
+        if isinstance(x, torch.Tensor) and (x.dim() != 2 or x.is_floating_point()):
+            raise UserError(
+                f"task=language_model trains on token ids of shape (batch, time), but "
+                f"dataset={ctx.cfg.dataset.get('name', 'custom')} gives {x.dtype} inputs of "
+                f"shape {tuple(x.shape)}. Train it on tokens: `dataset=tokens "
+                "dataset.path=<folder>` (made by `accel-data tokenize input=<text> "
+                "out=<folder>`) with `model=gpt`."
+            )
         was = ctx.model.training
         ctx.model.eval()
         try:
@@ -92,6 +100,17 @@ class LanguageModel(Task):
 
     def checkpoint_data(self) -> dict[str, Any]:
         return {"tokenizer": self.kept_tokenizer} if self.kept_tokenizer else {}
+
+    def resume_conflict(self, saved: dict[str, Any]) -> str | None:
+        """The data re-tokenized since the checkpoint (same size, other ids) would train on
+        silently remapped ids, and its tokenizer would replace the checkpoint's."""
+        old, new = saved.get("tokenizer"), self.kept_tokenizer
+        if not old or not new or old == new:
+            return None
+        a, b = _describe(old["meta"]), _describe(new["meta"])
+        if a == b:
+            b += ", the same size but other ids"
+        return f"was trained on data with a {a}, and this run's data has a {b}"
 
     def _setup_samples(self, ctx: TaskContext) -> None:
         path = ctx.cfg.dataset.get("path") or ctx.cfg.dataset.get("remote")
@@ -186,3 +205,7 @@ def _check_named_inputs(model: nn.Module, inputs: Mapping, name: str | None) -> 
             "(dataset.pack=true) pass so that each record attends only to itself. Set "
             "dataset.pack=false, or use model=hf (transformers models take position_ids)."
         )
+
+
+def _describe(meta: dict[str, Any]) -> str:
+    return f"{meta.get('tokenizer', 'custom')} tokenizer of {meta.get('vocab_size')} ids"

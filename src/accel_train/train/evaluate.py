@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import default_collate
 
 from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
+from accel_train.config.checks import refuse_checkpoint_target
 from accel_train.config.run_config import typed
 from accel_train.data.batch import to_device
 from accel_train.data.build import build_splits
@@ -85,10 +86,7 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     with hints_for("accel-eval"):  # data errors name `data_dir=`, not paths.data_dir
         splits = build_splits(cfg.dataset, cfg.paths.data_dir, task.labelled_data)
     if splits.test is None:
-        raise UserError(
-            f"ckpt_path={ckpt_path}: the checkpoint's data set ({cfg.dataset.get('name')}) has "
-            "no test split to score. Give it one (for dataset=custom: return (train, val, test))."
-        )
+        raise UserError(_no_test_split(ckpt_path, cfg, splits))
     model = lora_for_run(build_model(cfg.model, splits.data_args, precision.param_dtype), cfg)
     model = model.to(device, dtype=precision.param_dtype)
     if sharded:
@@ -183,12 +181,46 @@ def _check_eval_config(ecfg: DictConfig) -> tuple[Path, torch.device]:
             f"device={ecfg.device!r} is not one of {', '.join(EVAL_DEVICES)}. Use `device=cpu` "
             "or `device=auto`."
         )
+    if ecfg.out_path:
+        refuse_checkpoint_target(str(ecfg.ckpt_path), str(ecfg.out_path), "eval/result.json")
+        _refuse_foreign_file(Path(ecfg.out_path))
     if ecfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError(
             "device=cuda but this machine has no usable CUDA device (torch.cuda.is_available() "
             "is False). Use `device=cpu` or `device=auto`."
         )
     return ckpt_path, resolve_device(ecfg.device)
+
+
+def _refuse_foreign_file(out: Path) -> None:
+    """An existing out_path is replaced only when it is an earlier accel-eval result."""
+    if not out.is_file():
+        return
+    try:
+        earlier = json.loads(out.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        earlier = None
+    if not (isinstance(earlier, dict) and "ckpt_path" in earlier and "split" in earlier):
+        raise UserError(
+            f"out_path={out} exists and is not an accel-eval result: accel-eval replaces only "
+            "its own result files. Choose another `out_path` (e.g. `out_path=eval/result.json`)."
+        )
+
+
+def _no_test_split(ckpt_path: Path, cfg: DictConfig, splits) -> str:
+    name = cfg.dataset.get("name") or "custom"
+    held = [n for n in ("train", "val") if getattr(splits, n, None) is not None]
+    fix = (
+        "Return (train, val, test) from your dataset function to score a test split"
+        if name == "custom"
+        else f"dataset={name} has {' and '.join(held)} splits only; the checkpoint's validation "
+        "scores (e.g. val/loss) are in its run's summary.json and metrics.jsonl, measured during "
+        "training"
+    )
+    return (
+        f"ckpt_path={ckpt_path}: accel-eval scores a test split, and the checkpoint's data set "
+        f"({name}) has none. {fix}."
+    )
 
 
 def _write_result(result: dict[str, Any], out: Path, given: bool) -> None:

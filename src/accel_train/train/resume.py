@@ -91,6 +91,7 @@ _ORDER = "the data order is drawn from it: mid-epoch the resumed run would repea
 # a group it is in, decides.
 RULES: list[tuple[str, str | None]] = [
     ("resume", None),
+    ("resume_new_tokenizer", None),
     ("name", None),
     ("objective", None),
     ("model", "the checkpoint's weights belong to that model"),
@@ -424,6 +425,7 @@ def resume(loop: Loop) -> Resumed | None:
             "resume it with strategy=ddp or single."
         )
     changes = config_changes(state["config"], to_container(loop.cfg), wanted, path)
+    _check_task_data(loop, state, wanted, path)
     changed = {c.key for c in changes}
     p, parts = state["progress"], loop.parts
     check_world_size(p, loop.data_world, wanted, path)
@@ -476,6 +478,24 @@ def resume(loop: Loop) -> Resumed | None:
         event["changed"] = {c.key: [_plain(c.old), _plain(c.new)] for c in logged}
     loop.metrics.log(event, loop.step, loop.epoch)
     return Resumed(str(path))
+
+
+def _check_task_data(loop: Loop, state: dict, wanted: str, path: Path) -> None:
+    """The data must still mean what it meant to the checkpoint: a token folder re-tokenized
+    with another mapping of the same size has the same config and shapes, and would train on
+    remapped ids without a word."""
+    conflict = loop.task.resume_conflict(state.get("task") or {})
+    if conflict is None or loop.cfg.get("resume_new_tokenizer"):
+        return
+    key = "dataset.path" if loop.cfg.dataset.get("path") else "dataset.remote"
+    where = f"{key}={loop.cfg.dataset.get(key.split('.')[1])}"
+    raise UserError(
+        f"resume={wanted}: the checkpoint {path} {conflict} ({where}): the same ids would "
+        f"stand for other text. To continue that run, point `{key}` back at the data it was "
+        "trained on, or tokenize the text again with the checkpoint's tokenizer; to train on "
+        "this data anyway (the model relearns the ids, and this data's tokenizer replaces the "
+        "checkpoint's), add `resume_new_tokenizer=true`."
+    )
 
 
 def _load_weights_and_optimizer(loop: Loop, path: Path, state: dict, changed: set[str]) -> None:

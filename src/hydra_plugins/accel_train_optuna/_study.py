@@ -68,7 +68,8 @@ def run_search(sweeper: Any, arguments: list[str]) -> list[JobReturn]:
             "space: rename it to hydra.sweeper.params (same syntax, e.g. `optimizer.lr: "
             "tag(log, interval(1e-4, 1e-2))`)."
         )
-    n_trials, n_jobs = _count(s, "n_trials", 0), _count(s, "n_jobs", 1)
+    # n_trials=0 would run nothing and exit 0 without a word: at least one trial.
+    n_trials, n_jobs = _count(s, "n_trials", 1), _count(s, "n_jobs", 1)
     objectives = _objectives(s.get("objectives"), cfg)
     directions = _directions(s.get("direction"), objectives)
     space = parse_search_space(s.get("params"), arguments)
@@ -160,7 +161,10 @@ def _plain(value: Any) -> Any:
 def _count(s: dict[str, Any], key: str, minimum: int) -> int:
     value = s.get(key)
     if not isinstance(value, int) or value < minimum:
-        raise UserError(f"hydra.sweeper.{key}={value!r} must be an integer >= {minimum}.")
+        raise UserError(
+            f"hydra.sweeper.{key}={value!r} must be an integer >= {minimum}, e.g. "
+            f"`hydra.sweeper.{key}={max(minimum, 4)}`."
+        )
     return value
 
 
