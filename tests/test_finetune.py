@@ -402,3 +402,40 @@ def test_lora_on_the_builtin_gpt_from_its_own_checkpoint(run_cli, tmp_path):
     )
     check_ok(sample)
     assert any(line.startswith("def") for line in sample.stdout.splitlines())
+
+
+TEXT_DATA = """
+import torch
+from torch.utils.data import TensorDataset
+
+
+def build(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 300, (48, 12), generator=g)
+    return TensorDataset(ids, (ids[:, 0] > 150).long())  # the class: the first token's half
+"""
+
+
+def test_a_text_classifier_from_the_folder_with_a_trained_head(folders, run_cli, tmp_path):
+    """model.head=sequence_classification on token-id items of the user's own dataset: the
+    classes come from the data, the fresh head is trained in full beside the adapters (and
+    kept in the checkpoint), and accel-eval rebuilds the same model."""
+    (tmp_path / "textdata.py").write_text(TEXT_DATA)
+    run_dir = tmp_path / "run"
+    args = [
+        "model=hf",
+        f"model.path={folders['model']}",
+        "model.head=sequence_classification",
+        "dataset=custom",
+        "dataset._target_=textdata.build",
+        "lora.rank=2",
+        "loader.batch_size=8",
+        "trainer.max_steps=4",
+        "trainer.progress=none",
+        "logger=none",
+    ]
+    check_ok(run_cli([*args, f"hydra.run.dir={run_dir}"]))
+    keys = load_checkpoint(run_dir / "checkpoints" / "last.pt")["model"]
+    assert tuple(keys["hf.score.weight"].shape) == (2, 64)  # 2 classes counted from the data
+    assert {k for k in keys if ".lora_" not in k} == {"hf.score.weight", "lora_base_fingerprint"}
+    assert any("val/acc" in row for row in read_jsonl(run_dir / "metrics.jsonl"))

@@ -148,12 +148,15 @@ def _from_user(made: Any, ds: DictConfig) -> Splits:
         )
         num_classes = len(classes) if classes else _counted_classes((train, val, test), target)
     sample, _ = _item(train, 0, "train", target)
-    if sample.dim() != 3:
+    token_ids = sample.dim() == 1 and not sample.is_floating_point() and sample.dtype != torch.uint8
+    if sample.dim() != 3 and not token_ids:
         raise UserError(
-            f"dataset._target_={target}: inputs must be image tensors [C, H, W]; the first "
-            f"training input has shape {tuple(sample.shape)}."
+            f"dataset._target_={target}: inputs must be image tensors [C, H, W] or token ids "
+            f"[T] (integers, for a text classifier such as model=hf "
+            f"model.head=sequence_classification); the first training input has shape "
+            f"{tuple(sample.shape)} ({sample.dtype})."
         )
-    c, _, size = sample.shape
+    c, _, size = sample.shape if not token_ids else (0, 0, 0)
     return Splits(
         train,
         val,

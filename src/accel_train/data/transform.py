@@ -1,8 +1,9 @@
 """The batch transform on the device: uint8 images -> augmented, normalised float batch.
 
 Float inputs (a user's dataset that normalises itself) are only cast to the compute dtype and
-memory format. Random augmentation is seeded by (seed, epoch, batch, rank), not by a running
-RNG, so a mid-epoch resume gives the same crops.
+memory format; integer inputs other than uint8 (token ids) pass unchanged. Random augmentation
+is seeded by (seed, epoch, batch, rank), not by a running RNG, so a mid-epoch resume gives the
+same crops.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class BatchTransform:
                 gen.manual_seed(hash((self.seed, epoch, batch, self.rank)) & 0x7FFF_FFFF_FFFF)
                 images = self._augment(images, gen)
             x = torch.addcmul(self.bias, images.float(), self.scale)
+        elif not images.is_floating_point():
+            return images  # token ids (a text classifier's input): ids, not values to cast
         else:
             x = images
         return x.to(self.dtype, memory_format=self.memory_format)

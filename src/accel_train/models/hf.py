@@ -106,6 +106,8 @@ class HFModel(nn.Module):
         # The blocks FSDP shards one by one and activation checkpointing wraps.
         self.block_classes = tuple(getattr(hf, "_no_split_modules", None) or ())
         self.block_size = int(getattr(hf.config, "max_position_embeddings", 0) or 0)
+        # A classification head is new over the pretrained body: LoRA trains it in full.
+        self.fresh_head = "hf.score" if head == "sequence_classification" else None
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None):
         if self.head == "sequence_classification":

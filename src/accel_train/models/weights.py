@@ -106,6 +106,8 @@ def load_weights(model: nn.Module, path: str) -> None:
     else:
         log.info("model.weights: loaded %s (%d tensors)", path, len(own))
     model.load_state_dict({**state, **{k: own[k] for k in replaced}})  # the fresh head kept
+    if replaced:  # LoRA trains a fresh head in full (techniques/lora.py)
+        model.fresh_head = replaced[0].rsplit(".", 1)[0]
 
 
 def freeze(model: nn.Module, patterns: list[str]) -> int:

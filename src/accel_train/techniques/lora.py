@@ -6,6 +6,10 @@ other part of the run (the task, DDP/FSDP, compile, the checkpoint) sees an ordi
 `lora.base_dtype=nf4` stores the targeted base weights as torchao's NF4Tensor (QLoRA): 4 bits per
 weight plus a scale per 64, dequantized block by block in the forward.
 
+A head built fresh over the pretrained weights (`model.head=sequence_classification`, or a
+classifier whose shape `model.weights` replaced: the model's `fresh_head`) is trained in full
+beside the adapters, as PEFT's `modules_to_save` does.
+
 What a checkpoint holds (hooks on the model, so the loop's save, DCP, resume, accel-eval,
 accel-sample and accel-export all follow the same rule), when the base is read from a file
 (`model=hf`'s `model.path`, `model.weights`): the trainable parameters (the adapters, and any
@@ -127,8 +131,12 @@ def apply_lora(model: nn.Module, cfg: DictConfig, keep_base: bool = False) -> nn
             '[hf]"`.'
         ) from None
     names = target_modules(model, list(cfg.target))
-    for p in model.parameters():  # the whole base frozen, the adapters alone trained
+    for p in model.parameters():  # the whole base frozen, the adapters alone trained...
         p.requires_grad_(False)
+    head = getattr(model, "fresh_head", None)
+    names = [n for n in names if n != head]
+    if head:  # (a fresh head is trained, so not part of the base's fingerprint)
+        model.get_submodule(head).requires_grad_(True)
     fingerprint = base_fingerprint(model)
     saved = _quantize_nf4(model, names) if cfg.base_dtype == "nf4" else 0
     config = LoraConfig(
@@ -137,7 +145,9 @@ def apply_lora(model: nn.Module, cfg: DictConfig, keep_base: bool = False) -> nn
         lora_dropout=float(cfg.dropout),
         target_modules=names,
     )
-    inject_adapter_in_model(config, model)
+    inject_adapter_in_model(config, model)  # (which leaves only the adapters trainable)
+    if head:  # ...but a head built fresh over the pretrained body (PEFT's modules_to_save)
+        model.get_submodule(head).requires_grad_(True)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     for n, p in model.named_parameters():
         if "lora_" in n and dtype is not None:
