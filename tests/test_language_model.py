@@ -218,7 +218,7 @@ def test_resume_on_data_tokenized_again_with_other_ids_is_refused(lm_run, tmp_pa
     refused naming both, unless resume_new_tokenizer=true."""
     cwd, _ = lm_run
     shutil.copytree(cwd / "run", tmp_path / "run")
-    (tmp_path / "other.txt").write_text(TEXT.translate(str.maketrans("def", "abc")))
+    (tmp_path / "other.txt").write_text(TEXT.translate(str.maketrans("def", "DEF")))
     check_ok(run_cli(["tokenize", "input=other.txt", "out=tokens"], tmp_path, prog="accel-data"))
     old = json.loads((cwd / "tokens/meta.json").read_text())
     new = json.loads((tmp_path / "tokens/meta.json").read_text())
