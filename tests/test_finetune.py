@@ -439,3 +439,23 @@ def test_a_text_classifier_from_the_folder_with_a_trained_head(folders, run_cli,
     assert tuple(keys["hf.score.weight"].shape) == (2, 64)  # 2 classes counted from the data
     assert {k for k in keys if ".lora_" not in k} == {"hf.score.weight", "lora_base_fingerprint"}
     assert any("val/acc" in row for row in read_jsonl(run_dir / "metrics.jsonl"))
+
+
+def test_fresh_weights_and_bf16_true(folders, run_cli, tmp_path):
+    """model.pretrained=false builds the folder's architecture with fresh weights (the base is
+    then kept in checkpoints); precision=bf16_true loads and trains in bf16."""
+    fresh = tmp_path / "fresh"
+    args = [*_sft(folders, "trainer.max_steps=2"), "model.pretrained=false"]
+    proc = run_cli([*args, f"hydra.run.dir={fresh}"])
+    check_ok(proc)
+    assert "checkpoints keep it" in proc.stdout + proc.stderr
+    keys = load_checkpoint(fresh / "checkpoints" / "last.pt")["model"]
+    assert "hf.model.embed_tokens.weight" in keys  # the fresh base, which no file holds
+    bf16 = tmp_path / "bf16"
+    check_ok(
+        run_cli(
+            [*_sft(folders, "trainer.max_steps=2"), "precision=bf16_true", f"hydra.run.dir={bf16}"]
+        )
+    )
+    adapters = load_checkpoint(bf16 / "checkpoints" / "last.pt")["model"]
+    assert {v.dtype for k, v in adapters.items() if ".lora_" in k} == {torch.bfloat16}
