@@ -91,19 +91,9 @@ def sample_checkpoint(scfg: DictConfig, texts: dict[str, str] | None = None) -> 
             block_size,
             block_size,
         )
-    generator = torch.Generator(device=device).manual_seed(scfg.seed)
     start = torch.tensor([ids] * scfg.num_samples, dtype=torch.long, device=device)
     with precision.autocast():
-        out = generate(
-            model,
-            start,
-            scfg.max_new_tokens,
-            block_size=block_size,
-            temperature=scfg.temperature,
-            top_k=scfg.top_k or None,
-            top_p=scfg.top_p,
-            generator=generator,
-        )
+        out = _sampled(model, start, scfg, block_size)
     return _show([tokenizer.decode(row.tolist()) for row in out], scfg)
 
 
@@ -153,20 +143,25 @@ def _sample_chat_model(
             )
         else:
             block = int(cfg.model.get("block_size") or 0) or start.shape[1] + scfg.max_new_tokens
-            generator = torch.Generator(device=device).manual_seed(scfg.seed)
-            out = generate(
-                model,
-                start,
-                scfg.max_new_tokens,
-                block_size=block,
-                temperature=scfg.temperature,
-                top_k=scfg.top_k or None,
-                top_p=scfg.top_p,
-                generator=generator,
-            )
+            out = _sampled(model, start, scfg, block)
     # chat: the assistant's reply alone; otherwise the prompt and its continuation.
     rows = [row[len(ids) :] if scfg.chat else row for row in out]
     return _show([tok.decode(row.tolist(), skip_special_tokens=True) for row in rows], scfg)
+
+
+def _sampled(model, start: torch.Tensor, scfg: DictConfig, block_size: int) -> torch.Tensor:
+    """`generate` with the command's sampling keys and a generator seeded by `seed`."""
+    generator = torch.Generator(device=start.device).manual_seed(scfg.seed)
+    return generate(
+        model,
+        start,
+        scfg.max_new_tokens,
+        block_size=block_size,
+        temperature=scfg.temperature,
+        top_k=scfg.top_k or None,
+        top_p=scfg.top_p,
+        generator=generator,
+    )
 
 
 def _show(texts: list[str], scfg: DictConfig) -> list[str]:
