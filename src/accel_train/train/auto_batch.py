@@ -165,7 +165,7 @@ class _Probe:
         self.transform = BatchTransform(
             cfg.dataset, self.splits, env.device, self.precision.param_dtype, seed=t.seed, rank=0
         )
-        module = build_model(cfg.model, self.splits.data_args)
+        module = build_model(cfg.model, self.splits.data_args, self.precision.param_dtype)
         module = module.to(env.device, dtype=self.precision.param_dtype)
         ctx = TaskContext(
             cfg,
@@ -185,8 +185,11 @@ class _Probe:
             if technique.order < PARALLEL:  # what changes memory; no wrap, no compile
                 module = technique.transform(module, build_ctx)
         self.model = module.train()
-        self.optimizer = build_optimizer(
-            module.parameters(), cfg.optimizer, cfg.optimizer.lr, env.device
+        self.optimizer = build_optimizer(  # (frozen parameters: no state, as in training)
+            [p for p in module.parameters() if p.requires_grad],
+            cfg.optimizer,
+            cfg.optimizer.lr,
+            env.device,
         )
         self.scaler = self.precision.grad_scaler()
 
