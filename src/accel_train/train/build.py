@@ -261,17 +261,7 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
             module, techniques, cfg, env, transform, sample, task, batch
         )
 
-    lr = scaled_lr(cfg.optimizer, global_batch)
-    # Frozen parameters (model.freeze, a LoRA base) get no optimizer state.
-    trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(trained, cfg.optimizer, lr, env.device)
-    scheduler = build_scheduler(
-        optimizer,
-        cfg.scheduler,
-        total_steps,
-        lr / cfg.optimizer.lr,
-        cut_short=cut_short(cfg.trainer.limit_train_batches),
-    )
+    optimizer, scheduler = optimizer_and_schedule(model, cfg, env, global_batch, total_steps)
     return Components(
         splits=splits,
         train_loader=train_loader,
@@ -292,6 +282,24 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
         global_batch=global_batch,
         pipeline=pipeline,
     )
+
+
+def optimizer_and_schedule(
+    model: nn.Module, cfg: DictConfig, env: DistEnv, global_batch: int, total_steps: int
+) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer over the trained parameters (frozen ones, model.freeze or a LoRA base, get
+    no state) at the batch-scaled lr, and its per-step schedule."""
+    lr = scaled_lr(cfg.optimizer, global_batch)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(trained, cfg.optimizer, lr, env.device)
+    scheduler = build_scheduler(
+        optimizer,
+        cfg.scheduler,
+        total_steps,
+        lr / cfg.optimizer.lr,
+        cut_short=cut_short(cfg.trainer.limit_train_batches),
+    )
+    return optimizer, scheduler
 
 
 def apply_transforms(
