@@ -45,6 +45,7 @@ REFUSED = {
     # Fine-tuning needs a model folder and records on disk (tests/test_finetune.py runs them).
     "model=hf": "model.path",
     "dataset=sft": "dataset.path",
+    "dataset=streaming_sft": "dataset.remote",
     "+experiment=sft_lora": ".path",
 }
 # Trackers that are optional extras are refused, naming the extra, where not installed.

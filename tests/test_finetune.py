@@ -176,19 +176,64 @@ def test_packed_and_unpacked_rows_score_the_same(folders, run_cli, tmp_path):
     assert abs(_val_loss(runs["true"]) - _val_loss(runs["false"])) < 1e-5
 
 
-def test_qlora_nf4_base_trains(folders, run_cli, tmp_path):
+def test_sharded_records_stream_like_the_file(folders, run_cli, tmp_path):
+    """`accel-data shard dataset=sft` writes the rows dataset=sft builds; dataset=streaming_sft
+    scores them the same (the same validation rows), resumes exactly mid-epoch, and refuses a
+    model folder whose tokenizer differs from the one the rows were made with."""
+    shards = tmp_path / "shards"
+    shard = [
+        "shard",
+        "dataset=sft",
+        f"dataset.path={folders['train']}",
+        f"dataset.val_path={folders['val']}",
+        f"dataset.tokenizer={folders['model']}",
+        "dataset.max_length=96",
+        f"out={shards}",
+    ]
+    check_ok(run_cli(shard, prog="accel-data"))
+    stream = [*SFT, f"model.path={folders['model']}", "dataset=streaming_sft"]
+    stream.append(f"dataset.remote={shards}")
+    untrained = ["optimizer.lr=1e-9", "trainer.max_steps=1", "dataset.pack=false"]
+    runs = {kind: tmp_path / kind for kind in ("file", "stream", "whole", "resumed")}
+    check_ok(run_cli([*_sft(folders, *untrained), f"hydra.run.dir={runs['file']}"]))
+    check_ok(run_cli([*stream, *untrained, f"hydra.run.dir={runs['stream']}"]))
+    assert abs(_val_loss(runs["file"]) - _val_loss(runs["stream"])) < 1e-5
+
+    six = [*stream, "trainer.max_steps=6"]
+    check_ok(run_cli([*six, f"hydra.run.dir={runs['whole']}"]))
+    first = [*six, "trainer.max_steps=3", "trainer.ckpt_every_n_steps=3"]
+    check_ok(run_cli([*first, f"hydra.run.dir={runs['resumed']}"]))
+    check_ok(run_cli([*six, "resume=auto", f"hydra.run.dir={runs['resumed']}"]))
+    whole = load_checkpoint(runs["whole"] / "checkpoints" / "last.pt")
+    resumed = load_checkpoint(runs["resumed"] / "checkpoints" / "last.pt")
+    assert resumed["progress"]["step"] == 6
+    for k, v in whole["model"].items():
+        assert torch.equal(resumed["model"][k], v), k
+
+    no_template = write_tiny_llama(tmp_path / "no-template", chat_template=None)
+    proc = run_cli([*six, f"model.path={no_template}", f"hydra.run.dir={tmp_path / 'other'}"])
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "was tokenized with the tokenizer of" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("base_dtype", ["nf4", "int8"])
+def test_quantized_base_trains_and_exports(base_dtype, folders, run_cli, tmp_path):
+    """QLoRA (nf4) and an int8 base: the adapters train and alone are checkpointed, and
+    format=hf folds them into a dequantized base (its logits checked by the export itself)."""
+    run = tmp_path / "q"
     proc = run_cli(
-        [
-            *_sft(folders),
-            "lora.base_dtype=nf4",
-            "trainer.max_steps=3",
-            f"hydra.run.dir={tmp_path / 'q'}",
-        ]
+        [*_sft(folders), f"lora.base_dtype={base_dtype}", "trainer.max_steps=3"]
+        + [f"hydra.run.dir={run}"]
     )
     check_ok(proc)
-    assert "base stored as NF4" in proc.stdout + proc.stderr
-    keys = load_checkpoint(tmp_path / "q" / "checkpoints" / "last.pt")["model"]
-    assert all("lora_" in k for k in keys)
+    assert f"base stored as {base_dtype}" in proc.stdout + proc.stderr
+    keys = load_checkpoint(run / "checkpoints" / "last.pt")["model"]
+    assert keys and all("lora_" in k for k in keys)
+    out = tmp_path / "merged"
+    args = [f"ckpt_path={run / 'checkpoints' / 'last.pt'}", "format=hf", f"out_path={out}"]
+    check_ok(run_cli(args, prog="accel-export"))
+    card = json.loads((out / "accel_export.json").read_text())
+    assert card["lora_merged"] and card["max_abs_diff"] < 1e-4
 
 
 def test_export_hf_reloads_in_transformers_and_samples_the_same(folders, reference, run_cli):
@@ -310,6 +355,8 @@ def test_resnet18_weights_replaced_head_and_frozen_stem(run_cli, tmp_path):
         "pickle_weights",
         "bad_target",
         "pack_gpt",
+        "quantized_fresh_base",
+        "shard_without_tokenizer",
     ],
 )
 def test_bad_inputs_are_one_paragraph(case, folders, run_cli, tmp_path):
@@ -322,7 +369,10 @@ def test_bad_inputs_are_one_paragraph(case, folders, run_cli, tmp_path):
         "pickle_weights": "safetensors",
         "bad_target": "lora.target",
         "pack_gpt": "dataset.pack=false",
+        "quantized_fresh_base": "model.weights=<file>",
+        "shard_without_tokenizer": "dataset.tokenizer=",
     }[case]
+    prog = "accel-train"
     if case == "hub_id":
         args.append("model.path=Qwen/Qwen2.5-0.5B")
     elif case == "bad_record":
@@ -354,7 +404,12 @@ def test_bad_inputs_are_one_paragraph(case, folders, run_cli, tmp_path):
             "model.n_embd=32",
             f"dataset.tokenizer={folders['model']}",
         ]
-    proc = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"])
+    elif case == "quantized_fresh_base":  # a base initialised by the run cannot be re-read
+        args += ["model.pretrained=false", "lora.base_dtype=int8"]
+    elif case == "shard_without_tokenizer":
+        prog, args = "accel-data", ["shard", "dataset=sft", f"dataset.path={folders['train']}"]
+        args.append(f"out={tmp_path / 'shards'}")
+    proc = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"], prog=prog)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert expect in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 

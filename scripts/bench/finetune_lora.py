@@ -16,7 +16,7 @@ Nothing is downloaded. The script builds, in a temporary folder:
    dataset=sft rows and loader, so both sides take the same steps), the same validation at the
    end. Wall time launch to exit, and the final validation loss of each side.
 2. Memory: peak RSS of `accel-train` training the larger model (--mem-*) for a few steps with
-   every weight trained (lora.rank=0), LoRA, and QLoRA (lora.base_dtype=nf4).
+   every weight trained (lora.rank=0), LoRA, QLoRA (lora.base_dtype=nf4) and an int8 base.
 3. Packing: real (non-padding) training tokens per second of one epoch, dataset.pack=false vs
    true.
 
@@ -315,6 +315,7 @@ def memory(a, root: Path, text: str, train: Path, val: Path) -> None:
         ("full fine-tuning (every weight trained)", ["lora.rank=0"]),
         ("LoRA rank 16", ["lora.rank=16"]),
         ("QLoRA rank 16 (nf4 base)", ["lora.rank=16", "lora.base_dtype=nf4"]),
+        ("LoRA rank 16 on an int8 base", ["lora.rank=16", "lora.base_dtype=int8"]),
     ):
         b = argparse.Namespace(**{**vars(a), "steps": a.mem_steps, "warmup": 0, "rank": 16})
         args = [*accel_args(b, big, train, val), *extra]

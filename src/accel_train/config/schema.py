@@ -149,6 +149,17 @@ class StreamingDatasetConfig(DatasetConfig):
 
 
 @dataclass
+class StreamingSftDatasetConfig(DatasetConfig):
+    remote: str = MISSING
+    tokenizer: str | None = None
+    local: str | None = None
+    cache_limit: str = "20gb"
+    ignore_index: int = -100
+    max_length: int | None = None
+    pack: bool | None = None
+
+
+@dataclass
 class StreamingTokensDatasetConfig(DatasetConfig):
     remote: str = MISSING
     local: str | None = None
@@ -660,6 +671,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "image_folder": ImageFolderDatasetConfig,
         "tokens": TokensDatasetConfig,
         "sft": SftDatasetConfig,
+        "streaming_sft": StreamingSftDatasetConfig,
         "streaming": StreamingDatasetConfig,
         "streaming_tokens": StreamingTokensDatasetConfig,
         "custom": DatasetConfig,

@@ -25,6 +25,7 @@ loader's seeded order then makes resume exact mid-epoch.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -248,10 +249,54 @@ def sft_splits(
 ) -> Splits:
     """The instruction splits (see the module docstring); `tokenizer`: the model folder whose
     tokenizer and chat template render the records."""
+    rows, tok = encode_rows(
+        path,
+        tokenizer,
+        max_length,
+        pack,
+        train_on,
+        ignore_index,
+        val_path,
+        test_path,
+        val_fraction,
+        seed,
+    )
+    return Splits(
+        rows["train"],
+        rows["val"],
+        rows.get("test"),
+        in_channels=0,
+        image_size=0,
+        num_classes=0,
+        model_args={"vocab_size": len(tok)},
+        only_task="language_model",
+    )
+
+
+def encode_rows(
+    path: str,
+    tokenizer: str,
+    max_length: int,
+    pack: bool,
+    train_on: str,
+    ignore_index: int,
+    val_path: str | None,
+    test_path: str | None,
+    val_fraction: float,
+    seed: int,
+) -> tuple[dict[str, SFTRows], Any]:
+    """{split: rows} and the tokenizer: what `dataset=sft` trains on and what `accel-data shard
+    dataset=sft` writes, row for row, for `dataset=streaming_sft`."""
     if train_on not in TRAIN_ON:
         raise UserError(f"dataset.train_on={train_on}: must be one of {', '.join(TRAIN_ON)}.")
     if max_length < 2:
         raise UserError(f"dataset.max_length={max_length}: must be at least 2 tokens.")
+    if not tokenizer:
+        raise UserError(
+            "dataset.tokenizer is not set: name the model folder whose tokenizer and chat "
+            "template render the records (model=hf sets it to model.path), e.g. "
+            "`dataset.tokenizer=/models/qwen2.5-0.5b`."
+        )
     tok = load_tokenizer(tokenizer)
     encoder = Encoder(tok, tokenizer, train_on)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
@@ -285,16 +330,18 @@ def sft_splits(
             length = max(len(x) for x, _ in pairs)
         out[name] = build_rows(pairs, length, pad_id, ignore_index, pack)
     _report(sets, out, pack, max_length)
-    return Splits(
-        out["train"],
-        out["val"],
-        out.get("test"),
-        in_channels=0,
-        image_size=0,
-        num_classes=0,
-        model_args={"vocab_size": len(tok)},
-        only_task="language_model",
-    )
+    return out, tok
+
+
+def tokenizer_fingerprint(tok: Any) -> str:
+    """A hash of what turns records into ids (the vocabulary, the special tokens, the chat
+    template): rows tokenized by one tokenizer are refused by a model folder with another."""
+    described = {
+        "vocab": sorted(tok.get_vocab().items()),
+        "special": [tok.bos_token_id, tok.eos_token_id, tok.pad_token_id],
+        "template": getattr(tok, "chat_template", None),
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _encode_file(

@@ -218,6 +218,11 @@ def s3_error(err: Exception, url: str, key: str) -> UserError:
 KINDS = {
     "image_folder": ("image", "dataset=image_folder dataset.root=<image folder>", "streaming"),
     "tokens": ("token", "dataset=tokens dataset.path=<token folder>", "streaming_tokens"),
+    "sft": (
+        "instruction",
+        "dataset=sft dataset.path=<records> dataset.tokenizer=<model folder>",
+        "streaming_sft",
+    ),
 }
 
 

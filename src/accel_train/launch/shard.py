@@ -34,6 +34,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from accel_train.data.image_folder import scan_folder
+from accel_train.data.sft import encode_rows, tokenizer_fingerprint
 from accel_train.data.splits import held_out_indices
 from accel_train.data.streaming import (
     META,
@@ -49,6 +50,7 @@ from accel_train.data.streaming import (
     split_url,
     storage_options,
 )
+from accel_train.data.streaming_sft import row_item
 from accel_train.data.tokenizer import TOKENIZER_FILE
 from accel_train.data.tokenizer import read_meta as read_token_meta
 from accel_train.data.tokens import token_count, token_folder
@@ -84,11 +86,14 @@ def shard(cfg: DictConfig) -> str:
     require_litdata()
     if ds.get("name") == "tokens":
         return _shard_tokens(cfg, out)
+    if ds.get("name") == "sft":
+        return _shard_sft(cfg, out)
     if ds.get("name") != "image_folder":
         raise UserError(
             f"dataset={ds.get('name')}: accel-data shard writes image folders "
-            "(dataset=image_folder dataset.root=<folder>) and token folders (dataset=tokens "
-            "dataset.path=<folder>)."
+            "(dataset=image_folder dataset.root=<folder>), token folders (dataset=tokens "
+            "dataset.path=<folder>) and instruction records (dataset=sft dataset.path=<file> "
+            "dataset.tokenizer=<model folder>)."
         )
     root = Path(str(ds.root)).expanduser()
     if not root.is_dir():
@@ -181,6 +186,48 @@ def _shard_tokens(cfg: DictConfig, out: str) -> str:
     _write(cfg, out, read_tokens, inputs, meta, TokensLoader(), (folder, "dataset.path"))
     counts = ", ".join(f"{v['tokens']:,} {k}" for k, v in splits.items())
     print(f"accel-data: {counts} tokens (vocabulary {folder_meta['vocab_size']:,}) -> {out}/")
+    return out
+
+
+def _shard_sft(cfg: DictConfig, out: str) -> str:
+    """Instruction records -> the rows `dataset=sft` would train on (tokenized, masked, cut and
+    packed by data/sft.py), one shard item a row, for `dataset=streaming_sft`."""
+    ds = cfg.dataset
+    # Training resolves these from trainer.seed and the task; a shard config has neither.
+    seed = OmegaConf.select(ds, "seed", default=0, throw_on_resolution_failure=False)
+    ignore = OmegaConf.select(ds, "ignore_index", default=-100, throw_on_resolution_failure=False)
+    tokenizer = OmegaConf.select(ds, "tokenizer", default=None, throw_on_resolution_failure=False)
+    rows, tok = encode_rows(
+        str(ds.path),
+        tokenizer,
+        int(ds.max_length),
+        bool(ds.pack),
+        str(ds.train_on),
+        int(ignore),
+        ds.val_path,
+        ds.test_path,
+        float(ds.val_fraction),
+        int(seed),
+    )
+    inputs = {name: list(split.rows) for name, split in rows.items()}
+    meta = {
+        "format": META_FORMAT,
+        "kind": "sft",
+        "source": str(Path(str(ds.path)).expanduser().absolute()),
+        "sft": {
+            "tokenizer": str(Path(str(tokenizer)).expanduser().absolute()),
+            "tokenizer_fingerprint": tokenizer_fingerprint(tok),
+            "vocab_size": len(tok),
+            "max_length": int(ds.max_length),
+            "pack": bool(ds.pack),
+            "train_on": str(ds.train_on),
+            "ignore_index": int(ignore),
+        },
+        "splits": {name: {"samples": len(items)} for name, items in inputs.items()},
+    }
+    _write(cfg, out, row_item, inputs, meta, None, (Path(str(ds.path)), "dataset.path"))
+    counts = ", ".join(f"{len(v):,} {k}" for k, v in inputs.items())
+    print(f"accel-data: {counts} rows ({'packed' if ds.pack else 'one record a row'}) -> {out}/")
     return out
 
 

@@ -4,7 +4,9 @@ PEFT's `inject_adapter_in_model` swaps each targeted `nn.Linear` for its LoRA la
 base weight frozen, `lora_A`/`lora_B` trained); the model keeps its class and forward, so every
 other part of the run (the task, DDP/FSDP, compile, the checkpoint) sees an ordinary module.
 `lora.base_dtype=nf4` stores the targeted base weights as torchao's NF4Tensor (QLoRA): 4 bits per
-weight plus a scale per 64, dequantized block by block in the forward.
+weight plus a scale per 64, dequantized block by block in the forward. `lora.base_dtype=int8`
+stores them as torchao's Int8Tensor (weight-only int8, a scale per output row; PEFT wraps such a
+layer in its TorchaoLoraLinear).
 
 A head built fresh over the pretrained weights (`model.head=sequence_classification`, or a
 classifier whose shape `model.weights` replaced: the model's `fresh_head`) is trained in full
@@ -30,6 +32,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import logging
+import warnings
 
 import torch
 from omegaconf import DictConfig
@@ -41,7 +44,7 @@ from accel_train.techniques import PREPARE, BuildContext, Technique
 log = logging.getLogger("accel_train")
 
 FINGERPRINT = "lora_base_fingerprint"
-BASE_DTYPES = (None, "nf4")
+BASE_DTYPES = (None, "nf4", "int8")
 NF4_BLOCK = 64  # weights per NF4 scale (QLoRA's)
 
 
@@ -83,28 +86,41 @@ def base_fingerprint(model: nn.Module) -> torch.Tensor:
     return torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8).clone()
 
 
-def _quantize_nf4(model: nn.Module, names: list[str]) -> int:
-    """The targeted layers' base weights as NF4 (those whose size NF4's blocks divide); returns
-    the bytes saved."""
-    try:
-        from torchao.quantization import to_nf4  # the quant extra; only for base_dtype=nf4
+def _quantize_base(model: nn.Module, names: list[str], dtype: str) -> int:
+    """The targeted layers' base weights as NF4 or int8 (torchao); returns the bytes saved."""
+    try:  # the quant extra; only for a quantized base
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_, to_nf4
     except ImportError:
         raise UserError(
-            "lora.base_dtype=nf4 stores the base weights with torchao's NF4Tensor, and torchao "
-            'is not installed: `pip install "accel-train[quant]"`.'
+            f"lora.base_dtype={dtype} stores the base weights with torchao, and torchao is not "
+            'installed: `pip install "accel-train[quant]"`.'
         ) from None
     saved = 0
     for name in names:
         layer = model.get_submodule(name)
         w = layer.weight
+        if dtype == "int8":  # int8 values plus a scale per output row
+            quantize_(layer, Int8WeightOnlyConfig())  # the layer's weight, in place
+            saved += w.numel() * (w.element_size() - 1) - w.shape[0] * w.element_size()
+            continue
         blocks = w.numel() // NF4_BLOCK
         if w.numel() % NF4_BLOCK or blocks == 0:
-            continue
+            continue  # NF4's blocks must divide the weight: this one stays as it is
         scaler_block = next(b for b in (256, 128, 64, 32, 16, 8, 4, 2, 1) if blocks % b == 0)
         q = to_nf4(w.detach(), block_size=NF4_BLOCK, scaler_block_size=scaler_block)
         saved += w.numel() * w.element_size() - w.numel() // 2
         layer.weight = nn.Parameter(q, requires_grad=False)
     return saved
+
+
+def _dense(weight: torch.Tensor) -> torch.Tensor:
+    """A quantized base weight (NF4Tensor, Int8Tensor) back to fp32; a dense one as it is."""
+    kind = type(weight).__name__
+    if kind == "NF4Tensor":
+        return weight.get_original_weight().to(torch.float32)
+    if kind != "Tensor" and hasattr(weight, "dequantize"):
+        return weight.dequantize().to(torch.float32)
+    return weight
 
 
 def base_is_reloadable(model_cfg: DictConfig) -> bool:
@@ -120,8 +136,16 @@ def apply_lora(model: nn.Module, cfg: DictConfig, keep_base: bool = False) -> nn
     checkpoints hold the frozen base too (it is not read from a file)."""
     if cfg.base_dtype not in BASE_DTYPES:
         raise UserError(
-            f"lora.base_dtype={cfg.base_dtype}: must be null (the run's precision) or nf4 "
-            "(QLoRA: 4-bit NormalFloat base weights)."
+            f"lora.base_dtype={cfg.base_dtype}: must be null (the run's precision), nf4 "
+            "(QLoRA: 4-bit NormalFloat base weights) or int8 (8-bit base weights)."
+        )
+    if cfg.base_dtype and keep_base:
+        raise UserError(
+            f"lora.base_dtype={cfg.base_dtype} quantizes a pretrained base that the run reads "
+            "from a file (model=hf's model.path, or model.weights), and this model's weights "
+            "are initialised by the run itself, so its checkpoints would have to keep the "
+            "quantized base (a tensor type a safe load refuses). Load pretrained weights with "
+            "`model.weights=<file>`, or drop lora.base_dtype."
         )
     try:
         from peft import LoraConfig, inject_adapter_in_model  # the hf extra
@@ -138,14 +162,16 @@ def apply_lora(model: nn.Module, cfg: DictConfig, keep_base: bool = False) -> nn
     if head:  # (a fresh head is trained, so not part of the base's fingerprint)
         model.get_submodule(head).requires_grad_(True)
     fingerprint = base_fingerprint(model)
-    saved = _quantize_nf4(model, names) if cfg.base_dtype == "nf4" else 0
+    saved = _quantize_base(model, names, cfg.base_dtype) if cfg.base_dtype else 0
     config = LoraConfig(
         r=int(cfg.rank),
         lora_alpha=float(cfg.alpha),
         lora_dropout=float(cfg.dropout),
         target_modules=names,
     )
-    inject_adapter_in_model(config, model)  # (which leaves only the adapters trainable)
+    with warnings.catch_warnings():  # an int8 base's "cannot merge": merge_lora merges it
+        warnings.filterwarnings("ignore", message=".*get_apply_tensor_subclass")
+        inject_adapter_in_model(config, model)  # (which leaves only the adapters trainable)
     if head:  # ...but a head built fresh over the pretrained body (PEFT's modules_to_save)
         model.get_submodule(head).requires_grad_(True)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
@@ -164,7 +190,7 @@ def apply_lora(model: nn.Module, cfg: DictConfig, keep_base: bool = False) -> nn
         len(names),
         ", ".join(sorted({n.rsplit(".", 1)[-1] for n in names})),
         f"{trained:,}",
-        f"; base stored as NF4 ({saved / 2**20:.1f} MiB saved)" if saved else "",
+        f"; base stored as {cfg.base_dtype} ({saved / 2**20:.1f} MiB saved)" if saved else "",
     )
     if keep_base:
         log.info(
@@ -234,19 +260,20 @@ def lora_for_run(model: nn.Module, cfg: DictConfig) -> nn.Module:
 
 
 def merge_lora(model: nn.Module) -> nn.Module:
-    """The adapters folded into their base weights (an NF4 base dequantized first), each LoRA
-    layer replaced by its plain Linear, the fingerprint buffer dropped: the architecture as it
-    was built, for export."""
-    from peft.tuners.lora import LoraLayer  # the hf extra (a LoRA checkpoint needs it anyway)
+    """The adapters folded into their base weights (a quantized base dequantized first), each
+    LoRA layer replaced by its plain Linear, the fingerprint buffer dropped: the architecture as
+    it was built, for export."""
+    # the hf extra (a LoRA checkpoint needs it anyway)
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
 
     for name, layer in list(model.named_modules()):
         if not isinstance(layer, LoraLayer):
             continue
         base = layer.get_base_layer()
-        if type(base.weight).__name__ == "NF4Tensor":
-            dense = base.weight.get_original_weight().to(torch.float32)
-            base.weight = nn.Parameter(dense, requires_grad=False)
-        layer.merge()
+        base.weight = nn.Parameter(_dense(base.weight), requires_grad=False)
+        # PEFT's int8 layer would quantize the merged weight again: merged as a plain Linear
+        LoraLinear.merge(layer) if isinstance(layer, LoraLinear) else layer.merge()
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, base)
     if FINGERPRINT in model._buffers:
