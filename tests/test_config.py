@@ -111,7 +111,7 @@ def test_compose_validate_instantiate(override, compose_cfg, tmp_path):
 
     global_batch = resolved.loader.batch_size * resolved.trainer.accumulate_grad_batches
     lr = scaled_lr(resolved.optimizer, global_batch)
-    optimizer = build_optimizer(model.parameters(), resolved.optimizer, lr, device)
+    optimizer = build_optimizer(model, resolved.optimizer, lr, device)
     total_steps = max(100, 2 * resolved.scheduler.get("warmup_steps", 0))  # past any warmup
     scheduler = build_scheduler(
         optimizer, resolved.scheduler, total_steps, lr / resolved.optimizer.lr

@@ -1,4 +1,11 @@
-"""Optimizers and learning-rate schedules from torch; schedules step once per optimizer step."""
+"""Optimizers and learning-rate schedules from torch; schedules step once per optimizer step.
+
+`optimizer=muon` is torch's own `torch.optim.Muon` (momentum orthogonalised by Newton-Schulz
+iterations, Jordan et al. 2024) on the hidden weight matrices, and `torch.optim.AdamW` on
+everything else (embeddings, the output head, norms, biases, convolutions), as Muon's authors
+use it. The two run as one optimizer (:class:`MuonWithAdamW`): one list of param groups for the
+schedulers and the GradScaler, one state dict for checkpoints.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +36,18 @@ def scaled_lr(opt_cfg: DictConfig, global_batch: int) -> float:
     return opt_cfg.lr * factor
 
 
-def build_optimizer(params, opt_cfg: DictConfig, lr: float, device: torch.device):
-    params = list(params)
+def build_optimizer(model: torch.nn.Module, opt_cfg: DictConfig, lr: float, device: torch.device):
+    """The optimizer of the model's trained parameters (frozen ones get no state)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if opt_cfg.name == "muon":
+        matrices = hidden_matrices(model)
+        return MuonWithAdamW(
+            [p for p in params if id(p) in matrices],
+            [p for p in params if id(p) not in matrices],
+            opt_cfg,
+            lr,
+            fusable(params) if opt_cfg.fused is None else opt_cfg.fused,
+        )
     fused = opt_cfg.fused if opt_cfg.fused is not None else fusable(params)
     kwargs = {"lr": lr, "weight_decay": opt_cfg.weight_decay, "fused": fused or None}
     if opt_cfg.name == "sgd":
@@ -39,6 +56,83 @@ def build_optimizer(params, opt_cfg: DictConfig, lr: float, device: torch.device
         )
     cls = torch.optim.Adam if opt_cfg.name == "adam" else torch.optim.AdamW
     return cls(params, betas=tuple(opt_cfg.betas), eps=opt_cfg.eps, **kwargs)
+
+
+def hidden_matrices(model: torch.nn.Module) -> set[int]:
+    """ids of the weights Muon updates: every 2-D weight of a Linear layer but the output layer
+    (the last Linear, as LoRA's default leaves it out) and any weight shared with an embedding
+    (a tied head): those, like the embeddings, norms and biases, are AdamW's."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    embedded = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    return {
+        id(m.weight)
+        for m in linears[:-1]
+        if m.weight.ndim == 2 and m.weight.requires_grad and id(m.weight) not in embedded
+    }
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """torch.optim.Muon on `matrices`, torch.optim.AdamW on `others`, as one optimizer. The
+    param groups and the per-parameter state are shared objects: this optimizer's
+    `param_groups` are the two optimizers' group dicts (Muon's first), and all three hold the
+    same `state` dict (their parameters are disjoint). So schedulers, the GradScaler, clipping
+    and checkpoints see one ordinary optimizer, in torch's own state-dict format."""
+
+    def __init__(self, matrices: list, others: list, cfg: DictConfig, lr: float, fused: bool):
+        if not matrices:
+            raise UserError(
+                "optimizer=muon: the model has no hidden weight matrix for Muon to update (it "
+                "updates the 2-D weights of Linear layers other than the output layer; the "
+                "rest go to AdamW). Use `optimizer=adamw` for this model."
+            )
+        scale = lr / cfg.lr  # the linear scaling rule's factor, the same for both
+        self.muon = torch.optim.Muon(
+            matrices,
+            lr=lr,
+            weight_decay=cfg.weight_decay,
+            momentum=cfg.momentum,
+            nesterov=cfg.nesterov,
+            ns_steps=cfg.ns_steps,
+            adjust_lr_fn=cfg.adjust_lr_fn,
+        )
+        self.adamw = torch.optim.AdamW(
+            others or [torch.nn.Parameter(torch.zeros(0))],  # (an optimizer needs a parameter)
+            lr=cfg.adamw_lr * scale,
+            betas=tuple(cfg.betas),
+            eps=cfg.eps,
+            weight_decay=cfg.adamw_weight_decay,
+            fused=fused or None,
+        )
+        self._muon_groups = len(self.muon.param_groups)
+        super().__init__([*self.muon.param_groups, *self.adamw.param_groups], {})
+        self._share()
+
+    def _share(self) -> None:
+        """Point both optimizers at this one's groups and state (again after a load, which
+        replaces them)."""
+        self.muon.param_groups = self.param_groups[: self._muon_groups]
+        self.adamw.param_groups = self.param_groups[self._muon_groups :]
+        self.muon.state = self.adamw.state = self.state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        self.muon.step()
+        self.adamw.step()
+        return loss
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._share()
+
+
+def base_learning_rates(optimizer: torch.optim.Optimizer) -> list[float]:
+    """Each param group's learning rate as build_optimizer set it (before any schedule): what a
+    rebuilt schedule starts from. MuonWithAdamW's two optimizers have one each."""
+    if isinstance(optimizer, MuonWithAdamW):
+        parts = (optimizer.muon, optimizer.adamw)
+        return [o.defaults["lr"] for o in parts for _ in o.param_groups]
+    return [optimizer.defaults["lr"]] * len(optimizer.param_groups)
 
 
 def fusable(params: list) -> bool:

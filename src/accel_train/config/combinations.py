@@ -67,9 +67,30 @@ REFUSED: dict[tuple[str, str], str] = {
 }
 
 
+# (strategy, optimizer) -> why it is refused. torch.optim.Muon orthogonalises each whole weight
+# matrix, which a sharded parameter does not hold on any one rank.
+OPTIMIZER_REFUSED: dict[tuple[str, str], str] = {
+    ("fsdp", "muon"): (
+        "optimizer=muon with strategy=fsdp is not supported: torch.optim.Muon orthogonalises "
+        "each whole weight matrix, and FSDP holds only a shard of it on each rank. Use "
+        "`strategy=ddp` with optimizer=muon, or `optimizer=adamw` with FSDP."
+    ),
+    ("pipeline", "muon"): (
+        "optimizer=muon with strategy=pipeline is not supported: the pipeline's sharded "
+        "checkpoints go through torch.distributed.checkpoint's optimizer state, which "
+        "accel-train's combined Muon + AdamW optimizer is not tested with. Use `strategy=ddp` "
+        "with optimizer=muon, or `optimizer=adamw` with the pipeline."
+    ),
+}
+
+
 def check_strategy_transforms(cfg: DictConfig) -> None:
-    """Refuse a model transform the chosen strategy does not support (the REFUSED table)."""
+    """Refuse a model transform (the REFUSED table) or an optimizer (OPTIMIZER_REFUSED) the
+    chosen strategy does not support."""
     strategy = cfg.strategy.name
+    why = OPTIMIZER_REFUSED.get((strategy, cfg.optimizer.name))
+    if why is not None:
+        raise UserError(why)
     for transform, (_, on) in TRANSFORMS.items():
         why = REFUSED.get((strategy, transform))
         if why is not None and on(cfg):

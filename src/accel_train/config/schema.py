@@ -61,6 +61,11 @@ class GptConfig(ModelConfig):
     n_embd: int = 384
     dropout: float = 0.0
     bias: bool = False
+    pos_embedding: str = "learned"
+    rope_base: float = 10000.0
+    qk_norm: bool = False
+    activation: str = "gelu"
+    tie_embeddings: bool = True
 
 
 @dataclass
@@ -342,6 +347,18 @@ class SgdConfig(OptimizerConfig):
 @dataclass
 class AdamConfig(OptimizerConfig):
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+
+
+@dataclass
+class MuonConfig(OptimizerConfig):
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    adjust_lr_fn: str | None = None
+    adamw_lr: float = 1e-3
+    adamw_weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
 
 
@@ -698,7 +715,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "slurm": SlurmLauncherConfig,
     },
     "loader": {"torch": TorchLoaderConfig, "device": LoaderConfig},
-    "optimizer": {"sgd": SgdConfig, "adam": AdamConfig, "adamw": AdamConfig},
+    "optimizer": {"sgd": SgdConfig, "adam": AdamConfig, "adamw": AdamConfig, "muon": MuonConfig},
     "scheduler": {
         "none": SchedulerConfig,
         "step": StepSchedulerConfig,

@@ -6,6 +6,12 @@ tied to the output head, and GPT-2's initialisation: N(0, 0.02) everywhere, the 
 projections scaled by 1/sqrt(2 * n_layer) so the residual stream's variance does not grow with
 depth. The vocabulary size comes from the data (a token folder's meta.json), not from the user.
 
+Options from the modded-nanogpt line of work, each a switch on `model=gpt` (off by default, so
+`model=gpt` stays nanoGPT's model): `pos_embedding=rope` (rotary positions on the queries and
+keys instead of a learned position table), `qk_norm=true` (RMS-normalised queries and keys per
+head, which keeps attention logits bounded at high learning rates), `activation=relu2` (ReLU
+squared in the MLP), `tie_embeddings=false` (an output head of its own).
+
 `forward(idx)` returns logits (batch, time, vocab); the language-model task computes the loss,
 so every technique that wraps a task's step (accumulation, the normaliser, precision) applies.
 
@@ -24,21 +30,59 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+POS_EMBEDDINGS = ("learned", "rope")
+ACTIVATIONS = ("gelu", "relu2")
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (RoPE, Su et al. 2021) of the queries and keys: each pair of
+    channels (i, i + half) rotated by position x frequency. The angles are buffers that are not
+    saved: a checkpoint's keys do not depend on the option."""
+
+    def __init__(self, head_size: int, block_size: int, base: float):
+        super().__init__()
+        if head_size % 2:
+            raise ValueError(f"pos_embedding=rope needs an even head size, not {head_size}")
+        freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
+        angles = torch.outer(torch.arange(block_size, dtype=torch.float32), freq)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """(b, heads, t, head size) -> the same, rotated by position."""
+        t = z.shape[-2]
+        cos, sin = self.cos[:t].to(z.dtype), self.sin[:t].to(z.dtype)
+        a, b = z.chunk(2, dim=-1)
+        return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        dropout: float,
+        bias: bool,
+        rotary: Rotary | None = None,
+        qk_norm: bool = False,
+    ):
         super().__init__()
         self.n_head = n_head
         self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
+        self.rotary, self.qk_norm = rotary, qk_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         # (b, t, c) -> (b, heads, t, head size)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        if self.qk_norm:  # unit-RMS queries and keys per head (no learned scale)
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )
@@ -46,11 +90,18 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.proj(y))
 
 
+class ReLU2(nn.Module):
+    """ReLU squared (So et al. 2021, "Primer"): modded-nanogpt's MLP activation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x).square()
+
+
 class MLP(nn.Module):
-    def __init__(self, n_embd: int, dropout: float, bias: bool):
+    def __init__(self, n_embd: int, dropout: float, bias: bool, activation: str = "gelu"):
         super().__init__()
         self.fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
-        self.gelu = nn.GELU()
+        self.gelu = ReLU2() if activation == "relu2" else nn.GELU()
         self.proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
@@ -62,12 +113,21 @@ class Block(nn.Module):
     """One pre-LayerNorm transformer block: the unit activation checkpointing and the pipeline
     strategy cut at."""
 
-    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool):
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        dropout: float,
+        bias: bool,
+        rotary: Rotary | None = None,
+        qk_norm: bool = False,
+        activation: str = "gelu",
+    ):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
-        self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias, rotary, qk_norm)
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
-        self.mlp = MLP(n_embd, dropout, bias)
+        self.mlp = MLP(n_embd, dropout, bias, activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -75,13 +135,21 @@ class Block(nn.Module):
 
 
 class Embed(nn.Module):
-    """Token plus position embeddings (then dropout): token ids (batch, time) -> (b, t, c)."""
+    """Token plus position embeddings (then dropout): token ids (batch, time) -> (b, t, c).
+    With rotary positions (`learned_positions=False`) there is no position table."""
 
-    def __init__(self, vocab_size: int, block_size: int, n_embd: int, dropout: float):
+    def __init__(
+        self,
+        vocab_size: int,
+        block_size: int,
+        n_embd: int,
+        dropout: float,
+        learned_positions: bool = True,
+    ):
         super().__init__()
         self.block_size = block_size
         self.wte = nn.Embedding(vocab_size, n_embd)
-        self.wpe = nn.Embedding(block_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd) if learned_positions else None
         self.drop = nn.Dropout(dropout)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -90,8 +158,10 @@ class Embed(nn.Module):
             raise ValueError(
                 f"a sequence of {t} tokens is longer than block_size={self.block_size}"
             )
-        pos = torch.arange(t, device=idx.device)
-        return self.drop(self.wte(idx) + self.wpe(pos))
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(t, device=idx.device))
+        return self.drop(x)
 
 
 class Head(nn.Module):
@@ -126,16 +196,38 @@ class GPT(nn.Module):
         n_embd: int = 384,
         dropout: float = 0.0,
         bias: bool = False,
+        pos_embedding: str = "learned",
+        rope_base: float = 10000.0,
+        qk_norm: bool = False,
+        activation: str = "gelu",
+        tie_embeddings: bool = True,
     ):
         super().__init__()
         if n_embd % n_head:
             raise ValueError(f"n_embd={n_embd} must be a multiple of n_head={n_head}")
+        for key, value, allowed in (
+            ("pos_embedding", pos_embedding, POS_EMBEDDINGS),
+            ("activation", activation, ACTIVATIONS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{key}={value}: must be one of {', '.join(allowed)}")
         self.vocab_size, self.block_size = vocab_size, block_size
         self.n_layer, self.n_head, self.n_embd = n_layer, n_head, n_embd
-        self.embed = Embed(vocab_size, block_size, n_embd, dropout)
-        self.blocks = nn.Sequential(*(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer)))
+        rope = pos_embedding == "rope"
+        self.embed = Embed(vocab_size, block_size, n_embd, dropout, learned_positions=not rope)
+
+        def rotary() -> Rotary | None:  # each block its own (small) angle table
+            return Rotary(n_embd // n_head, block_size, rope_base) if rope else None
+
+        self.blocks = nn.Sequential(
+            *(
+                Block(n_embd, n_head, dropout, bias, rotary(), qk_norm, activation)
+                for _ in range(n_layer)
+            )
+        )
         self.head = Head(vocab_size, n_embd, bias)
-        self.head.lm_head.weight = self.embed.wte.weight  # weight tying (Press & Wolf, 2017)
+        if tie_embeddings:  # weight tying (Press & Wolf, 2017)
+            self.head.lm_head.weight = self.embed.wte.weight
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):  # the residual projections: GPT-2's scaled init
@@ -147,7 +239,7 @@ class GPT(nn.Module):
         return self.embed.wte
 
     @property
-    def wpe(self) -> nn.Embedding:
+    def wpe(self) -> nn.Embedding | None:
         return self.embed.wpe
 
     @property
@@ -168,9 +260,16 @@ class GPT(nn.Module):
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters; the position embedding left out by default, as nanoGPT counts N for the
-        FLOPs (the token embedding is tied to the head, which does matmul work)."""
+        FLOPs (a tied token embedding is the head, which does matmul work; an untied one is a
+        lookup, left out too)."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.wpe.weight.numel() if non_embedding else n
+        if not non_embedding:
+            return n
+        if self.wpe is not None:
+            n -= self.wpe.weight.numel()
+        if self.lm_head.weight is not self.wte.weight:
+            n -= self.wte.weight.numel()
+        return n
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token: 6N + 12 * L * H * Q * T (nanoGPT's `estimate_mfu`, from the

@@ -185,12 +185,8 @@ class _Probe:
             if technique.order < PARALLEL:  # what changes memory; no wrap, no compile
                 module = technique.transform(module, build_ctx)
         self.model = module.train()
-        self.optimizer = build_optimizer(  # (frozen parameters: no state, as in training)
-            [p for p in module.parameters() if p.requires_grad],
-            cfg.optimizer,
-            cfg.optimizer.lr,
-            env.device,
-        )
+        # (frozen parameters: no state, as in training)
+        self.optimizer = build_optimizer(module, cfg.optimizer, cfg.optimizer.lr, env.device)
         self.scaler = self.precision.grad_scaler()
 
     def batch(self, size: int) -> Any:

@@ -290,8 +290,7 @@ def optimizer_and_schedule(
     """The optimizer over the trained parameters (frozen ones, model.freeze or a LoRA base, get
     no state) at the batch-scaled lr, and its per-step schedule."""
     lr = scaled_lr(cfg.optimizer, global_batch)
-    trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(trained, cfg.optimizer, lr, env.device)
+    optimizer = build_optimizer(model, cfg.optimizer, lr, env.device)
     scheduler = build_scheduler(
         optimizer,
         cfg.scheduler,

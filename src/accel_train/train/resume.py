@@ -69,7 +69,7 @@ from omegaconf import DictConfig
 from accel_train import checkpoint as ckpt_io
 from accel_train.config.run_config import DEFAULT_TASK, flatten, to_container
 from accel_train.errors import UserError
-from accel_train.optim import build_scheduler, cut_short
+from accel_train.optim import base_learning_rates, build_scheduler, cut_short
 from accel_train.parallel import SHARDED_STRATEGIES
 from accel_train.train.checkpointing import best_score, link_or_copy
 from accel_train.train.found import find_checkpoint, read_checkpoint
@@ -556,11 +556,11 @@ def _restore_schedule(loop: Loop, state: dict, changed: set[str]) -> None:
         return
     # build_optimizer's lr (linear scaling included): the anchor of the new schedule. Without
     # `initial_lr` torch anchors the new schedule there, not at the old schedule's anchor.
-    base_lr = loop.optimizer.defaults["lr"]
-    for group in loop.optimizer.param_groups:
+    base_lrs = base_learning_rates(loop.optimizer)
+    for group, base_lr in zip(loop.optimizer.param_groups, base_lrs, strict=True):
         group["lr"] = base_lr
         group.pop("initial_lr", None)
-    lr_scale = base_lr / loop.cfg.optimizer.lr
+    lr_scale = base_lrs[0] / loop.cfg.optimizer.lr
     loop.scheduler = loop.parts.scheduler = build_scheduler(
         loop.optimizer,
         loop.cfg.scheduler,
