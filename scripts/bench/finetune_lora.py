@@ -311,12 +311,13 @@ def race(a, root: Path, model: Path, train: Path, val: Path) -> None:
 def memory(a, root: Path, text: str, train: Path, val: Path) -> None:
     big = make_folder(root, text, MEM_MODEL, "mem-model")
     rows = []
-    for label, extra in (
-        ("full fine-tuning (every weight trained)", ["lora.rank=0"]),
-        ("LoRA rank 16", ["lora.rank=16"]),
-        ("QLoRA rank 16 (nf4 base)", ["lora.rank=16", "lora.base_dtype=nf4"]),
-        ("LoRA rank 16 on an int8 base", ["lora.rank=16", "lora.base_dtype=int8"]),
-    ):
+    variants = {
+        "full": ("full fine-tuning (every weight trained)", ["lora.rank=0"]),
+        "lora": ("LoRA rank 16", ["lora.rank=16"]),
+        "nf4": ("QLoRA rank 16 (nf4 base)", ["lora.rank=16", "lora.base_dtype=nf4"]),
+        "int8": ("LoRA rank 16 on an int8 base", ["lora.rank=16", "lora.base_dtype=int8"]),
+    }
+    for label, extra in (variants[v] for v in a.mem_variants.split(",")):
         b = argparse.Namespace(**{**vars(a), "steps": a.mem_steps, "warmup": 0, "rank": 16})
         args = [*accel_args(b, big, train, val), *extra]
         wall, loss, peak = run_accel(args, root / f"mem-{len(rows)}")
@@ -367,6 +368,7 @@ def main() -> None:
     p.add_argument("--pack", action="store_true")
     p.add_argument("--precision", default="fp32")
     p.add_argument("--mem-steps", type=int, default=3)
+    p.add_argument("--mem-variants", default="full,lora,nf4,int8")
     p.add_argument("--parts", default="race,memory,packing")
     p.add_argument("--hand-worker", action="store_true")
     p.add_argument("--model"), p.add_argument("--train"), p.add_argument("--val")

@@ -37,6 +37,7 @@ import torch
 from torch.utils.data import Dataset
 
 from accel_train.data.splits import Splits, held_out_indices
+from accel_train.data.tokens import window_splits
 from accel_train.errors import UserError
 from accel_train.models.hf import load_tokenizer
 
@@ -261,16 +262,7 @@ def sft_splits(
         val_fraction,
         seed,
     )
-    return Splits(
-        rows["train"],
-        rows["val"],
-        rows.get("test"),
-        in_channels=0,
-        image_size=0,
-        num_classes=0,
-        model_args={"vocab_size": len(tok)},
-        only_task="language_model",
-    )
+    return window_splits(rows["train"], rows["val"], len(tok), rows.get("test"))
 
 
 def encode_rows(

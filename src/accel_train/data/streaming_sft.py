@@ -30,7 +30,7 @@ from accel_train.data.streaming import (
     check_shards,
     open_shard_set,
 )
-from accel_train.data.tokens import check_token_ids
+from accel_train.data.tokens import check_token_ids, window_splits
 from accel_train.errors import UserError
 from accel_train.models.hf import load_tokenizer
 
@@ -102,16 +102,7 @@ def build_streaming_sft(
         source = StreamingSource(remote, name, cache, limit, row)
         cls = StreamingTrainSplit if name == "train" else StreamingEvalSplit
         splits[name] = cls(source, indices=range(samples))
-    return Splits(
-        splits["train"],
-        splits["val"],
-        splits.get("test"),
-        in_channels=0,
-        image_size=0,
-        num_classes=0,
-        model_args={"vocab_size": vocab_size},
-        only_task="language_model",
-    )
+    return window_splits(splits["train"], splits["val"], vocab_size, splits.get("test"))
 
 
 def _note_row_shape(remote: str, info: dict, max_length, pack) -> None:

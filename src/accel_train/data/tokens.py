@@ -123,12 +123,13 @@ def token_splits(
     return window_splits(sets["train"], sets["val"], int(meta["vocab_size"]))
 
 
-def window_splits(train, val, vocab_size: int) -> Splits:
-    """Token windows' splits: no image shape and no classes; the model is told the vocabulary
-    (dataset=tokens, dataset=streaming_tokens, and accel-sample rebuilding the model)."""
+def window_splits(train, val, vocab_size: int, test=None) -> Splits:
+    """A language model's splits: no image shape and no classes; the model is told the
+    vocabulary (dataset=tokens, streaming_tokens, sft, streaming_sft, and accel-sample
+    rebuilding the model)."""
     shape = {"in_channels": 0, "image_size": 0, "num_classes": 0}
     return Splits(
-        train, val, None, **shape, model_args={"vocab_size": vocab_size}, only_task="language_model"
+        train, val, test, **shape, model_args={"vocab_size": vocab_size}, only_task="language_model"
     )
 
 
