@@ -23,6 +23,7 @@ import argparse
 import os
 import resource
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -134,6 +135,8 @@ def main() -> None:
         if head is not None:
             head.send_signal(signal.SIGTERM)
             head.wait(timeout=60)
+        for folder in (work, temp):
+            shutil.rmtree(folder, ignore_errors=True)
     base = median([w for w, _ in times["torchrun"]])
     rows = [
         [
