@@ -39,6 +39,8 @@ def pytest_configure(config):
 # that started last would keep one test process busy after the others have run out of work.
 LONGEST_FIRST = (
     "test_slurm.py",
+    "test_ray.py",
+    "test_kubernetes.py",
     "test_finetune.py",
     "test_distributed.py",
     "test_teardown.py",

@@ -41,6 +41,8 @@ def _no_training(cfg) -> dict:
 launcher.run_worker = _no_training
 launcher.run_torchrun = lambda cfg, path, nproc: _no_training(cfg)
 launcher._launch_slurm = lambda cfg, run_dir: None  # everything but sbatch
+launcher.ray.launch = lambda cfg, run_dir: None  # no Ray started for a dry run
+launcher._launch_kubernetes = lambda cfg, run_dir: None  # kubernetes.check has run
 launcher.hold_run_dir = lambda cfg: None  # this one process would hold every run dir's lock
 
 

@@ -98,6 +98,12 @@ def process_group(
             "strategy.backend=nccl needs CUDA devices but this rank trains on the CPU. Use "
             "`strategy.backend=gloo` (or `auto`)."
         )
+    if dist.is_initialized():
+        # Ray Train built the group before calling the worker (from the same RANK/WORLD_SIZE/
+        # MASTER_* variables): join it; its owner tears it down.
+        yield _existing_group(backend, local_rank, device)
+        gc.collect()
+        return
     timeout = datetime.timedelta(seconds=timeout_s)
     store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world, timeout=timeout))
     # torchrun keeps its store across elastic restarts; without a per-attempt prefix a restarted
@@ -120,6 +126,15 @@ def process_group(
         # ("terminate called without an active exception") after its work is done.
         gc.collect()
         dist.destroy_process_group()
+
+
+def _existing_group(backend: str, local_rank: int, device: torch.device) -> DistEnv:
+    if dist.get_backend() != backend:
+        raise UserError(
+            f"strategy.backend={backend} but the process group this worker was given uses "
+            f"{dist.get_backend()}. Set `strategy.backend={dist.get_backend()}` (or `auto`)."
+        )
+    return DistEnv(dist.get_rank(), local_rank, dist.get_world_size(), device)
 
 
 def wrap_model(model: nn.Module, strategy_cfg: DictConfig, env: DistEnv) -> nn.Module:

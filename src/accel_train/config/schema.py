@@ -305,6 +305,37 @@ class SlurmLauncherConfig(LauncherConfig):
 
 
 @dataclass
+class RayLauncherConfig(LauncherConfig):
+    num_workers: int = 2
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    address: str | None = None
+    submit: str = "none"
+    max_failures: int = 0
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    python: str = "python"
+
+
+@dataclass
+class KubernetesLauncherConfig(LauncherConfig):
+    kind: str = "trainjob"
+    image: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 0
+    cpu: str | None = None
+    memory: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    image_pull_secrets: list[str] = field(default_factory=list)
+    volume: str | None = None
+    mount_path: str = "/runs"
+    namespace: str = "default"
+    job_name: str | None = None
+    runtime: str = "torch-distributed"
+    submit: bool = False
+    context: str | None = None
+
+
+@dataclass
 class LoaderConfig:
     name: str = MISSING
     # An int >= 1, or "auto" (probed before training: train/auto_batch.py); checked in
@@ -713,6 +744,8 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "local": LauncherConfig,
         "torchrun": LauncherConfig,
         "slurm": SlurmLauncherConfig,
+        "ray": RayLauncherConfig,
+        "kubernetes": KubernetesLauncherConfig,
     },
     "loader": {"torch": TorchLoaderConfig, "device": LoaderConfig},
     "optimizer": {"sgd": SgdConfig, "adam": AdamConfig, "adamw": AdamConfig, "muon": MuonConfig},

@@ -23,7 +23,7 @@ from accel_train.config.run_config import config_tree, resolve, write_run_config
 from accel_train.console import flat_defaults, startup_tree
 from accel_train.environment import in_srun_step, inside_torchrun
 from accel_train.errors import UserError
-from accel_train.launch import slurm
+from accel_train.launch import kubernetes, ray, slurm
 from accel_train.launch.lock import hold_run_dir
 from accel_train.launch.torchrun import run_torchrun
 from accel_train.launch.worker import run_worker
@@ -40,7 +40,11 @@ def launch(cfg: DictConfig) -> float | None:
     """The body of `accel-train`: returns the run's objective (summary.json's `objective` key:
     best_val_acc for a classifier, final_val_loss for the other tasks by default)."""
     validate(cfg)
+    if cfg.launcher.name == "ray":
+        ray.check(cfg.launcher)  # before anything is written
     cfg = resolve(cfg)
+    if cfg.launcher.name == "kubernetes":
+        kubernetes.check(cfg)  # before anything is written
     # checkpoint.monitor names a metric validation logs: refused now, not after an epoch.
     check_checkpointing(cfg.checkpoint, known_metrics(cfg))
     run_dir = Path(cfg.paths.output_dir)
@@ -52,6 +56,11 @@ def launch(cfg: DictConfig) -> float | None:
         return finished.get(cfg.objective)
     if cfg.launcher.name == "slurm":
         return _launch_slurm(cfg, run_dir)
+    if cfg.launcher.name == "ray":
+        check_strategy(cfg, ray.planned_world_size(cfg.launcher))
+        return ray.launch(cfg, run_dir)
+    if cfg.launcher.name == "kubernetes":
+        return _launch_kubernetes(cfg, run_dir)
     if in_srun_step() and not inside_torchrun():
         adopt_srun_task(cfg)
     nproc, nnodes = local_world_size(cfg), cfg.launcher.nnodes
@@ -195,6 +204,19 @@ def _launch_slurm(cfg: DictConfig, run_dir: Path) -> None:
     return None
 
 
+def _launch_kubernetes(cfg: DictConfig, run_dir: Path) -> None:
+    lc = cfg.launcher
+    nproc = kubernetes.processes_per_node(lc)
+    check_strategy(cfg, nproc * lc.nodes, nodes=lc.nodes)
+    if cfg.resume is None:
+        cfg.resume = "auto"  # a restarted pod lands in this run dir and continues
+    # Rendered and checked against the engine's models before anything is written.
+    manifest = kubernetes.launch(cfg, run_dir / "config.yaml")
+    write_run_config(cfg, run_dir)
+    kubernetes.finish(cfg, manifest)
+    return None
+
+
 def adopt_srun_task(cfg: DictConfig) -> None:
     """`srun accel-train ...` inside an allocation: one task per node becomes a node agent
     (torchrun); one task per process becomes a worker directly (torchrun's variables from
@@ -228,6 +250,10 @@ def planned_world_size(cfg: DictConfig) -> int | None:
         return int(os.environ["WORLD_SIZE"])
     if cfg.launcher.name == "slurm":
         return slurm.processes_per_node(cfg.launcher) * int(cfg.launcher.nodes)
+    if cfg.launcher.name == "ray":
+        return ray.planned_world_size(cfg.launcher)
+    if cfg.launcher.name == "kubernetes":
+        return kubernetes.processes_per_node(cfg.launcher) * int(cfg.launcher.nodes)
     if in_srun_step() or not str(cfg.launcher.nnodes).isdigit():
         return None
     return local_world_size(cfg) * int(cfg.launcher.nnodes)

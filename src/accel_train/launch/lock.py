@@ -87,8 +87,8 @@ def role(cfg: DictConfig) -> str:
         if env.get(ENV_VAR) == str(run_dir / LOCK_NAME):
             return "join"  # a worker of a launcher that holds it
         return "hold" if env.get("RANK") == "0" else "skip"
-    if cfg.launcher.name == "slurm":
-        return "check"  # submits and exits; the job's rank 0 holds it
+    if cfg.launcher.name in ("slurm", "kubernetes") or cfg.launcher.get("submit") == "job":
+        return "check"  # submits and exits; the job's global rank 0 holds it
     if in_srun_step():  # mirrors launch.launcher.adopt_srun_task
         nodes, ntasks = int(env["SLURM_JOB_NUM_NODES"]), int(env["SLURM_NTASKS"])
         if ntasks == nodes:  # one task per node: a node agent

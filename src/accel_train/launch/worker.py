@@ -74,13 +74,18 @@ def _main(argv: list[str]) -> None:
         level=logging.INFO if rank == "0" else logging.WARNING,
         format=f"[%(asctime)s][rank {rank}][%(levelname)s] - %(message)s",
     )
-    if not os.path.isfile(argv[0]):
-        raise UserError(f"config file {argv[0]!r} not found: pass the run dir's config.yaml.")
-    cfg = load_run_config(argv[0])
-    if rank == "0":
+    run_config_file(argv[0])
+
+
+def run_config_file(path: str) -> dict[str, Any]:
+    """The worker's body on a run dir's config.yaml (torchrun's workers and Ray Train's)."""
+    if not os.path.isfile(path):
+        raise UserError(f"config file {path!r} not found: pass the run dir's config.yaml.")
+    cfg = load_run_config(path)
+    if os.environ.get("RANK", "0") == "0":
         log_to_run_dir(Path(cfg.paths.output_dir))
     hold_run_dir(cfg)  # join the launcher's run dir lock, or take it as global rank 0
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.resume is None:
         # torchrun restarted the group after a failure: continue, don't start over.
         cfg.resume = "auto"
-    run_worker(cfg)
+    return run_worker(cfg)
