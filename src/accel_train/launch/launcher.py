@@ -27,6 +27,7 @@ from accel_train.launch import slurm
 from accel_train.launch.lock import hold_run_dir
 from accel_train.launch.torchrun import run_torchrun
 from accel_train.launch.worker import run_worker
+from accel_train.mesh import check_layout
 from accel_train.parallel import resolve_device
 from accel_train.pipeline import check_pipeline, data_world
 from accel_train.train.checkpointing import check as check_checkpointing
@@ -269,8 +270,10 @@ def check_strategy(cfg: DictConfig, nproc: int, nodes: int | None = None) -> Non
             "several processes need a data-parallel strategy. Add `strategy=ddp` (or "
             "`strategy=fsdp`), or set `launcher.nproc_per_node=1`."
         )
+    world = nproc * int(nnodes) if nnodes.isdigit() else None
     if sc.name == "pipeline":
-        check_pipeline(cfg, nproc * int(nnodes) if nnodes.isdigit() else None)
+        check_pipeline(cfg, world)
+    check_layout(cfg, world)  # every mesh degree divides the world, a TP degree the heads
     if sc.backend == "nccl" and not torch.cuda.is_available():
         raise UserError(
             "strategy.backend=nccl but this machine has no CUDA device; NCCL only runs on GPUs. "
