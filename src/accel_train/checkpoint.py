@@ -298,27 +298,37 @@ def _write_sharded(write, meta: dict[str, Any], path: Path, is_main: bool) -> No
 
 def load_full_into_sharded(model, optimizer, state: dict[str, Any]) -> None:
     """A single-file checkpoint (single, DDP) into a sharded model (FSDP, TP, FSDP x TP): the
-    whole tensors are cut into this process's shards by set_state_dict. The file's optimizer
-    state is keyed by position in the optimizer's parameter list (torch's own format); the same
-    config builds the same groups in the same order, which names each position."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    whole weights are cut into this process's shards by set_model_state_dict; each optimizer
+    state tensor the shape of its parameter is cut like the parameter (distribute_tensor, on
+    every rank in the same order). The file's optimizer state is keyed by position in the
+    optimizer's parameter list (torch's own format): the same config builds the same groups in
+    the same order."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
-    name_of = {id(p): n for n, p in model.named_parameters()}
-    order = [name_of[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    set_model_state_dict(model, state["model"], options=StateDictOptions(full_state_dict=True))
+    params = [p for g in optimizer.param_groups for p in g["params"]]
     saved = state["optimizer"]
-    optim_sd = {
-        "state": {order[i]: v for i, v in saved["state"].items()},
-        "param_groups": [
-            {**g, "params": [order[i] for i in g["params"]]} for g in saved["param_groups"]
-        ],
+
+    def cut(value, param):
+        sharded = isinstance(param, DTensor) and isinstance(value, torch.Tensor)
+        if sharded and value.shape == param.shape:
+            value = value.to(param.to_local().device)
+            return distribute_tensor(value, param.device_mesh, param.placements)
+        return value
+
+    optim_state = {
+        i: {k: cut(v, params[i]) for k, v in per_param.items()}
+        for i, per_param in saved["state"].items()
     }
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=optim_sd,
-        options=StateDictOptions(full_state_dict=True),
-    )
+    # The kernel choice is this run's: a fused optimizer (chosen for plain tensors) does not
+    # take DTensors, and load_state_dict would bring the file's choice back.
+    kernels = ("fused", "foreach", "capturable")
+    groups = [
+        {**g, **{k: live[k] for k in kernels if k in live}}
+        for g, live in zip(saved["param_groups"], optimizer.param_groups, strict=True)
+    ]
+    optimizer.load_state_dict({"state": optim_state, "param_groups": groups})
 
 
 def load_sharded_meta(path: Path, key: str) -> dict[str, Any]:

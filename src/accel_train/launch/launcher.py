@@ -32,6 +32,7 @@ from accel_train.parallel import resolve_device
 from accel_train.pipeline import check_pipeline, data_world
 from accel_train.train.checkpointing import check as check_checkpointing
 from accel_train.train.checkpointing import known_metrics
+from accel_train.train.found import forget as forget_checkpoint
 from accel_train.train.resume import check_resume
 
 log = logging.getLogger("accel_train")
@@ -52,6 +53,7 @@ def launch(cfg: DictConfig) -> float | None:
     if finished is not None:
         return finished.get(cfg.objective)
     if cfg.launcher.name == "slurm":
+        forget_checkpoint()  # the job's processes read it themselves
         return _launch_slurm(cfg, run_dir)
     if in_srun_step() and not inside_torchrun():
         adopt_srun_task(cfg)
@@ -72,6 +74,7 @@ def launch(cfg: DictConfig) -> float | None:
     log.info("run dir: %s", run_dir)
     if cfg.launcher.name != "torchrun" and nproc == 1 and not multi_node:
         return run_worker(cfg).get(cfg.objective)
+    forget_checkpoint()  # the workers read it themselves: this process keeps no copy
     run_torchrun(cfg, path, nproc)
     summary = run_dir / "summary.json"  # written by global rank 0, possibly on another node
     return json.loads(summary.read_text()).get(cfg.objective) if summary.is_file() else None
