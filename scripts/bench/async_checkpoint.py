@@ -62,6 +62,7 @@ def overrides(args, tokens: str) -> list[str]:
         "trainer.plot_curves=false",
         "logger=none",
         "trainer.test_after_fit=false",
+        "scheduler.warmup_steps=0",
     ]
 
 
