@@ -652,10 +652,16 @@ class Loop:
             self.env.barrier()
         if saver is None and then is not None:
             then()
-        blocked = {"checkpoint/blocked_s": time.perf_counter() - start}
+        # An event row: two saves at one step (a top-k file and last) are two facts, not one
+        # metric logged twice, and a resume's rewind keeps them.
+        row = {
+            "event": "checkpoint",
+            "name": name,
+            "checkpoint/blocked_s": time.perf_counter() - start,
+        }
         if saver is not None:
-            blocked["checkpoint/waited_s"] = waited
-        self.metrics.log(blocked, self.step, self.epoch)
+            row["checkpoint/waited_s"] = waited
+        self.metrics.log(row, self.step, self.epoch)
 
     def _wait_for_saves(self) -> None:
         """checkpoint.async_save: the last save complete (before the test pass reads best,
