@@ -446,7 +446,9 @@ def test_lora_on_the_builtin_gpt_from_its_own_checkpoint(run_cli, tmp_path):
     keys = load_checkpoint(adapted)["model"]
     layers = {k.split(".lora_")[0] for k in keys if ".lora_" in k}
     assert layers == {
-        "blocks.0.attn.qkv",
+        "blocks.0.attn.q",
+        "blocks.0.attn.k",
+        "blocks.0.attn.v",
         "blocks.0.attn.proj",
         "blocks.0.mlp.fc",
         "blocks.0.mlp.proj",

@@ -35,6 +35,26 @@ def test_attention_is_causal():
     assert torch.allclose(model(a)[0, :6], model(b)[0, :6], atol=1e-6)
 
 
+def test_a_checkpoint_with_the_fused_qkv_layer_loads_into_separate_q_k_v():
+    """Checkpoints from before tensor parallelism hold one `attn.qkv` layer (q, k, v stacked):
+    they load into the separate layers and compute the same logits."""
+    torch.manual_seed(0)
+    model = GPT(**TINY, bias=True).eval()
+    old = {}
+    for key, value in model.state_dict().items():
+        if ".attn.q." in key:
+            head, _, tail = key.partition(".attn.q.")
+            parts = [model.state_dict()[f"{head}.attn.{n}.{tail}"] for n in "qkv"]
+            old[f"{head}.attn.qkv.{tail}"] = torch.cat(parts, dim=0)
+        elif ".attn.k." not in key and ".attn.v." not in key:
+            old[key] = value
+    assert any(".attn.qkv.weight" in k for k in old) and not any(".attn.q." in k for k in old)
+    fresh = GPT(**TINY, bias=True).eval()
+    fresh.load_state_dict(old)
+    idx = torch.randint(0, 11, (2, 16))
+    assert torch.equal(fresh(idx), model(idx))
+
+
 def test_it_learns_a_repeating_sequence():
     torch.manual_seed(0)
     model = GPT(**TINY)

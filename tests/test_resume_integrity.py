@@ -106,7 +106,8 @@ def _output(proc) -> str:
         ("loader.batch_size", 32, 64),
         ("trainer.accumulate_grad_batches", 1, 2),
         ("trainer.seed", 42, 43),
-        ("strategy.name", "ddp", "fsdp"),
+        ("strategy.name", "ddp", "pipeline"),  # the pipeline's per-stage optimizer layout
+        ("strategy.name", "pipeline", "tp"),
         ("precision.name", "fp32", "bf16_true"),
         ("brand_new_key", 1, 2),
     ],
@@ -127,6 +128,9 @@ def test_keys_that_change_what_the_checkpoint_is_are_refused(key, old, new):
         ("optimizer.momentum", 0.9, 0.95),
         ("scheduler.name", "none", "cosine"),
         ("strategy.name", "single", "ddp"),
+        ("strategy.name", "ddp", "fsdp"),  # a checkpoint moves between strategies (issue 29)
+        ("strategy.name", "fsdp", "tp"),
+        ("strategy.name", "tp", "single"),
         ("precision.name", "fp32", "amp"),
         ("loader.num_workers", 0, 2),
         ("dataset.download", True, False),

@@ -219,11 +219,23 @@ def _as_tuples(x):
 
 
 def save_sharded(
-    model, optimizer, meta: dict[str, Any], path: Path, is_main: bool, flat_optimizer=False
+    model,
+    optimizer,
+    meta: dict[str, Any],
+    path: Path,
+    is_main: bool,
+    flat_optimizer=False,
+    saver=None,
+    then=None,
 ) -> None:
     """`flat_optimizer` (pipeline): the optimizer state keyed by parameter name, hyperparameters
     too, so that each stage writes its own keys (the default layout has one `param_groups`
-    list, which differs between stages) and the checkpoint loads at another layout."""
+    list, which differs between stages) and the checkpoint loads at another layout.
+
+    `saver` (async_save.AsyncSaver, checkpoint.async_save=true): the shards are staged now and
+    written by torch.distributed.checkpoint.async_save in the background; rank 0 then writes
+    meta.pt, renames the directory into place and calls `then` (e.g. link best). The caller
+    has waited for the previous save."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -232,14 +244,36 @@ def save_sharded(
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     meta = {**meta, "flat_optimizer": flat_optimizer}
     tmp = path.with_name(f".{path.name}.tmp")
-    old = path.with_name(f".{path.name}.old")
     if is_main:
         shutil.rmtree(tmp, ignore_errors=True)
     dist.barrier()
+    state = {"model": model_sd, "optimizer": optim_sd}
+    if saver is None:
+        _write_sharded(lambda: dcp.save(state, checkpoint_id=str(tmp)), meta, path, is_main)
+        dist.barrier()
+        return
+    # Staged (copied to host memory) before async_save returns; written by its thread.
+    future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=saver.group)
+
+    def finish() -> None:
+        _write_sharded(future.result, meta, path, is_main)
+        if then is not None and is_main:
+            then()
+
+    saver.submit(finish)
+
+
+def _write_sharded(write, meta: dict[str, Any], path: Path, is_main: bool) -> None:
+    """Run `write` (the shards into .<name>.tmp), then rank 0 puts meta.pt in and renames the
+    directory into place. A failure leaves the previous checkpoint where it was."""
+    import torch.distributed.checkpoint as dcp
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    old = path.with_name(f".{path.name}.old")
     try:
         # dcp.save gathers every rank's write errors and raises them on all ranks (as a
         # CheckpointException, a BaseException), so all ranks report the same UserError.
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp))
+        write()
         if is_main:
             atomic_save(meta, tmp / "meta.pt")
             shutil.rmtree(old, ignore_errors=True)
@@ -260,7 +294,41 @@ def save_sharded(
         if cause is None:
             raise
         raise write_error(path, cause) from None
-    dist.barrier()
+
+
+def load_full_into_sharded(model, optimizer, state: dict[str, Any]) -> None:
+    """A single-file checkpoint (single, DDP) into a sharded model (FSDP, TP, FSDP x TP): the
+    whole weights are cut into this process's shards by set_model_state_dict; each optimizer
+    state tensor the shape of its parameter is cut like the parameter (distribute_tensor, on
+    every rank in the same order). The file's optimizer state is keyed by position in the
+    optimizer's parameter list (torch's own format): the same config builds the same groups in
+    the same order."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    set_model_state_dict(model, state["model"], options=StateDictOptions(full_state_dict=True))
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    saved = state["optimizer"]
+
+    def cut(value, param):
+        sharded = isinstance(param, DTensor) and isinstance(value, torch.Tensor)
+        if sharded and value.shape == param.shape:
+            value = value.to(param.to_local().device)
+            return distribute_tensor(value, param.device_mesh, param.placements)
+        return value
+
+    optim_state = {
+        i: {k: cut(v, params[i]) for k, v in per_param.items()}
+        for i, per_param in saved["state"].items()
+    }
+    # The kernel choice is this run's: a fused optimizer (chosen for plain tensors) does not
+    # take DTensors, and load_state_dict would bring the file's choice back.
+    kernels = ("fused", "foreach", "capturable")
+    groups = [
+        {**g, **{k: live[k] for k in kernels if k in live}}
+        for g, live in zip(saved["param_groups"], optimizer.param_groups, strict=True)
+    ]
+    optimizer.load_state_dict({"state": optim_state, "param_groups": groups})
 
 
 def load_sharded_meta(path: Path, key: str) -> dict[str, Any]:

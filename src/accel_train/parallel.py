@@ -26,11 +26,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from accel_train.environment import inside_torchrun
 from accel_train.errors import UserError
+from accel_train.mesh import build_mesh, tp_degree
+from accel_train.tensor_parallel import apply_tp
 
 log = logging.getLogger(__name__)
 
 # Strategies whose checkpoints are sharded directories (torch.distributed.checkpoint, .dcp).
-SHARDED_STRATEGIES = ("fsdp", "pipeline")
+SHARDED_STRATEGIES = ("fsdp", "pipeline", "tp")
 
 
 @dataclass(frozen=True)
@@ -142,19 +144,29 @@ def wrap_model(model: nn.Module, strategy_cfg: DictConfig, env: DistEnv) -> nn.M
     if strategy_cfg.name == "single" or not env.distributed:
         return model
     assert strategy_cfg.name != "pipeline", "pipeline.build_pipeline cuts the model"
+    mesh = build_mesh(strategy_cfg, env.device.type, env.world_size)
     if strategy_cfg.name == "ddp":
         return DistributedDataParallel(
             model,
             device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            process_group=mesh["dp_replicate"].get_group(),
             bucket_cap_mb=strategy_cfg.bucket_cap_mb,
             gradient_as_bucket_view=strategy_cfg.gradient_as_bucket_view,
             static_graph=strategy_cfg.static_graph,
             find_unused_parameters=strategy_cfg.find_unused_parameters,
         )
+    if strategy_cfg.name == "tp":
+        return apply_tp(model, mesh["tp"], strategy_cfg)
     assert strategy_cfg.name == "fsdp", strategy_cfg.name
+    if tp_degree(strategy_cfg, env.world_size) > 1:
+        # FSDP x TP: the layers are sharded over `tp` first, then FSDP shards those shards
+        # over `dp_shard` (torchtitan's 2-D layout).
+        apply_tp(model, mesh["tp"], strategy_cfg)
+    shard_mesh = mesh["dp_shard"]
+    reshard = strategy_cfg.reshard_after_forward
     for unit in shard_units(model, list(strategy_cfg.wrap_classes)):
-        fully_shard(unit, reshard_after_forward=strategy_cfg.reshard_after_forward)
-    fully_shard(model, reshard_after_forward=strategy_cfg.reshard_after_forward)
+        fully_shard(unit, mesh=shard_mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=shard_mesh, reshard_after_forward=reshard)
     return model
 
 

@@ -34,10 +34,11 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
 from accel_train.errors import UserError
+from accel_train.mesh import build_mesh, pipeline_stages
+from accel_train.mesh import data_coords as mesh_data_coords
 from accel_train.parallel import DistEnv
 from accel_train.precision import Precision
 
@@ -66,42 +67,26 @@ class Layout:
 
 
 def layout(strategy_cfg: DictConfig, env: DistEnv) -> Layout:
-    """Ranks are laid out (replica, stage), stage fastest: a replica's stages are neighbours."""
-    stages = _check_degree(strategy_cfg, env.world_size)
+    """Ranks are laid out (replica, stage), stage fastest: a replica's stages are neighbours
+    (the run's mesh, accel_train/mesh.py)."""
+    stages = pipeline_stages(strategy_cfg, env.world_size)
     return Layout(stages, env.world_size // stages, env.rank % stages, env.rank // stages)
-
-
-def _check_degree(strategy_cfg: DictConfig, world: int) -> int:
-    stages = strategy_cfg.stages or world
-    if stages < 2:
-        raise UserError(
-            f"strategy=pipeline with strategy.stages={strategy_cfg.stages} and {world} "
-            "process(es): a pipeline needs at least 2 stages, one per process. Start 2 or more "
-            "processes (`launcher.nproc_per_node=2`) or use `strategy=single`."
-        )
-    if world % stages:
-        raise UserError(
-            f"strategy.stages={stages} does not divide the {world} processes: each pipeline "
-            "replica needs exactly `stages` processes. Set launcher.nproc_per_node (x nnodes) to "
-            f"a multiple of {stages}, or `strategy.stages` to a divisor of {world}."
-        )
-    return stages
 
 
 def data_coords(strategy_cfg: DictConfig, env: DistEnv) -> tuple[int, int]:
     """(rank, world) of this process for sharding the data: under pipeline the stages of one
-    replica read the same batches (stage 0 uses the inputs, the last stage the labels)."""
-    if strategy_cfg.name != "pipeline" or not env.distributed:
+    replica read the same batches (stage 0 uses the inputs, the last stage the labels), under
+    tensor parallelism the processes of one TP group."""
+    if not env.distributed:
         return env.rank, env.world_size
-    lay = layout(strategy_cfg, env)
-    return lay.replica, lay.replicas
+    return mesh_data_coords(strategy_cfg, env.rank, env.world_size)
 
 
 def data_world(strategy_cfg: DictConfig, world: int | None) -> int | None:
     """How many processes share the data among `world` (None: not known yet)."""
-    if strategy_cfg.name != "pipeline" or world is None:
+    if world is None:
         return world
-    return world // (strategy_cfg.stages or world) or 1
+    return mesh_data_coords(strategy_cfg, 0, world)[1]
 
 
 def check_pipeline(cfg: DictConfig, world: int | None) -> None:
@@ -132,7 +117,7 @@ def check_pipeline(cfg: DictConfig, world: int | None) -> None:
     if sc.stages < 0:
         raise UserError(f"strategy.stages={sc.stages} must be >= 0 (0 = one stage per process).")
     if world is not None:
-        _check_degree(sc, world)
+        pipeline_stages(sc, world)
     refused = {
         "precision=fp16": (
             cfg.precision.name == "fp16"
@@ -584,15 +569,13 @@ def build_pipeline(
     shared = _shared_parameters(stages, lay.stage)
     _prune(module, {b.name for b in mine}, blocks)
     stage_module = StageModule(module, mine, precision)
-    mesh = init_device_mesh(
-        env.device.type, (lay.replicas, lay.stages), mesh_dim_names=("dp", "pp")
-    )
+    mesh = build_mesh(sc, env.device.type, env.world_size)
     train_module: nn.Module = stage_module
     if lay.replicas > 1:
         train_module = DistributedDataParallel(
             stage_module,
             device_ids=[env.device.index] if env.device.type == "cuda" else None,
-            process_group=mesh["dp"].get_group(),
+            process_group=mesh["dp_replicate"].get_group(),
         )
     pipe = Pipeline(
         layout=lay,

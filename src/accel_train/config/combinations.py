@@ -1,6 +1,6 @@
 """Which model transforms each multi-process strategy supports: one table, checked at compose.
 
-Every pair of a strategy (ddp, fsdp, pipeline) and a model transform (compile, channels_last,
+Every pair of a strategy (ddp, fsdp, pipeline, tp) and a model transform (compile, channels_last,
 activation checkpointing, QAT, pruning, LoRA) either works or is refused here, before any process
 starts, with one paragraph naming both keys and the way out. tests/test_strategy_transforms.py
 checks every pair and runs the working ones in real 2-process runs.
@@ -11,6 +11,9 @@ How the working pairs fit together (techniques/__init__.py has the order):
     channels_last.py).
   * under pipeline, every transform before the parallel wrap runs on the whole model before it
     is cut (train/build.py, pipeline_transforms).
+  * the `tp` rows hold for strategy=tp and for FSDP x TP (`strategy=fsdp strategy.tp=N`, N > 1)
+    alike: activation checkpointing wraps the blocks before the plan shards their layers (the
+    plan's `*` patterns match through the wrapper's name), compile compiles the sharded model.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ TRANSFORMS: dict[str, tuple[str, Callable[[DictConfig], bool]]] = {
     "lora": ("lora.rank", lambda cfg: cfg.lora.rank > 0),
 }
 
-STRATEGIES = ("ddp", "fsdp", "pipeline")
+STRATEGIES = ("ddp", "fsdp", "pipeline", "tp")
 
 # (strategy, transform) -> why it is refused and what to do instead. A pair not listed works.
 REFUSED: dict[tuple[str, str], str] = {
@@ -64,6 +67,28 @@ REFUSED: dict[tuple[str, str], str] = {
         "wired in (the pipeline schedule calls the stage modules itself). Turn it off "
         "(`trainer.compile=false`) or train with `strategy=ddp` or `strategy=fsdp`."
     ),
+    ("tp", "lora"): (
+        "lora.rank with strategy=tp (or strategy.tp under fsdp) is not supported: the LoRA "
+        "wrappers replace the Linear layers the tensor-parallel plan shards, and torch's "
+        "ColwiseParallel / RowwiseParallel shard plain nn.Linear only. Use `strategy=fsdp` "
+        "without strategy.tp (FSDP shards the frozen base too), or `lora.rank=0`."
+    ),
+    ("tp", "qat"): (
+        "quant=qat with strategy=tp (or strategy.tp under fsdp) is not supported: torchao's "
+        "fake-quantized Linear is not an nn.Linear the tensor-parallel plan can shard. Use "
+        "`strategy=ddp` (or single) with quant=qat, or `quant=none`."
+    ),
+    ("tp", "prune"): (
+        "prune with strategy=tp (or strategy.tp under fsdp) is not supported: torch.nn.utils."
+        "prune keeps a full mask per weight while tensor parallelism shards the weights over the "
+        "ranks. Use `strategy=ddp` (or single), or `prune.amount=0`."
+    ),
+    ("tp", "channels_last"): (
+        "trainer.channels_last with strategy=tp (or strategy.tp under fsdp): channels_last is "
+        "for convolutions, and tensor parallelism here shards Linear and Embedding layers only "
+        "(a transformer's). Turn it off (`trainer.channels_last=false`) or train a conv net with "
+        "`strategy=ddp` or `strategy=fsdp`."
+    ),
 }
 
 
@@ -75,6 +100,12 @@ OPTIMIZER_REFUSED: dict[tuple[str, str], str] = {
         "each whole weight matrix, and FSDP holds only a shard of it on each rank. Use "
         "`strategy=ddp` with optimizer=muon, or `optimizer=adamw` with FSDP."
     ),
+    ("tp", "muon"): (
+        "optimizer=muon with strategy=tp (or strategy.tp > 1) is not supported: "
+        "torch.optim.Muon orthogonalises each whole weight matrix, and tensor parallelism "
+        "holds only a slice of it on each rank. Use `strategy=ddp` with optimizer=muon, or "
+        "`optimizer=adamw` with tensor parallelism."
+    ),
     ("pipeline", "muon"): (
         "optimizer=muon with strategy=pipeline is not supported: the pipeline's sharded "
         "checkpoints go through torch.distributed.checkpoint's optimizer state, which "
@@ -84,10 +115,18 @@ OPTIMIZER_REFUSED: dict[tuple[str, str], str] = {
 }
 
 
+def strategy_key(cfg: DictConfig) -> str:
+    """The strategy's row in REFUSED: FSDP x TP has tensor parallelism's limits too."""
+    name = cfg.strategy.name
+    if name == "fsdp" and int(cfg.strategy.get("tp", 1)) > 1:
+        return "tp"
+    return name
+
+
 def check_strategy_transforms(cfg: DictConfig) -> None:
     """Refuse a model transform (the REFUSED table) or an optimizer (OPTIMIZER_REFUSED) the
     chosen strategy does not support."""
-    strategy = cfg.strategy.name
+    strategy = strategy_key(cfg)
     why = OPTIMIZER_REFUSED.get((strategy, cfg.optimizer.name))
     if why is not None:
         raise UserError(why)
@@ -95,3 +134,10 @@ def check_strategy_transforms(cfg: DictConfig) -> None:
         why = REFUSED.get((strategy, transform))
         if why is not None and on(cfg):
             raise UserError(why)
+    if strategy == "tp" and cfg.precision.name == "fp16":
+        raise UserError(
+            "precision=fp16 with tensor parallelism (strategy=tp, or strategy.tp under fsdp) is "
+            "not supported: its GradScaler would unscale and check a mix of whole and sharded "
+            "(DTensor) gradients, which accel-train does not test. Use `precision=bf16` (no "
+            "scaler) or `precision=fp32`."
+        )

@@ -258,6 +258,16 @@ class DdpConfig(StrategyConfig):
 class FsdpConfig(StrategyConfig):
     reshard_after_forward: bool = True
     wrap_classes: list[str] = field(default_factory=list)
+    tp: int = 1
+    sequence_parallel: bool = False
+    tp_plan: dict[Any, str] = field(default_factory=dict)  # int keys: a Sequential's layers
+
+
+@dataclass
+class TpConfig(StrategyConfig):
+    tp: int = 0
+    sequence_parallel: bool = False
+    tp_plan: dict[Any, str] = field(default_factory=dict)  # int keys: a Sequential's layers
 
 
 @dataclass
@@ -529,6 +539,7 @@ class CheckpointConfig:
     filename: str | None = None
     every_n_epochs: int = 1
     save_last: bool = True
+    async_save: bool = False
 
 
 @dataclass
@@ -737,6 +748,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "single": StrategyConfig,
         "ddp": DdpConfig,
         "fsdp": FsdpConfig,
+        "tp": TpConfig,
         "pipeline": PipelineConfig,
         "dp": StrategyConfig,
     },

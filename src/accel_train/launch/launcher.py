@@ -27,10 +27,12 @@ from accel_train.launch import kubernetes, ray, slurm
 from accel_train.launch.lock import hold_run_dir
 from accel_train.launch.torchrun import run_torchrun
 from accel_train.launch.worker import run_worker
+from accel_train.mesh import check_layout
 from accel_train.parallel import resolve_device
 from accel_train.pipeline import check_pipeline, data_world
 from accel_train.train.checkpointing import check as check_checkpointing
 from accel_train.train.checkpointing import known_metrics
+from accel_train.train.found import forget as forget_checkpoint
 from accel_train.train.resume import check_resume
 
 log = logging.getLogger("accel_train")
@@ -55,6 +57,7 @@ def launch(cfg: DictConfig) -> float | None:
     if finished is not None:
         return finished.get(cfg.objective)
     if cfg.launcher.name == "slurm":
+        forget_checkpoint()  # the job's processes read it themselves
         return _launch_slurm(cfg, run_dir)
     if cfg.launcher.name == "ray":
         check_strategy(cfg, ray.planned_world_size(cfg.launcher))
@@ -80,6 +83,7 @@ def launch(cfg: DictConfig) -> float | None:
     log.info("run dir: %s", run_dir)
     if cfg.launcher.name != "torchrun" and nproc == 1 and not multi_node:
         return run_worker(cfg).get(cfg.objective)
+    forget_checkpoint()  # the workers read it themselves: this process keeps no copy
     run_torchrun(cfg, path, nproc)
     summary = run_dir / "summary.json"  # written by global rank 0, possibly on another node
     return json.loads(summary.read_text()).get(cfg.objective) if summary.is_file() else None
@@ -295,8 +299,10 @@ def check_strategy(cfg: DictConfig, nproc: int, nodes: int | None = None) -> Non
             "several processes need a data-parallel strategy. Add `strategy=ddp` (or "
             "`strategy=fsdp`), or set `launcher.nproc_per_node=1`."
         )
+    world = nproc * int(nnodes) if nnodes.isdigit() else None
     if sc.name == "pipeline":
-        check_pipeline(cfg, nproc * int(nnodes) if nnodes.isdigit() else None)
+        check_pipeline(cfg, world)
+    check_layout(cfg, world)  # every mesh degree divides the world, a TP degree the heads
     if sc.backend == "nccl" and not torch.cuda.is_available():
         raise UserError(
             "strategy.backend=nccl but this machine has no CUDA device; NCCL only runs on GPUs. "

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train.checkpoint import load_checkpoint
+from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
 from accel_train.config.run_config import typed
 from accel_train.data.streaming_tokens import dataset_tokenizer
 from accel_train.data.tokenizer import CharTokenizer, tokenizer_from_meta
@@ -39,7 +39,12 @@ def sample_checkpoint(scfg: DictConfig, texts: dict[str, str] | None = None) -> 
     texts = texts or {}
     prompt = texts.get("prompt", str(scfg.prompt))
     ckpt_path = _check(scfg)
-    state = load_checkpoint(ckpt_path, key="ckpt_path")
+    # A sharded checkpoint (FSDP, TP, FSDP x TP: a .dcp directory) is consolidated into this
+    # one process's model; its meta.pt holds the rest.
+    if ckpt_path.is_dir():
+        state = load_sharded_meta(ckpt_path, key="ckpt_path")
+    else:
+        state = load_checkpoint(ckpt_path, key="ckpt_path")
     cfg = typed(state["config"])
     task_class = locate(str(cfg.task._target_), "task._target_")
     if not getattr(task_class, "generates_text", False):
@@ -101,7 +106,10 @@ def _rebuild(cfg, data_args, state, ckpt_path, device, precision):
     """The run's model (adapters included) with the checkpoint's weights, for inference."""
     model = lora_for_run(build_model(cfg.model, data_args, precision.param_dtype), cfg)
     model = model.to(device, dtype=precision.param_dtype)
-    _load_weights(model, state["model"], ckpt_path, cfg)
+    if ckpt_path.is_dir():
+        load_sharded(model, None, ckpt_path)
+    else:
+        _load_weights(model, state["model"], ckpt_path, cfg)
     return model.eval()
 
 
@@ -179,10 +187,10 @@ def _check(scfg: DictConfig) -> Path:
             "ckpt_path=outputs/<run>/checkpoints/best.pt prompt='def '`."
         )
     path = Path(scfg.ckpt_path).expanduser()
-    if not path.is_file():
+    if not path.is_file() and not (path / "meta.pt").is_file():
         raise UserError(
-            f"ckpt_path={path}: no such file. Give a .pt written by accel-train, e.g. "
-            "outputs/<run>/checkpoints/best.pt."
+            f"ckpt_path={path}: no such file. Give a .pt (or a sharded .dcp directory) written "
+            "by accel-train, e.g. outputs/<run>/checkpoints/best.pt."
         )
     for key, ok, rule in (
         ("max_new_tokens", scfg.max_new_tokens >= 1, ">= 1"),

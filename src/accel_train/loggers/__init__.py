@@ -128,7 +128,13 @@ class MetricsLogger:
         row = json_safe({"step": step, "epoch": epoch, **metrics})  # strict JSON: no bare NaN
         self.jsonl.write(json.dumps(row, allow_nan=False) + "\n")
         self.rows["jsonl"] += 1
-        numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+        # Event rows ({"event": ...}: a resume, a stop, a checkpoint save with its timings) go to
+        # metrics.jsonl only: two saves at one step would be one metric logged twice elsewhere.
+        numbers = {
+            k: v
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and "event" not in metrics
+        }
         if self.csv_writer:
             self.csv_writer.writerows([step, epoch, k, v] for k, v in numbers.items())
             self.csv_file.flush()

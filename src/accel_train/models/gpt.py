@@ -28,6 +28,15 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+)
 from torch.nn import functional as F
 
 POS_EMBEDDINGS = ("learned", "rope")
@@ -67,18 +76,24 @@ class CausalSelfAttention(nn.Module):
         qk_norm: bool = False,
     ):
         super().__init__()
-        self.n_head = n_head
-        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.n_head, self.head_dim = n_head, n_embd // n_head
+        # q, k and v are separate layers so that tensor parallelism can shard each by heads
+        # (a fused layer sharded by rows would give one rank all of q and half of k).
+        self.q = nn.Linear(n_embd, n_embd, bias=bias)
+        self.k = nn.Linear(n_embd, n_embd, bias=bias)
+        self.v = nn.Linear(n_embd, n_embd, bias=bias)
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
         self.rotary, self.qk_norm = rotary, qk_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        # (b, t, c) -> (b, heads, t, head size)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        b, t, _ = x.shape
+        # (b, t, c) -> (b, heads, t, head size); under tensor parallelism this rank's heads only
+        # (the projections' outputs hold n_head / tp heads), hence -1, not n_head.
+        q, k, v = (
+            lin(x).view(b, t, -1, self.head_dim).transpose(1, 2) for lin in (self.q, self.k, self.v)
+        )
         if self.qk_norm:  # unit-RMS queries and keys per head (no learned scale)
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if self.rotary is not None:
@@ -86,7 +101,7 @@ class CausalSelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )
-        y = y.transpose(1, 2).contiguous().view(b, t, c)
+        y = y.transpose(1, 2).contiguous().view(b, t, -1)
         return self.resid_dropout(self.proj(y))
 
 
@@ -258,6 +273,40 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks(self.embed(idx)))
 
+    def tp_plan(self, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
+        """Tensor parallelism (strategy=tp, strategy.tp): q, k, v and the MLP's up projection
+        column-wise (each rank its own heads and hidden units), the attention output and the MLP
+        down projection row-wise (their outputs all-reduced). With sequence parallelism the
+        residual stream between them is split along the sequence: the norms and dropouts run on
+        1/tp of the tokens, and the row-wise layers reduce-scatter instead of all-reducing."""
+        seq = Shard(1)
+        out = seq if sequence_parallel else Replicate()
+        plan: dict[str, ParallelStyle] = {}
+        for part in ("attn.q", "attn.k", "attn.v", "mlp.fc"):
+            plan[f"blocks.*.{part}"] = ColwiseParallel()
+        for part in ("attn.proj", "mlp.proj"):
+            plan[f"blocks.*.{part}"] = RowwiseParallel(output_layouts=out)
+        if not sequence_parallel:
+            return plan
+        gather = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+        plan.update(
+            {
+                "embed": PrepareModuleOutput(
+                    output_layouts=Replicate(), desired_output_layouts=seq
+                ),
+                "blocks.*.ln_1": SequenceParallel(),
+                "blocks.*.ln_2": SequenceParallel(),
+                "blocks.*.attn": gather,
+                "blocks.*.mlp": gather,
+                "head": PrepareModuleInput(
+                    input_layouts=(seq,),
+                    desired_input_layouts=(Replicate(),),
+                    use_local_output=True,
+                ),
+            }
+        )
+        return plan
+
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters; the position embedding left out by default, as nanoGPT counts N for the
         FLOPs (a tied token embedding is the head, which does matmul work; an untied one is a
@@ -282,6 +331,12 @@ class GPT(nn.Module):
 def _rename_old_keys(state_dict, prefix, *_args) -> None:
     for key in [k for k in state_dict if k.startswith(prefix)]:
         rest = key[len(prefix) :]
+        head, _, tail = key.partition(".attn.qkv.")
+        if tail in ("weight", "bias"):
+            # Before tensor parallelism q, k and v were one fused layer: split it in three.
+            for name, part in zip("qkv", state_dict.pop(key).chunk(3, dim=0), strict=True):
+                state_dict[f"{head}.attn.{name}.{tail}"] = part
+            continue
         for old, new in _OLD_KEYS.items():
             if rest.startswith(old):
                 state_dict[prefix + new + rest[len(old) :]] = state_dict.pop(key)

@@ -162,12 +162,14 @@ class Checkpointing:
     def path(self, name: str) -> Path:
         return self.ckpt_dir / f"{name}{self.suffix}"
 
-    def commit(self, plan: Plan) -> None:
+    def commit(self, plan: Plan, top: str | None = None) -> None:
         """After the planned file is written: best.pt points at the top file (a rename), then
-        the files out of the top k go. A kill in between leaves at most an extra file."""
+        the files out of the top k go. A kill in between leaves at most an extra file. `top`:
+        the top file's name when the plan was made (an asynchronous save commits later, after
+        the next plan may have changed the ranking)."""
         if not self.is_main:
             return
-        top = self.kept[0]["name"]
+        top = top or self.kept[0]["name"]
         if top != "best" and plan.is_best:
             link_or_copy(self.path(top), self.path("best"))
         for name in plan.evicted:

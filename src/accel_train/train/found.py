@@ -1,6 +1,12 @@
-"""Finding the checkpoint a run resumes from and reading it (all but sharded weights): shared by
-train/resume.py and train/auto_batch.py (which takes a resumed run's batch size from it), so
-neither imports the other and the loop's modules form no cycle."""
+"""Finding the checkpoint a run resumes from and reading it (all but sharded weights): the one
+place resume state is read, below both the launch side (launch/launcher.py: check_resume, before
+the run dir is written) and the loop (train/resume.py; train/auto_batch.py takes a resumed run's
+batch size from it), which call it downward; neither imports the other.
+
+A checkpoint is read once per process: the first read is kept (keyed by the file's path, size
+and mtime, so a checkpoint replaced in between is read again) until `forget()`, which the loop's
+resume calls once it has loaded the state, and the launcher before it hands the run to other
+processes."""
 
 from __future__ import annotations
 
@@ -32,8 +38,29 @@ def find_checkpoint(wanted: str | None, ckpt_dir: Path, suffix: str) -> Path | N
     return max(found, key=lambda p: written(p).stat().st_mtime_ns)  # a tie: this run's format
 
 
+_read: dict[tuple, dict[str, Any]] = {}  # at most one entry: the run's checkpoint
+
+
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """Everything but the sharded weights (those load into the module later)."""
+    file = path / "meta.pt" if path.is_dir() else path
+    try:
+        st = file.stat()
+        key = (str(file.resolve()), st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = None  # missing: the load below says so in one paragraph
+    if key is not None and key in _read:
+        return _read[key]
     if path.is_dir():
-        return ckpt_io.load_sharded_meta(path, key="resume")
-    return ckpt_io.load_checkpoint(path, key="resume")
+        state = ckpt_io.load_sharded_meta(path, key="resume")
+    else:
+        state = ckpt_io.load_checkpoint(path, key="resume")
+    if key is not None:
+        _read.clear()
+        _read[key] = state
+    return state
+
+
+def forget() -> None:
+    """Drop the kept checkpoint (its weights are in the model now, or in another process's)."""
+    _read.clear()

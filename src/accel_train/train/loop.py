@@ -38,16 +38,21 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from accel_train import checkpoint as ckpt_io
+from accel_train.async_save import AsyncSaver, stage
 from accel_train.config.checks import validation_metrics
 from accel_train.config.run_config import flatten, to_container, write_run_config
 from accel_train.console import Progress, start_curves_plot, summary_table
 from accel_train.data.batch import count_samples
 from accel_train.errors import UserError
 from accel_train.loggers import MetricsLogger, json_safe
+from accel_train.mesh import tp_degree
 from accel_train.models import count_parameters
 from accel_train.parallel import SHARDED_STRATEGIES, DistEnv, process_group
+from accel_train.pipeline import data_coords
 from accel_train.tasks import split_output
 from accel_train.techniques import Technique
+from accel_train.tensor_parallel import clip_grad_norm_ as tp_clip_grad_norm_
+from accel_train.tensor_parallel import local
 from accel_train.train.auto_batch import resolve_batch_size
 from accel_train.train.build import Components, build_components, make_loader
 from accel_train.train.checkpointing import Checkpointing, known_metrics
@@ -125,7 +130,9 @@ class Loop:
         # strategy=pipeline: the schedule runs each micro-batch (see _forward_backward); the
         # processes of one pipeline share a batch, so the data-parallel width is smaller.
         self.pipeline = parts.pipeline
-        self.data_world = env.world_size // (self.pipeline.layout.stages if self.pipeline else 1)
+        _, self.data_world = data_coords(cfg.strategy, env)
+        # Tensor parallelism: the processes of a TP group hold the same batch (and loss).
+        self.tp = tp_degree(cfg.strategy, env.world_size) if env.distributed else 1
         self.log_every = log_interval(cfg.trainer.log_every_n_steps, parts.steps_per_epoch)
         # The normaliser: a step that returns (loss_sum, n_items) has its items counted on the
         # device; at the accumulation boundary the gradient is divided once by the items of the
@@ -160,6 +167,13 @@ class Loop:
         self.stopping = False  # agreed by all ranks: checkpoint and leave at this step
         self.finish_reason: str | None = None  # set by finish(): training is over, early
         self.metrics = MetricsLogger(self.run_dir, cfg.logger, enabled=env.is_main, run_config=cfg)
+        # checkpoint.async_save: the background writer (async_save.py); sharded saves get a
+        # process group of their own, created here on every rank.
+        self.saver = (
+            AsyncSaver(dist.new_group(backend="gloo") if self.sharded else None)
+            if cfg.checkpoint.async_save
+            else None
+        )
         self.progress = Progress(cfg.trainer.progress, enabled=env.is_main)
 
     def release(self) -> None:
@@ -167,6 +181,12 @@ class Loop:
         techniques' loss wrappers close over the loop, so without this the DDP module would
         live in a reference cycle until a garbage collection long after the process group is
         destroyed."""
+        saver = self.__dict__.get("saver")
+        if saver is not None:  # a save still in flight completes (the run failed elsewhere)
+            try:
+                saver.close()
+            except Exception as err:  # noqa: BLE001 - the run's own error is the one raised
+                log.warning("the last asynchronous checkpoint save failed too: %s", err)
         self.__dict__.clear()
 
     def _fire(self, hook: str, *args) -> None:
@@ -190,6 +210,7 @@ class Loop:
                 self._fire("on_fit_end")
                 self.train_loader.close()  # the workers go now, also when stopped by a signal
                 self.val_loader.close()
+            self._wait_for_saves()  # async_save: the last checkpoint complete before what follows
             if self.stopping or self._asked_to_stop_after_training():
                 return self._stopped()
             if self.finish_reason and self.env.is_main:
@@ -360,9 +381,13 @@ class Loop:
         by the items of the whole accumulated batch over all data-parallel processes. DDP and
         FSDP average the gradients over the processes, hence the factor world / items. The
         all-reduce of the count runs on the device: no host sync."""
-        items = self.env.all_reduce_sum(self.items) if self.data_world > 1 else self.items
-        factor = self.data_world / items.clamp(min=1)
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        # (Summed over all processes: a TP group counts its items tp times, hence data_world * tp.)
+        spread = self.data_world * self.tp
+        items = self.env.all_reduce_sum(self.items) if spread > 1 else self.items
+        factor = self.data_world / (items / self.tp).clamp(min=1)
+        # (A sharded gradient's local part: FSDP x TP puts gradients on two meshes, which one
+        # foreach op over the DTensors refuses.)
+        grads = [local(p.grad) for p in self.model.parameters() if p.grad is not None]
         if grads:
             torch._foreach_mul_(grads, factor)
         self.items.zero_()
@@ -378,6 +403,8 @@ class Loop:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
             if self.pipeline is not None:  # the norm over all stages' gradients
                 self.pipeline.clip_grad_norm_(self.model.parameters(), clip)
+            elif self.tp > 1:  # whole and sharded (DTensor) gradients, on several meshes
+                tp_clip_grad_norm_(self.model.parameters(), clip)
             else:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         self.scaler.step(self.optimizer)
@@ -444,8 +471,9 @@ class Loop:
         epoch = self._trained_epoch()
         plan = self.checkpoints.plan(metrics, epoch, self.step, self.checkpoints.due(epoch, final))
         if plan is not None:
-            self._save(plan.name)
-            self.checkpoints.commit(plan)  # rank 0: best.pt, and the files out of the top k
+            # rank 0, once the file is complete: best.pt, and the files out of the top k.
+            top = self.checkpoints.kept[0]["name"]
+            self._save(plan.name, then=lambda: self.checkpoints.commit(plan, top))
             self.env.barrier()
         # The checkpoint above holds the weights validation scored (ema's average).
         self._fire("after_validation")
@@ -504,6 +532,7 @@ class Loop:
             # (Otherwise _train_epoch saved last at this very step: don't spend the grace
             # period before SIGKILL on writing it twice.)
             self._save("last")
+        self._wait_for_saves()  # complete before the run exits or is requeued
         ckpt = self.ckpt_dir / f"last{self.ckpt_suffix}"
         self.progress.close()
         if exits:
@@ -592,23 +621,55 @@ class Loop:
             "config": to_container(self.cfg),
         }
 
-    def _save(self, name: str) -> None:
+    def _save(self, name: str, then=None) -> None:
+        """Write checkpoint `name` (then call `then` on rank 0, once it is complete). The time
+        the loop is blocked is logged as checkpoint/blocked_s: the whole write, or with
+        checkpoint.async_save the wait for the previous save plus the staging copy."""
         # HOST SYNC (checkpoint): state_dict() copies device tensors to the file.
+        start = time.perf_counter()
         path = self.ckpt_dir / f"{name}{self.ckpt_suffix}"
         self._fire("on_save", name)  # before anything is written: e.g. nonfinite
+        saver = self.saver
+        waited = saver.wait() if saver is not None else 0.0  # at most one save in flight
         if self.sharded:
             ckpt_io.save_sharded(
                 self.module,
                 self.optimizer,
-                self._state(),
+                stage(self._state(), pin=False),
                 path,
                 self.env.is_main,
                 flat_optimizer=self.pipeline is not None,
+                saver=saver,
+                then=then,
             )
-            return
-        if self.env.is_main:
-            ckpt_io.atomic_save(self._state(), path)
-        self.env.barrier()
+        elif saver is not None:
+            if self.env.is_main:
+                staged = stage(self._state(), pin=self.env.device.type == "cuda")
+                saver.submit(lambda: _write_then(staged, path, then))
+        else:
+            if self.env.is_main:
+                ckpt_io.atomic_save(self._state(), path)
+            self.env.barrier()
+        if saver is None and then is not None:
+            then()
+        # An event row: two saves at one step (a top-k file and last) are two facts, not one
+        # metric logged twice, and a resume's rewind keeps them.
+        row = {
+            "event": "checkpoint",
+            "name": name,
+            "checkpoint/blocked_s": time.perf_counter() - start,
+        }
+        if saver is not None:
+            row["checkpoint/waited_s"] = waited
+        self.metrics.log(row, self.step, self.epoch)
+
+    def _wait_for_saves(self) -> None:
+        """checkpoint.async_save: the last save complete (before the test pass reads best,
+        before the run exits or stops for a requeue); its error raised here."""
+        if self.saver is not None:
+            waited = self.saver.wait()
+            if waited > 0.01 and self.env.is_main:
+                log.info("waited %.2f s for the last checkpoint save to complete", waited)
 
     def _trained_epoch(self) -> int:
         """The epoch the weights were last trained in (0-based, as the training lines show):
@@ -708,6 +769,13 @@ class Loop:
                 wall_s,
             )
         return summary
+
+
+def _write_then(state: dict[str, Any], path: Path, then) -> None:
+    """The background half of an asynchronous single-file save (rank 0)."""
+    ckpt_io.atomic_save(state, path)
+    if then is not None:
+        then()
 
 
 def log_interval(log_every_n_steps: int, steps_per_epoch: int) -> int:

@@ -18,7 +18,7 @@ What may differ from the checkpoint's config (RULES, checked by `config_changes`
   loader.drop_last, loader.shuffle, trainer.accumulate_grad_batches,
   trainer.limit_train_batches, trainer.seed: the checkpoint's step and batch_in_epoch count
   batches of that size in that order), the validation set the best scores were measured on
-  (trainer.limit_val_batches), strategy.name into or out of fsdp (sharded checkpoints) and
+  (trainer.limit_val_batches), strategy.name into or out of pipeline (its optimizer layout) and
   precision.name into or out of bf16_true (bf16 parameters). A key no rule names is refused.
 - Applied, and logged as one line per key, "changed on resume: KEY OLD -> NEW" (rank 0), and in
   the {"event": "resume"} row of metrics.jsonl: everything else. The run's length
@@ -62,7 +62,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
@@ -72,10 +72,7 @@ from accel_train.errors import UserError
 from accel_train.optim import base_learning_rates, build_scheduler, cut_short
 from accel_train.parallel import SHARDED_STRATEGIES
 from accel_train.train.checkpointing import best_score, link_or_copy
-from accel_train.train.found import find_checkpoint, read_checkpoint
-
-if TYPE_CHECKING:  # the loop calls this module; only the type is needed here
-    from accel_train.train.loop import Loop
+from accel_train.train.found import find_checkpoint, forget, read_checkpoint
 
 log = logging.getLogger("accel_train")
 
@@ -179,13 +176,13 @@ class Change:
 
 def _transition(key: str, old: Any, new: Any) -> str | None:
     """Changes refused only between certain values of a key that may otherwise change."""
-    if key == "strategy.name" and (old in SHARDED_STRATEGIES) != (new in SHARDED_STRATEGIES):
+    if key == "strategy.name" and (old == "pipeline") != (new == "pipeline"):
+        # (Between single, DDP, FSDP, TP and FSDP x TP a checkpoint moves either way: a sharded
+        # one is re-cut at any world size, a single file is cut into shards; docs/distributed.md.)
         return (
-            "FSDP and pipeline runs write sharded checkpoints (last.dcp) and the others one "
-            "file (last.pt)"
+            "pipeline checkpoints hold each stage's optimizer state keyed by parameter name, "
+            "the other strategies' one optimizer over the whole model"
         )
-    if key == "strategy.name" and {old, new} == {"fsdp", "pipeline"}:
-        return "FSDP and pipeline checkpoints store the optimizer state in different layouts"
     if key == "precision.name" and (old == "bf16_true") != (new == "bf16_true"):
         return (
             "bf16_true keeps the parameters themselves in bf16, so the weights would be rounded "
@@ -404,6 +401,35 @@ def check_resume(cfg: DictConfig, world_size: int | None = None) -> dict[str, An
 # ---- into the loop -----------------------------------------------------------------------
 
 
+class Loop(Protocol):
+    """What resume reads and restores: the loop passes itself (train/loop.py calls this module
+    downward; this module never imports the loop)."""
+
+    cfg: DictConfig
+    env: Any
+    parts: Any
+    module: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    task: Any
+    techniques: list
+    train_loader: Any
+    metrics: Any
+    checkpoints: Any
+    run_dir: Path
+    ckpt_dir: Path
+    ckpt_suffix: str
+    sharded: bool
+    data_world: int
+    epoch: int
+    step: int
+    batch_in_epoch: int
+    best_val: dict
+    last_val: dict | None
+    finish_reason: str | None
+
+
 @dataclass
 class Resumed:
     path: str
@@ -418,12 +444,6 @@ def resume(loop: Loop) -> Resumed | None:
     if path is None:
         return None  # nothing to resume from: a fresh start, not an error
     state = read_checkpoint(path)
-    if not path.is_dir() and loop.sharded:
-        raise UserError(
-            f"resume={path}: a single-file checkpoint cannot be loaded into "
-            f"strategy={loop.cfg.strategy.name}; "
-            "resume it with strategy=ddp or single."
-        )
     changes = config_changes(state["config"], to_container(loop.cfg), wanted, path)
     _check_task_data(loop, state, wanted, path)
     changed = {c.key for c in changes}
@@ -442,6 +462,7 @@ def resume(loop: Loop) -> Resumed | None:
             return Resumed(str(path), summary)
 
     _load_weights_and_optimizer(loop, path, state, changed)
+    forget()  # the weights are in the model now: the kept copy goes
     if state["scaler"] or not loop.scaler.is_enabled():
         loop.scaler.load_state_dict(state["scaler"])
     elif loop.env.is_main:  # e.g. amp trained on the CPU (no scaler), resumed on CUDA
@@ -510,6 +531,9 @@ def _load_weights_and_optimizer(loop: Loop, path: Path, state: dict, changed: se
         if path.is_dir():  # a sharded checkpoint, loadable at any world size
             ckpt_io.load_sharded(loop.module, loop.optimizer, path)
             _apply(loop.optimizer.param_groups, fresh, keys, onecycle)
+        elif loop.sharded:  # a single file (single, DDP) cut into this run's shards
+            _apply(state["optimizer"]["param_groups"], fresh, keys, onecycle)
+            ckpt_io.load_full_into_sharded(loop.module, loop.optimizer, state)
         else:
             loop.module.load_state_dict(state["model"])
             # Into the saved groups before loading: the optimizer places its state by them

@@ -1,0 +1,227 @@
+"""strategy=tp and FSDP x TP (`strategy=fsdp strategy.tp=2`) through the real CLI: gloo
+processes on the CPU (issue 29).
+
+The runs start together when the module's first test asks for them, then each test waits for
+its own. One process is the reference; TP over 2 processes and 2 x 2 FSDP x TP over 4 must
+follow its loss over 20 fp32 steps within 1e-4 (relative). Gradient clipping is on, so that the
+global gradient norm over whole, TP-sharded and FSDP x TP-sharded gradients changes every step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from helpers import BIN, check_ok
+
+from accel_train.config.checks import validate
+from accel_train.config.run_config import resolve
+from accel_train.errors import UserError
+from accel_train.launch.launcher import check_strategy
+
+TIMEOUT = 420  # seconds for one run while the other runs share the two cores
+TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
+STEPS = 20
+
+COMMON = [
+    "+experiment=gpt_char",
+    "dataset.path=../tokens",
+    "model.n_layer=2",
+    "model.n_head=4",
+    "model.n_embd=32",
+    "model.block_size=16",
+    "dataset.windows_per_epoch=1600",
+    "dataset.eval_windows=16",
+    f"trainer.max_steps={STEPS}",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=1.0",
+    "trainer.gradient_clip_val=0.5",
+    "trainer.deterministic=true",
+    "trainer.seed=3",
+    "trainer.progress=none",
+    "trainer.plot_curves=false",
+    "scheduler.warmup_steps=2",
+    "precision=fp32",
+    "logger=none",
+]
+
+
+class Proc:
+    """A started command; output to files; its own session so a timeout ends its workers."""
+
+    def __init__(self, args: list[str], cwd: Path, name: str, prog: str = "accel-train"):
+        cwd.mkdir(parents=True, exist_ok=True)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k != "HYDRA_FULL_ERROR" and not k.startswith(("TORCHELASTIC_", "SLURM_"))
+        }
+        env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        self.args = [str(BIN / prog), *args]
+        self.out, self.err = cwd / f"{name}.stdout", cwd / f"{name}.stderr"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.popen = subprocess.Popen(
+                self.args, cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True
+            )
+
+    def ok(self) -> str:
+        try:
+            code = self.popen.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = None
+        output = self.out.read_text() + self.err.read_text()
+        assert code == 0, f"{' '.join(self.args)}\nexit {code}\n{output[-6000:]}"
+        return output
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+
+def assert_same_trajectory(a: dict[int, float], b: dict[int, float]) -> None:
+    assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-4), (step, a, b)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, run_cli_in):
+    root = tmp_path_factory.mktemp("tp")
+    (root / "input.txt").write_text(TEXT)
+    check_ok(run_cli_in(["tokenize", "input=input.txt", "out=tokens"], root, prog="accel-data"))
+    work = root / "work"
+    procs = {
+        "one": Proc([*COMMON, "loader.batch_size=8", "hydra.run.dir=one"], work, "one"),
+        "tp": Proc(
+            [
+                *COMMON,
+                "strategy=tp",
+                "launcher.nproc_per_node=2",
+                "loader.batch_size=8",
+                "hydra.run.dir=tp",
+            ],
+            work,
+            "tp",
+        ),
+        # 2-way FSDP x 2-way TP: 4 per FSDP rank x 2 = the reference's 8.
+        "fsdp_tp": Proc(
+            [
+                *COMMON,
+                "strategy=fsdp",
+                "strategy.tp=2",
+                "launcher.nproc_per_node=4",
+                "loader.batch_size=4",
+                "hydra.run.dir=fsdp_tp",
+            ],
+            work,
+            "fsdp_tp",
+        ),
+    }
+    yield work, procs
+    for proc in procs.values():
+        proc.kill()
+
+
+def test_tp_over_two_processes_matches_one_process(runs):
+    work, procs = runs
+    out = procs["tp"].ok()
+    procs["one"].ok()
+    assert "tensor parallel over 2 processes: 12 modules" in out
+    assert "x 1 process(es) = 8 global" in out  # the two TP ranks read the same batches
+    assert_same_trajectory(losses(work / "one"), losses(work / "tp"))
+    assert (work / "tp" / "checkpoints" / "last.dcp" / ".metadata").is_file()
+
+
+def test_fsdp_times_tp_matches_one_process(runs):
+    work, procs = runs
+    out = procs["fsdp_tp"].ok()
+    procs["one"].ok()
+    assert "tensor parallel over 2 processes" in out
+    assert "x 2 process(es) = 8 global" in out
+    assert_same_trajectory(losses(work / "one"), losses(work / "fsdp_tp"))
+
+
+def test_sequence_parallel_and_the_working_techniques_train(tmp_path, run_cli):
+    """Sequence parallelism, activation checkpointing, EMA, accumulation and bf16 autocast
+    together under TP: the run trains and its loss falls."""
+    (tmp_path / "input.txt").write_text(TEXT)
+    check_ok(run_cli(["tokenize", "input=input.txt", "out=tokens"], prog="accel-data"))
+    args = [a for a in COMMON if a != "dataset.path=../tokens" and not a.startswith("precision")]
+    proc = run_cli(
+        [
+            *args,
+            "dataset.path=tokens",
+            "strategy=tp",
+            "strategy.sequence_parallel=true",
+            "launcher.nproc_per_node=2",
+            "loader.batch_size=4",
+            "activation_checkpointing.mode=full",
+            "ema.enabled=true",
+            "trainer.accumulate_grad_batches=2",
+            "precision=bf16",
+            "hydra.run.dir=run",
+        ],
+        timeout=TIMEOUT,
+    )
+    check_ok(proc)
+    assert "SequenceParallel" in proc.stderr
+    curve = losses(tmp_path / "run")
+    assert len(curve) == STEPS and curve[STEPS] < curve[1]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "nproc", "said"),
+    [
+        (["strategy=tp", "model.n_head=3", "model.n_embd=24"], 2, "strategy.tp=2 does not divide"),
+        (["strategy=fsdp", "strategy.tp=2"], 3, "strategy.tp=2 does not divide the 3 processes"),
+        (["strategy=tp", "strategy.tp=2"], 4, "strategy=fsdp strategy.tp=2"),
+        (["strategy=tp", "lora.rank=2"], 2, "lora.rank with strategy=tp"),
+        (["strategy=fsdp", "strategy.tp=2", "precision=fp16"], 2, "precision=fp16 with tensor"),
+    ],
+)
+def test_impossible_layouts_are_refused_before_any_process_starts(
+    overrides, nproc, said, compose_cfg, tmp_path
+):
+    """The launcher's checks (validate, then the layout for `nproc` processes): one paragraph
+    that names the key and the way out."""
+    cfg = compose_cfg(
+        [
+            *COMMON,
+            *overrides,
+            f"launcher.nproc_per_node={nproc}",
+            f"paths.output_dir={tmp_path}",
+        ]
+    )
+    with pytest.raises(UserError) as refused:
+        validate(cfg)
+        check_strategy(resolve(cfg), nproc)
+    message = str(refused.value)
+    assert said in message and "`" in message and "\n" not in message
+
+
+def test_heads_not_divisible_is_refused_by_the_cli(run_cli, tmp_path):
+    proc = run_cli(
+        [
+            *COMMON,
+            "strategy=tp",
+            "launcher.nproc_per_node=2",
+            "model.n_head=3",
+            "model.n_embd=24",
+            "hydra.run.dir=run",
+        ]
+    )
+    assert proc.returncode != 0
+    assert "strategy.tp=2 does not divide model.n_head=3" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "logs").exists()  # refused before torchrun started
