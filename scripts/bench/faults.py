@@ -17,6 +17,11 @@ right then. Reported per signal:
 
     python scripts/bench/faults.py                       # 30 kills, seed 0: a few minutes
     python scripts/bench/faults.py --kills 9 --seed 1    # a quicker look
+    python scripts/bench/faults.py --async-save          # saves written in the background
+
+With `--async-save` (checkpoint.async_save=true) a SIGKILL may also land while a save is still
+being written in the background: the next start resumes from the save before it, so up to 2
+steps may be lost (the step of the save in flight and the one after it).
 """
 
 from __future__ import annotations
@@ -172,7 +177,10 @@ def main() -> None:
     p.add_argument("--max-delay", type=float, default=1.5, help="s after the first step")
     p.add_argument("--steps-per-kill", type=int, default=40, help="sets trainer.max_steps")
     p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument("--async-save", action="store_true", help="checkpoint.async_save=true")
     a = p.parse_args()
+    if a.async_save:
+        RUN.append("checkpoint.async_save=true")
     rng = random.Random(a.seed)
     steps = a.steps_per_kill * a.kills
     workdir = a.workdir or Path(tempfile.mkdtemp(prefix="accel_bench_faults_"))
