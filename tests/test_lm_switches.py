@@ -3,7 +3,8 @@ matrices, AdamW on the rest, as one optimizer) and `model=gpt`'s options (rotary
 QK-norm, ReLU², an untied head): Muon's update against a written reference, the combined
 optimizer against the two run side by side, each model option's forward and checkpoint, and
 through the real CLI: a tiny GPT with every switch on trains, resumes exactly with Muon, and is
-read by accel-sample and accel-export; Muon with FSDP is refused before any process starts."""
+read by accel-sample and accel-export; Muon with FSDP is refused before any process starts.
+(The recipes gpt_char_fast and gpt2_small run shrunken in tests/test_new_user.py.)"""
 
 from __future__ import annotations
 
@@ -197,38 +198,3 @@ def test_muon_with_fsdp_is_refused_before_any_process(workspace, run_cli_in):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "optimizer=muon with strategy=fsdp" in proc.stderr
     assert not (workspace / "fsdp" / "metrics.jsonl").exists()
-
-
-SHRUNK = [
-    "model.n_layer=1",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "model.block_size=32",
-    "dataset.eval_windows=4",
-    "scheduler.warmup_steps=0",
-    "trainer.max_steps=2",
-    "trainer.val_check_interval=2",
-    "trainer.progress=none",
-    "logger=none",
-]
-
-
-@pytest.mark.parametrize(
-    "recipe, extra",
-    [
-        ("gpt_char_fast", []),
-        # The GPU recipe on the CPU: no compile (minutes on 2 cores), fp32, no accumulation.
-        (
-            "gpt2_small",
-            ["trainer.compile=false", "precision=fp32", "trainer.accumulate_grad_batches=1"],
-        ),
-    ],
-)
-def test_recipes_compose_and_run_shrunken(recipe, extra, workspace, run_cli_in):
-    run = workspace / recipe
-    args = [f"+experiment={recipe}", "dataset.path=tokens", *SHRUNK, *extra]
-    check_ok(run_cli_in([*args, f"hydra.run.dir={run}"], workspace))
-    rows = read_jsonl(run / "metrics.jsonl")
-    assert any("val/loss" in m for m in rows)
-    saved = load_checkpoint(run / "checkpoints" / "last.pt")["config"]
-    assert saved["name"] == recipe

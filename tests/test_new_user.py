@@ -46,15 +46,24 @@ def _sft(cwd: Path, run_cli) -> list[str]:
     ]
 
 
+def _gpt2_shrunk(cwd: Path, run_cli) -> list[str]:
+    # The GPU recipe shrunk for 2 CPU cores: its schedule, optimizer and data path as they are;
+    # no compile (minutes here), fp32, a tiny model.
+    shrunk = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=32"]
+    return [*_tokens(cwd, run_cli), *shrunk, "trainer.compile=false", "precision=fp32"]
+
+
 # Each experiment's data, made by the test: a new experiment must say what it needs here.
 EXPERIMENT_DATA = {
     "cifar10_resnet18_bf16": _cifar_shaped,
     "gpt_char": _tokens,
+    "gpt_char_fast": _tokens,
+    "gpt2_small": _gpt2_shrunk,
     "mnist_amp": _mnist,
     "sft_lora": _sft,
 }
 # The experiments whose warm-up is longer than the smoke run's one step.
-WARMUP = {"gpt_char": 100, "sft_lora": 10}
+WARMUP = {"gpt_char": 100, "gpt_char_fast": 50, "gpt2_small": 200, "sft_lora": 10}
 
 
 def test_every_experiment_names_its_test_data():
