@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import secrets
 import shutil
 import signal
@@ -33,6 +32,7 @@ import time
 from pathlib import Path
 
 from _common import console_script, load_avg, machine, median, table
+from startup import measure  # (wall s, CPU s) of one run, as startup.py times it
 
 RUN = [
     "model=mlp",
@@ -51,17 +51,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def measure(cmd: list[str], cwd: str, env: dict) -> tuple[float, float]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def start_head(env: dict, temp: str) -> tuple[subprocess.Popen, str]:
