@@ -141,9 +141,20 @@ class HFModel(nn.Module):
             use_cache=True,
         )
 
-    def tp_plan(self) -> dict[str, str]:
-        """The tensor-parallel plan the model declares for itself (transformers' own)."""
-        return dict(getattr(self.hf, "_tp_plan", None) or {})
+    def tp_plan(self, sequence_parallel: bool = False) -> dict[str, str]:
+        """The tensor-parallel plan the model declares for itself: transformers' own
+        `base_model_tp_plan` (its decoder layers' projections, colwise then rowwise), named from
+        this wrapper (`hf.<base model>.layers.*...`). Embeddings and the head stay whole."""
+        if sequence_parallel:
+            raise UserError(
+                "strategy.sequence_parallel=true with model=hf is not supported: the plan a "
+                "Hugging Face model declares shards its projections only. Set "
+                "`strategy.sequence_parallel=false`."
+            )
+        plan = getattr(self.hf.config, "base_model_tp_plan", None) or {}
+        prefix = getattr(self.hf, "base_model_prefix", "")
+        base = f"hf.{prefix}." if prefix and hasattr(self.hf, prefix) else "hf."
+        return {f"{base}{pattern}": kind for pattern, kind in plan.items()}
 
 
 def hf_model(
