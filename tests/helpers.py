@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -170,3 +171,64 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.5)
+
+
+def _background_env() -> dict[str, str]:
+    """The environment of a background run: none of a launcher's own variables, one thread."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "HYDRA_FULL_ERROR"
+        and not k.startswith(("TORCHELASTIC_", "SLURM_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = "1"  # two cores shared by every process of every test
+    return env
+
+
+class Proc:
+    """A started command (several run at once); output to files; its own session so a timeout
+    ends all its workers. `timeout`: seconds for the run while other runs share the cores."""
+
+    def __init__(
+        self, args: list[str], cwd: Path, name: str, prog: str = "accel-train", timeout=420
+    ):
+        cwd.mkdir(parents=True, exist_ok=True)
+        self.args, self.timeout = [str(BIN / prog), *args], timeout
+        self.out, self.err = cwd / f"{name}.stdout", cwd / f"{name}.stderr"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.popen = subprocess.Popen(
+                self.args,
+                cwd=cwd,
+                env=_background_env(),
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+
+    def wait(self) -> tuple[int, str]:
+        try:
+            code = self.popen.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = None
+        output = self.out.read_text() + self.err.read_text()
+        assert code is not None, f"timed out: {' '.join(self.args)}\n{output[-4000:]}"
+        return code, output
+
+    def ok(self) -> str:
+        code, output = self.wait()
+        assert code == 0, f"{' '.join(self.args)}\nexit {code}\n{output[-6000:]}"
+        return output
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """step -> train/loss of a run's metrics.jsonl."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}

@@ -10,14 +10,12 @@ the clip (over all stages' gradients) changes the steps; 250 samples leave a sho
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import Proc, train_losses
 
 from accel_train.config.run_config import resolve
 from accel_train.errors import UserError
@@ -28,7 +26,6 @@ from accel_train.launch.launcher import check_strategy
 # strategy=pipeline.
 
 BIN = Path(sys.executable).parent
-TIMEOUT = 420  # seconds for one run while other runs share the two cores
 
 COMMON = [
     "model=mlp",
@@ -48,57 +45,6 @@ COMMON = [
 ]
 STEPS = 10  # 8 steps per epoch: crosses the short batch and an epoch end
 PIPE = ["strategy=pipeline", "launcher.nproc_per_node=2", "loader.batch_size=32"]
-
-
-def _env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k != "HYDRA_FULL_ERROR"
-        and not k.startswith(("TORCHELASTIC_", "SLURM_"))
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env["PYTHONUNBUFFERED"] = "1"
-    env["OMP_NUM_THREADS"] = "1"  # two cores shared by every process of every test
-    return env
-
-
-class Proc:
-    """A started command; output to files; its own session so a timeout ends all its workers."""
-
-    def __init__(self, args: list[str], cwd: Path, name: str, prog: str = "accel-train"):
-        cwd.mkdir(parents=True, exist_ok=True)
-        self.args = [str(BIN / prog), *args]
-        self.out, self.err = cwd / f"{name}.stdout", cwd / f"{name}.stderr"
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.popen = subprocess.Popen(
-                self.args, cwd=cwd, env=_env(), stdout=out, stderr=err, start_new_session=True
-            )
-
-    def wait(self) -> tuple[int, str]:
-        try:
-            code = self.popen.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            code = None
-        output = self.out.read_text() + self.err.read_text()
-        assert code is not None, f"timed out: {' '.join(self.args)}\n{output[-4000:]}"
-        return code, output
-
-    def ok(self) -> str:
-        code, output = self.wait()
-        assert code == 0, f"{' '.join(self.args)}\nexit {code}\n{output[-6000:]}"
-        return output
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait()
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
 def assert_same_trajectory(a: dict[int, float], b: dict[int, float], steps) -> None:
@@ -166,7 +112,7 @@ def test_two_stages_match_one_process_and_resume_exactly(runs):
     assert "pipeline: 2 stages x 1 replica(s), schedule 1f1b, 4 micro-batches of 8" in output
     assert "stage 0:" in output and "stage 1:" in output
     assert "x 2 pipeline stages = 2 processes" in output
-    one, pp = losses(root / "one"), losses(root / "pp")
+    one, pp = train_losses(root / "one"), train_losses(root / "pp")
     assert_same_trajectory(one, pp, range(1, 7))
     ckpt = root / "pp" / "checkpoints" / "last.dcp"
     assert sorted(p.name for p in ckpt.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
@@ -185,7 +131,7 @@ def test_two_stages_match_one_process_and_resume_exactly(runs):
         "pp_resume",
     )
     assert "pipeline: 3 stages x 1 replica(s)" in resumed.ok()
-    assert_same_trajectory(one, losses(root / "pp"), range(7, STEPS + 1))
+    assert_same_trajectory(one, train_losses(root / "pp"), range(7, STEPS + 1))
 
     evals = {
         name: Proc([f"ckpt_path={path}", "device=cpu"], root, f"eval_{name}", prog="accel-eval")
@@ -211,7 +157,9 @@ def test_two_stages_times_two_replicas_match_one_process(runs):
     assert "x 2 process(es) (x 2 pipeline stages = 4 processes" in output
     runs["one"].ok()
     root = runs["root"]
-    assert_same_trajectory(losses(root / "one"), losses(root / "pp2d"), range(1, STEPS + 1))
+    assert_same_trajectory(
+        train_losses(root / "one"), train_losses(root / "pp2d"), range(1, STEPS + 1)
+    )
 
 
 def test_impossible_layouts_are_one_paragraph_errors(runs, tmp_path):

@@ -9,14 +9,8 @@ global gradient norm over whole, TP-sharded and FSDP x TP-sharded gradients chan
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-from pathlib import Path
-
 import pytest
-from helpers import BIN, check_ok
+from helpers import Proc, check_ok, train_losses
 
 from accel_train.config.checks import validate
 from accel_train.config.run_config import resolve
@@ -48,45 +42,6 @@ COMMON = [
     "precision=fp32",
     "logger=none",
 ]
-
-
-class Proc:
-    """A started command; output to files; its own session so a timeout ends its workers."""
-
-    def __init__(self, args: list[str], cwd: Path, name: str, prog: str = "accel-train"):
-        cwd.mkdir(parents=True, exist_ok=True)
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k != "HYDRA_FULL_ERROR" and not k.startswith(("TORCHELASTIC_", "SLURM_"))
-        }
-        env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-        self.args = [str(BIN / prog), *args]
-        self.out, self.err = cwd / f"{name}.stdout", cwd / f"{name}.stderr"
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.popen = subprocess.Popen(
-                self.args, cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True
-            )
-
-    def ok(self) -> str:
-        try:
-            code = self.popen.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            code = None
-        output = self.out.read_text() + self.err.read_text()
-        assert code == 0, f"{' '.join(self.args)}\nexit {code}\n{output[-6000:]}"
-        return output
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait()
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
 def assert_same_trajectory(a: dict[int, float], b: dict[int, float]) -> None:
@@ -139,7 +94,7 @@ def test_tp_over_two_processes_matches_one_process(runs):
     procs["one"].ok()
     assert "tensor parallel over 2 processes: 12 modules" in out
     assert "x 1 process(es) = 8 global" in out  # the two TP ranks read the same batches
-    assert_same_trajectory(losses(work / "one"), losses(work / "tp"))
+    assert_same_trajectory(train_losses(work / "one"), train_losses(work / "tp"))
     assert (work / "tp" / "checkpoints" / "last.dcp" / ".metadata").is_file()
 
 
@@ -149,7 +104,7 @@ def test_fsdp_times_tp_matches_one_process(runs):
     procs["one"].ok()
     assert "tensor parallel over 2 processes" in out
     assert "x 2 process(es) = 8 global" in out
-    assert_same_trajectory(losses(work / "one"), losses(work / "fsdp_tp"))
+    assert_same_trajectory(train_losses(work / "one"), train_losses(work / "fsdp_tp"))
 
 
 def test_sequence_parallel_and_the_working_techniques_train(tmp_path, run_cli):
@@ -176,7 +131,7 @@ def test_sequence_parallel_and_the_working_techniques_train(tmp_path, run_cli):
     )
     check_ok(proc)
     assert "SequenceParallel" in proc.stderr
-    curve = losses(tmp_path / "run")
+    curve = train_losses(tmp_path / "run")
     assert len(curve) == STEPS and curve[STEPS] < curve[1]
 
 
