@@ -269,10 +269,10 @@ def main() -> None:
 
 
 def _exit_without_teardown(code: int) -> None:
-    main_thread = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main_thread and not thread.daemon:
-            thread.join()
+    # What the interpreter's exit does first: the threading module's exit hooks (they tell
+    # concurrent.futures' pools, e.g. Inductor's compile workers, to stop; joined before them,
+    # an idle pool's workers would wait forever), then every non-daemon thread joined.
+    threading._shutdown()  # noqa: SLF001
     atexit._run_exitfuncs()  # noqa: SLF001 - the handlers a normal exit runs, in its order
     sys.stdout.flush()
     sys.stderr.flush()
