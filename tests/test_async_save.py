@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import BIN, check_ok, read_jsonl, wait_for
 
 from accel_train.checkpoint import load_checkpoint
@@ -150,3 +151,84 @@ def test_sigkill_during_async_saves_resumes_from_a_complete_checkpoint(name, ext
     assert blocked and all(b >= 0 for b in blocked)
     assert any("checkpoint/waited_s" in r for r in rows)
     assert max(_complete(run_dir / "checkpoints").values()) == MAX_STEPS
+
+
+BN_NET = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):  # BatchNorm: buffers that every forward pass changes
+    def __init__(self, in_channels=1, image_size=28, num_classes=10):
+        super().__init__()
+        # Ballast: every step changes all of it, and its copy takes longer than a step of the
+        # rest, so a copy that raced the next step would differ.
+        self.ballast = nn.Parameter(torch.zeros(4_000_000))
+        self.body = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(in_channels * image_size * image_size, 32),
+            nn.BatchNorm1d(32),
+            nn.ReLU(),
+            nn.Linear(32, num_classes),
+        )
+
+    def forward(self, x):
+        return self.body(x) + self.ballast.mean()
+"""
+
+
+def test_async_checkpoints_equal_synchronous_ones(run_cli, tmp_path):
+    """The background copy overlaps the next step's forward and backward: what that pass
+    changes (BatchNorm's running statistics) is copied before the save returns, and the weights
+    and the optimizer state before the next optimizer step changes them. Every checkpoint a
+    run keeps (one per validation, training going on after each) equals the synchronous run's,
+    tensor for tensor."""
+    (tmp_path / "bnnet.py").write_text(BN_NET)
+    runs = {}
+    for mode in ("false", "true"):
+        check_ok(
+            run_cli(
+                [
+                    "model=custom",
+                    "model._target_=bnnet.Net",
+                    "dataset.num_train=256",
+                    "dataset.num_test=64",
+                    "loader.batch_size=16",
+                    "trainer.max_steps=12",
+                    "trainer.val_check_interval=3",
+                    "trainer.progress=none",
+                    "trainer.plot_curves=false",
+                    "checkpoint.save_top_k=-1",
+                    "checkpoint.monitor=val/loss",
+                    f"checkpoint.async_save={mode}",
+                    f"hydra.run.dir=run_{mode}",
+                ]
+            )
+        )
+        ckpts = tmp_path / f"run_{mode}" / "checkpoints"
+        runs[mode] = {p.name: load_checkpoint(p) for p in sorted(ckpts.glob("*.pt"))}
+    assert runs["true"].keys() == runs["false"].keys()
+    assert len(runs["true"]) >= 5, runs["true"].keys()  # 4 validations' files + last.pt
+    for name, sync in runs["false"].items():
+        done = runs["true"][name]
+        assert done["progress"]["step"] == sync["progress"]["step"], name
+        for part in ("model", "optimizer"):
+            flat_sync, flat_async = _tensors(sync[part]), _tensors(done[part])
+            assert flat_sync.keys() == flat_async.keys()
+            for key, value in flat_sync.items():
+                assert torch.equal(value, flat_async[key]), (name, part, key)
+        assert any("running_mean" in k for k in sync["model"])
+
+
+def _tensors(obj, prefix="") -> dict:
+    if isinstance(obj, torch.Tensor):
+        return {prefix: obj}
+    if isinstance(obj, dict):
+        return {
+            k: v for key, val in obj.items() for k, v in _tensors(val, f"{prefix}/{key}").items()
+        }
+    if isinstance(obj, (list, tuple)):
+        return {
+            k: v for i, val in enumerate(obj) for k, v in _tensors(val, f"{prefix}/{i}").items()
+        }
+    return {}

@@ -1,75 +1,131 @@
-"""checkpoint.async_save=true: a checkpoint is written while training goes on.
+"""checkpoint.async_save=true: a checkpoint is copied and written while training goes on.
 
-The loop stages the state (a copy of every tensor in host memory, pinned on CUDA: the training
-step may change the weights the moment `_save` returns), then one background thread writes it:
-the single-file checkpoint with checkpoint.atomic_save, a sharded one through
-torch.distributed.checkpoint.async_save on a process group of its own (its collectives must not
-interleave with the training step's). The same atomic rule as a synchronous save: the file or
-directory appears under its name by a rename once complete, so a kill at any moment leaves the
-previous checkpoint loadable.
+A save hands the state to torch's `DefaultStager` (torch.distributed.checkpoint.staging), which
+copies every tensor into host memory on a thread of its own: pinned memory on CUDA, and buffers
+cached from one save to the next, so that a save after the first allocates nothing (on the CPU
+the page faults of a fresh 200 MB copy cost more than the copy). The loop goes on with the next
+step's forward and backward meanwhile and waits for the copy only where the weights would
+change under it: before the optimizer step, a validation, the next save or the exit
+(`staged`). What else the forward pass may change (a BatchNorm's running statistics, a
+technique's counters) is copied before `_save` returns: only the parameters and the optimizer
+state, which nothing but the optimizer step changes, are left to the background copy.
 
-At most one save is in flight: the next one waits for it (the time waited is part of the
-`checkpoint/blocked_s` the loop logs). The loop waits for the last one before it validates the
-best checkpoint, exits or stops for a requeue; a failed write is raised there, as the same
-one-paragraph UserError a synchronous save raises.
+Then one background thread writes the copy: the single-file checkpoint with
+checkpoint.atomic_save, a sharded one through torch.distributed.checkpoint.async_save on a process
+group of its own (its collectives must not interleave with the training step's). The same atomic
+rule as a synchronous save: the file or directory appears under its name by a rename once
+complete, so a kill at any moment leaves the previous checkpoint loadable.
+
+At most one save is in flight: the next one waits for it. The loop logs, per save, the time it
+was blocked (`checkpoint/blocked_s`: the call, plus the wait for the copy at the next weight
+change) and the time it waited for the previous write (`checkpoint/waited_s`). The loop waits for
+the last write before it validates the best checkpoint, exits or stops for a requeue; a failed
+write is raised there, as the same one-paragraph UserError a synchronous save raises.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 
-def stage(obj: Any, pin: bool) -> Any:
-    """A copy of `obj` (nested dicts, lists, tuples) whose tensors live in host memory and are
-    no longer shared with the model or optimizer."""
+def _storage(t: torch.Tensor) -> int:
+    local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard
+    return local.untyped_storage().data_ptr() if local.numel() else 0
+
+
+def step_only_storages(model: torch.nn.Module, optimizer) -> set[int]:
+    """The storages that only the optimizer step changes: the parameters and the optimizer's
+    state. Everything else in a checkpoint is copied before the loop goes on."""
+    tensors: Iterable[torch.Tensor] = [
+        *model.parameters(),
+        *(v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)),
+    ]
+    return {_storage(t) for t in tensors} - {0}
+
+
+def copy_all_but(obj: Any, later: set[int]) -> Any:
+    """`obj` with every tensor not in the storages `later` replaced by a copy made now."""
     if isinstance(obj, torch.Tensor):
-        t = obj.detach()
-        if t.device.type == "cpu":
-            return t.clone()
-        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
-        return out.copy_(t, non_blocking=pin)
+        return obj if _storage(obj) in later else obj.detach().clone()
     if isinstance(obj, dict):
-        return {k: stage(v, pin) for k, v in obj.items()}
+        return {k: copy_all_but(v, later) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [stage(v, pin) for v in obj]
+        return [copy_all_but(v, later) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(stage(v, pin) for v in obj)
+        return tuple(copy_all_but(v, later) for v in obj)
     return obj
 
 
 class AsyncSaver:
-    """One background writer; `submit` waits for the previous write first."""
+    """The stager (host copies in the background) and one background writer."""
 
-    def __init__(self, group=None):
+    def __init__(self, group=None, cuda: bool = False):
         self.group = group  # the process group of sharded saves (None: one process)
+        self.cuda = cuda
+        self.stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=cuda,  # device-to-host copies at full speed
+                use_shared_memory=False,  # the writer is a thread of this process
+                use_async_staging=True,  # the copy overlaps the next forward and backward
+                use_non_blocking_copy=cuda,  # on the stager's own CUDA stream
+            )
+        )
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accel-ckpt")
+        self._staging: Future | None = None
         self._pending: Future | None = None
 
-    def wait(self) -> float:
-        """Block until the write in flight (if any) is complete; its error is raised here.
-        Returns the seconds waited."""
-        if self._pending is None:
+    def begin(self) -> None:
+        """Before a save's state is read: on CUDA the step's kernels are complete (the stager
+        copies on a stream of its own, which does not wait for the compute stream)."""
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()  # HOST SYNC (checkpoint step)
+
+    def staged(self) -> float:
+        """Block until the host copy of the last save's state is complete: call before anything
+        changes the weights or the optimizer state. Returns the seconds waited."""
+        if self._staging is None:
             return 0.0
         start = time.perf_counter()
-        pending, self._pending = self._pending, None
-        pending.result()
+        staging, self._staging = self._staging, None
+        with contextlib.suppress(Exception):  # a failed copy is raised by wait(), with the write
+            staging.result()
         return time.perf_counter() - start
 
-    def submit(self, write: Callable[[], None]) -> None:
-        """Run `write` in the background (call wait() first: one save in flight)."""
+    def wait(self) -> float:
+        """Block until the save in flight (if any) is written; its error is raised here.
+        Returns the seconds waited."""
+        start = time.perf_counter()
+        self.staged()
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+        return time.perf_counter() - start
+
+    def save_file(self, state: dict[str, Any], write: Callable[[dict[str, Any]], None]) -> None:
+        """Copy `state` in the background, then `write(copy)` (call wait() first)."""
         assert self._pending is None, "wait() for the previous save first"
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()  # the staged copies (non-blocking) are complete
+        staging = self.stager.stage(state)
+        self._staging = staging
+        self._pending = self._pool.submit(lambda: write(staging.result()))
+
+    def submit(self, write: Callable[[], None], staging: Future | None = None) -> None:
+        """Run `write` in the background; `staging`: the copy it writes, which staged() waits
+        for (a sharded save's, started by dcp.async_save with this saver's stager)."""
+        assert self._pending is None, "wait() for the previous save first"
+        self._staging = staging
         self._pending = self._pool.submit(write)
 
     def close(self) -> None:
-        """Wait for the last write, then stop the thread."""
+        """Wait for the last write, then stop the threads."""
         try:
             self.wait()
         finally:
             self._pool.shutdown(wait=True)
+            self.stager.close()

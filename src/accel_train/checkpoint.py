@@ -232,10 +232,10 @@ def save_sharded(
     too, so that each stage writes its own keys (the default layout has one `param_groups`
     list, which differs between stages) and the checkpoint loads at another layout.
 
-    `saver` (async_save.AsyncSaver, checkpoint.async_save=true): the shards are staged now and
-    written by torch.distributed.checkpoint.async_save in the background; rank 0 then writes
-    meta.pt, renames the directory into place and calls `then` (e.g. link best). The caller
-    has waited for the previous save."""
+    `saver` (async_save.AsyncSaver, checkpoint.async_save=true): the shards are copied to host
+    memory and written by torch.distributed.checkpoint.async_save in the background; rank 0
+    then writes meta.pt, renames the directory into place and calls `then` (e.g. link best).
+    The caller has waited for the previous save."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -252,15 +252,18 @@ def save_sharded(
         _write_sharded(lambda: dcp.save(state, checkpoint_id=str(tmp)), meta, path, is_main)
         dist.barrier()
         return
-    # Staged (copied to host memory) before async_save returns; written by its thread.
-    future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=saver.group)
+    # The saver's stager copies the shards to host memory on its thread (the loop waits for
+    # the copy before the next optimizer step); dcp's thread then writes them.
+    response = dcp.async_save(
+        state, checkpoint_id=str(tmp), process_group=saver.group, async_stager=saver.stager
+    )
 
     def finish() -> None:
-        _write_sharded(future.result, meta, path, is_main)
+        _write_sharded(response.upload_completion.result, meta, path, is_main)
         if then is not None and is_main:
             then()
 
-    saver.submit(finish)
+    saver.submit(finish, staging=response.staging_completion)
 
 
 def _write_sharded(write, meta: dict[str, Any], path: Path, is_main: bool) -> None:

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from accel_train import checkpoint as ckpt_io
-from accel_train.async_save import AsyncSaver, stage
+from accel_train.async_save import AsyncSaver, copy_all_but, step_only_storages
 from accel_train.config.checks import validation_metrics
 from accel_train.config.run_config import flatten, to_container, write_run_config
 from accel_train.console import Progress, start_curves_plot, summary_table
@@ -170,10 +170,14 @@ class Loop:
         # checkpoint.async_save: the background writer (async_save.py); sharded saves get a
         # process group of their own, created here on every rank.
         self.saver = (
-            AsyncSaver(dist.new_group(backend="gloo") if self.sharded else None)
+            AsyncSaver(
+                dist.new_group(backend="gloo") if self.sharded else None,
+                cuda=env.device.type == "cuda",
+            )
             if cfg.checkpoint.async_save
             else None
         )
+        self._save_row = None  # an async save's metrics row, logged once its copy is complete
         self.progress = Progress(cfg.trainer.progress, enabled=env.is_main)
 
     def release(self) -> None:
@@ -394,6 +398,7 @@ class Loop:
         self.normalise = False
 
     def _optimizer_step(self) -> None:
+        self._staged()  # async_save: the copy of the weights complete before they change
         if self.normalise:
             self._normalise_gradients()
         if self.pipeline is not None and self.pipeline.shared:
@@ -455,6 +460,7 @@ class Loop:
         self.progress.show(shown, self.step, self.epoch)
 
     def _validate(self, final: bool = False) -> None:
+        self._staged()  # async_save: EMA swaps its weights in for validation
         self._fire("on_validation_start")
         # HOST SYNC (validation): score() reads the task's summed metrics once at its end.
         scored = score(self.eval_model, self.val_loader, self.task, self.precision, self.env)
@@ -624,18 +630,24 @@ class Loop:
     def _save(self, name: str, then=None) -> None:
         """Write checkpoint `name` (then call `then` on rank 0, once it is complete). The time
         the loop is blocked is logged as checkpoint/blocked_s: the whole write, or with
-        checkpoint.async_save the wait for the previous save plus the staging copy."""
+        checkpoint.async_save this call (the wait for the previous save, the copy of what the
+        forward pass may change) plus the wait for the background copy at the next change of
+        the weights (_staged)."""
         # HOST SYNC (checkpoint): state_dict() copies device tensors to the file.
         start = time.perf_counter()
         path = self.ckpt_dir / f"{name}{self.ckpt_suffix}"
         self._fire("on_save", name)  # before anything is written: e.g. nonfinite
         saver = self.saver
-        waited = saver.wait() if saver is not None else 0.0  # at most one save in flight
+        row = {"event": "checkpoint", "name": name}
+        if saver is not None:
+            self._staged()  # the previous save's row first
+            row["checkpoint/waited_s"] = saver.wait()  # at most one save in flight
+            saver.begin()
         if self.sharded:
             ckpt_io.save_sharded(
                 self.module,
                 self.optimizer,
-                stage(self._state(), pin=False),
+                copy_all_but(self._state(), set()),
                 path,
                 self.env.is_main,
                 flat_optimizer=self.pipeline is not None,
@@ -644,8 +656,9 @@ class Loop:
             )
         elif saver is not None:
             if self.env.is_main:
-                staged = stage(self._state(), pin=self.env.device.type == "cuda")
-                saver.submit(lambda: _write_then(staged, path, then))
+                later = step_only_storages(self.module, self.optimizer)
+                state = copy_all_but(self._state(), later)
+                saver.save_file(state, lambda staged: _write_then(staged, path, then))
         else:
             if self.env.is_main:
                 ckpt_io.atomic_save(self._state(), path)
@@ -654,19 +667,28 @@ class Loop:
             then()
         # An event row: two saves at one step (a top-k file and last) are two facts, not one
         # metric logged twice, and a resume's rewind keeps them.
-        row = {
-            "event": "checkpoint",
-            "name": name,
-            "checkpoint/blocked_s": time.perf_counter() - start,
-        }
-        if saver is not None:
-            row["checkpoint/waited_s"] = waited
-        self.metrics.log(row, self.step, self.epoch)
+        row["checkpoint/blocked_s"] = time.perf_counter() - start
+        if saver is None:
+            self.metrics.log(row, self.step, self.epoch)
+        else:  # logged once the copy is complete (_staged), with the time waited for it
+            self._save_row = (row, self.step, self.epoch)
+
+    def _staged(self) -> None:
+        """checkpoint.async_save: the background copy of the last save's state complete, before
+        anything changes the weights or the optimizer state (the optimizer step, a validation,
+        the next save, the exit); the save's row is logged now, the wait added to its
+        checkpoint/blocked_s."""
+        if self._save_row is None:
+            return
+        (row, step, epoch), self._save_row = self._save_row, None
+        row["checkpoint/blocked_s"] += self.saver.staged()
+        self.metrics.log(row, step, epoch)
 
     def _wait_for_saves(self) -> None:
         """checkpoint.async_save: the last save complete (before the test pass reads best,
         before the run exits or stops for a requeue); its error raised here."""
         if self.saver is not None:
+            self._staged()
             waited = self.saver.wait()
             if waited > 0.01 and self.env.is_main:
                 log.info("waited %.2f s for the last checkpoint save to complete", waited)
