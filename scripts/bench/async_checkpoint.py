@@ -63,6 +63,7 @@ def overrides(args, tokens: str) -> list[str]:
         "logger=none",
         "trainer.test_after_fit=false",
         "scheduler.warmup_steps=0",
+        "checkpoint.save_top_k=0",  # the periodic last.pt saves only: the runs differ by those
     ]
 
 
@@ -79,21 +80,34 @@ def size_mb(run_dir: Path) -> float:
 
 
 def save_rows(args, base: list[str], work: Path) -> list[list[str]]:
+    """Per strategy: a run without saves, then sync, then async. Blocked: the loop's own
+    checkpoint/blocked_s per save. Cost: (the run's wall_s - the run without saves) / saves,
+    which also counts what a background copy or write takes from the training threads."""
     rows = []
     for label, strategy in (
         ("1 process (.pt)", []),
         ("FSDP 2 (.dcp)", ["strategy=fsdp", "launcher.nproc_per_node=2"]),
     ):
-        times = {}
-        for mode in ("false", "true"):
+        times, walls, saves_n = {}, {}, 0
+        for mode in ("none", "false", "true"):
+            extra = (
+                ["trainer.ckpt_every_n_steps=0", "checkpoint.save_last=false"]
+                if mode == "none"
+                else [f"checkpoint.async_save={mode}"]
+            )
             run_dir, _ = run_cli(
-                [*base, *strategy, f"checkpoint.async_save={mode}"],
+                [*base, *strategy, *extra],
                 threads=args.threads,
                 run_dir=work / f"{label[:6].strip()}_{mode}".replace(" ", "_"),
             )
+            walls[mode] = json.loads((run_dir / "summary.json").read_text())["wall_s"]
+            if mode == "none":
+                continue
             saves = blocked(run_dir)
+            saves_n = len(saves)
             times[mode] = median(saves[1:] or saves)
-        mb = size_mb(run_dir)
+            mb = size_mb(run_dir)
+        cost = {m: (walls[m] - walls["none"]) / saves_n for m in ("false", "true")}
         rows.append(
             [
                 label,
@@ -101,6 +115,8 @@ def save_rows(args, base: list[str], work: Path) -> list[list[str]]:
                 f"{times['false']:.3f}",
                 f"{times['true']:.3f}",
                 f"{times['true'] / times['false']:.1%}",
+                f"{cost['false']:.3f}",
+                f"{cost['true']:.3f}",
             ]
         )
     return rows
@@ -147,7 +163,8 @@ def main() -> None:
         print(
             f"\nblocked per save (median of saves 2.., every {args.every} steps), size {args.size}"
         )
-        print(table(["run", "last checkpoint", "sync s", "async s", "async / sync"], rows))
+        head = ["run", "last checkpoint", "blocked sync s", "blocked async s", "async / sync"]
+        print(table([*head, "run cost per save, sync s", "async s"], rows))
         if args.tp:
             print(f"\ntokens/s, size {args.size}, {args.steps} steps, no checkpoints")
             print(
