@@ -63,7 +63,7 @@ EXPERIMENT_DATA = {
     "sft_lora": _sft,
 }
 # The experiments whose warm-up is longer than the smoke run's one step.
-WARMUP = {"gpt_char": 100, "gpt_char_fast": 50, "gpt2_small": 200, "sft_lora": 10}
+WARMUP = {"gpt_char": 100, "gpt_char_fast": 20, "gpt2_small": 200, "sft_lora": 10}
 
 
 def test_every_experiment_names_its_test_data():

@@ -175,11 +175,11 @@ def composed(overrides: list[str]):
     return resolve(cfg)
 
 
-def timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float, float]:
+def timed(cmd: list[str], cwd=None) -> tuple[subprocess.CompletedProcess, float, float]:
     """Run a benchmark child to the end: (the process, wall s, CPU s of it); exit on failure."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
