@@ -72,7 +72,9 @@ def hand_worker(a: argparse.Namespace) -> None:
         num_classes=10,
     )
     torch.manual_seed(SEED)
-    model = build_model(cfg.model, 1, 28, 10).to(device)
+    model = build_model(cfg.model, {"in_channels": 1, "image_size": 28, "num_classes": 10}).to(
+        device
+    )
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
 
     times = []

@@ -122,7 +122,12 @@ def main() -> None:
 
     from accel_train.models import build_model, count_parameters
 
-    numel = count_parameters(build_model(composed(["model=mnist_cnn"]).model, 1, 28, 10))
+    numel = count_parameters(
+        build_model(
+            composed(["model=mnist_cnn"]).model,
+            {"in_channels": 1, "image_size": 28, "num_classes": 10},
+        )
+    )
     ar_ms = allreduce_ms(numel)
 
     def med(n, key):

@@ -115,7 +115,7 @@ def main() -> None:
     state = load_checkpoint(fp32_ckpt)
     cfg = typed(state["config"])
     splits = build_splits(cfg.dataset, args.data_dir)
-    eager = build_model(cfg.model, splits.in_channels, splits.image_size, splits.num_classes)
+    eager = build_model(cfg.model, splits.data_args)
     eager.load_state_dict(state["model"])
     eager.eval()
     compiled = torch.compile(eager)
