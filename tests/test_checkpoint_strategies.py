@@ -1,7 +1,7 @@
 """Checkpoints move between strategies and world sizes (issue 29): a run stopped at an epoch end
 under one strategy resumes under another and continues exactly as one uninterrupted process
-(the same global batch of 8, so the same loss trajectory, fp32, within 1e-4); accel-eval,
-accel-sample and accel-export read the sharded kinds. docs/distributed.md's table lists these
+(the same global batch of 8, so the same loss trajectory, fp32, within 1e-4); accel-sample
+and accel-export read the sharded kinds. docs/distributed.md's table lists these
 pairs."""
 
 from __future__ import annotations
@@ -113,10 +113,10 @@ def test_a_checkpoint_resumes_under_another_strategy(source, target, root, run_c
 
 
 @pytest.mark.parametrize("source", ["tp", "fsdp"])
-def test_eval_sample_and_export_read_sharded_checkpoints(source, root, run_cli_in):
-    """accel-eval, accel-sample and accel-export consolidate a sharded checkpoint into one
-    process: the same scores and greedy samples as the single-process checkpoint of the same
-    trajectory, and an exported model that matches its PyTorch model."""
+def test_sample_and_export_read_sharded_checkpoints(source, root, run_cli_in):
+    """accel-sample and accel-export consolidate a sharded checkpoint into one process: greedy
+    samples equal to those of the single-process checkpoint of the same trajectory, and an
+    exported model that matches its PyTorch model."""
     ckpt = root / f"src_{source}" / "checkpoints" / "last.dcp"
     one = root / "src_single" / "checkpoints" / "last.pt"
     texts = []
@@ -129,16 +129,6 @@ def test_eval_sample_and_export_read_sharded_checkpoints(source, root, run_cli_i
         check_ok(sample)
         texts.append(sample.stdout)
     assert texts[0] == texts[1] and "def" in texts[0]
-    scores = []
-    for path, name in ((ckpt, source), (one, "single")):
-        out_json = root / f"eval_{name}.json"
-        check_ok(run_cli_in([f"ckpt_path={path}", f"out_path={out_json}"], root, prog="accel-eval"))
-        scores.append(json.loads(out_json.read_text()))
-    assert scores[0]["num_samples"] == scores[1]["num_samples"] > 0
-    losses = [{k: v for k, v in s.items() if k.endswith("/loss")} for s in scores]
-    assert losses[0] and losses[0].keys() == losses[1].keys()
-    for key, value in losses[1].items():  # the same trajectory: the same score
-        assert losses[0][key] == pytest.approx(value, rel=1e-4), (key, losses)
     out = root / f"{source}.pt2"
     export = run_cli_in(
         [f"ckpt_path={ckpt}", "format=torch_export", f"out_path={out}"], root, prog="accel-export"

@@ -83,8 +83,34 @@ def wall_to(points, target: float) -> float | None:
     return None
 
 
+# The recipe with AdamW (lr 0.003) in Muon's place: gpt_char plus the recipe's own keys (the
+# recipe sets optimizer.adamw_lr, a key AdamW's schema does not have, so `optimizer=adamw` on
+# top of it does not compose). `--cfg job` composes both to the same config.
+ADAMW = [
+    "optimizer=adamw",
+    "optimizer.lr=0.003",
+    "optimizer.betas=[0.9,0.95]",
+    "optimizer.weight_decay=0.0",
+    "name=gpt_char_fast",
+    "model.pos_embedding=rope",
+    "model.qk_norm=true",
+    "model.activation=relu2",
+    "model.tie_embeddings=false",
+    "scheduler.min_lr=0.0",
+]
+
+
 def overrides(name: str, recipe: dict) -> list[str]:
     steps, batch = recipe["steps"], recipe["batch"]
+    if VARIANTS[name] == ["adamw"]:
+        return [
+            *ADAMW,
+            f"dataset.windows_per_epoch={steps * batch}",
+            f"loader.batch_size={batch}",
+            f"scheduler.warmup_steps={recipe['warmup']}",
+            f"trainer.max_steps={steps}",
+            f"trainer.val_check_interval={steps // 5}",
+        ]
     if VARIANTS[name] == ["batch12"]:
         steps, batch = steps * batch // 12, 12
         return [
@@ -183,9 +209,10 @@ def composed(a) -> dict:
 
 
 def _cmd(a, recipe, name, seed, run_dir: Path, extra: list[str]) -> list[str]:
+    experiment = "gpt_char" if VARIANTS.get(name) == ["adamw"] else "gpt_char_fast"
     return [
         console_script("accel-train"),
-        "+experiment=gpt_char_fast",
+        f"+experiment={experiment}",
         f"dataset.path={Path(a.data).resolve()}",
         f"precision={a.precision}",
         f"trainer.seed={seed}",
