@@ -173,7 +173,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.5)
 
 
-def _background_env() -> dict[str, str]:
+def background_env() -> dict[str, str]:
     """The environment of a background run: none of a launcher's own variables, one thread."""
     env = {
         k: v
@@ -201,7 +201,7 @@ class Proc:
             self.popen = subprocess.Popen(
                 self.args,
                 cwd=cwd,
-                env=_background_env(),
+                env=background_env(),
                 stdout=out,
                 stderr=err,
                 start_new_session=True,

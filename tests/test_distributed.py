@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import background_env
 from omegaconf import OmegaConf
 
 from accel_train.config.checks import validate
@@ -58,19 +59,6 @@ def small(**changes: object) -> list[str]:
 
 
 # ---- running commands -----------------------------------------------------------------------
-
-
-def _env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k != "HYDRA_FULL_ERROR"
-        and not k.startswith(("TORCHELASTIC_", "SLURM_"))
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env["PYTHONUNBUFFERED"] = "1"
-    env["OMP_NUM_THREADS"] = "1"  # two cores shared by every process of every test
-    return env
 
 
 @dataclass
@@ -124,7 +112,7 @@ class Proc:
                 self.popen = subprocess.Popen(
                     self.args,
                     cwd=self.cwd,
-                    env=_env(),
+                    env=background_env(),
                     stdout=out,
                     stderr=err,
                     start_new_session=True,
