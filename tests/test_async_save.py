@@ -22,7 +22,7 @@ from helpers import BIN, check_ok, read_jsonl, wait_for
 from accel_train.checkpoint import load_checkpoint
 
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
-MAX_STEPS = 60
+MAX_STEPS = 200  # long enough that no kill lands after the end (saves every step are fast)
 
 COMMON = [
     "+experiment=gpt_char",

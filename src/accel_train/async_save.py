@@ -41,7 +41,7 @@ from torch.distributed.tensor import DTensor
 
 
 def _storage(t: torch.Tensor) -> int:
-    local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard
+    local = t.to_local() if isinstance(t, DTensor) else t  # this rank's shard
     return local.untyped_storage().data_ptr() if local.numel() else 0
 
 
@@ -55,8 +55,9 @@ def step_only_storages(model: torch.nn.Module, optimizer) -> set[int]:
     return {_storage(t) for t in tensors} - {0}
 
 
-def copy_all_but(obj: Any, later: set[int]) -> Any:
-    """`obj` with every tensor not in the storages `later` replaced by a copy made now."""
+def copy_all_but(obj: Any, later: frozenset[int] | set[int] = frozenset()) -> Any:
+    """`obj` with every tensor not in the storages `later` (none by default) replaced by a copy
+    made now."""
     if isinstance(obj, torch.Tensor):
         return obj if _storage(obj) in later else obj.detach().clone()
     if isinstance(obj, dict):

@@ -647,7 +647,7 @@ class Loop:
             ckpt_io.save_sharded(
                 self.module,
                 self.optimizer,
-                copy_all_but(self._state(), set()),
+                copy_all_but(self._state()),  # the small rest; DCP copies the shards
                 path,
                 self.env.is_main,
                 flat_optimizer=self.pipeline is not None,
