@@ -12,7 +12,7 @@ from torch import nn
 
 from accel_train.checkpoint import load_checkpoint
 from accel_train.errors import UserError
-from accel_train.parallel import shard_units
+from accel_train.strategies.fsdp import shard_units
 
 NET = """
 from torch import nn

@@ -1,7 +1,7 @@
 """Pipeline parallelism on this CPU (issue 12): step time per schedule and micro-batch count
 against the ideal, parameter/optimizer memory per stage, and 2 stages vs DDP 2 vs 1 process.
 
-It times the training step itself (accel_train.pipeline's step + the optimizer step), not a CLI
+It times the training step itself (the pipeline strategy's step + the optimizer step), not a CLI
 run: start-up would swamp the differences. Each variant runs in fresh gloo processes (one thread
 each) on resnet18 at small images; the variants are interleaved over `--rounds` rounds and the
 medians reported, with the load average next to each (the machine is shared).
@@ -30,8 +30,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from accel_train.models import resnet18
 from accel_train.parallel import DistEnv
-from accel_train.pipeline import build_pipeline
 from accel_train.precision import resolve_precision
+from accel_train.strategies import strategy_for
 
 IMAGE, CLASSES, BATCH = 16, 10, 32
 
@@ -55,6 +55,7 @@ def _worker(rank, world, port, variant, steps, out):
         cfg = OmegaConf.create(
             {
                 "strategy": {
+                    "name": "pipeline",
                     "stages": 0,
                     "split_points": variant.get("split", []),
                     "schedule": variant["schedule"],
@@ -64,8 +65,9 @@ def _worker(rank, world, port, variant, steps, out):
                 "loader": {"batch_size": BATCH},
             }
         )
-        pipe = build_pipeline(model, cfg, env, x[:2], precision, CLASSES)
-        train = pipe.train_module
+        strategy = strategy_for(cfg)  # cuts the model, as a training run's build does
+        train = strategy.wrap(model, env, x[:2], precision).model
+        pipe = strategy.pipe
     elif variant["kind"] == "ddp":
         train = DistributedDataParallel(model)
         x, y = x[: BATCH // world], y[: BATCH // world]  # the same global batch

@@ -1,10 +1,5 @@
-"""Process-group setup/teardown, the training device, and the DDP / FSDP model wrappers.
-
-FSDP shards the model in units: the modules named by ``strategy.wrap_classes`` (class names),
-or by default the outermost repeated blocks: every outermost module that has sub-modules, holds
-parameters and whose class occurs at least twice (a ResNet's stages, a transformer's blocks);
-a model with no such blocks (a flat Sequential) is sharded by its repeated layers instead. Then
-the root. Each unit is one all-gather in forward and one reduce-scatter in backward."""
+"""Process-group setup/teardown and the training device: the low layer every strategy
+(accel_train/strategies/), technique and the loop stand on. The strategies wrap the model."""
 
 from __future__ import annotations
 
@@ -13,27 +8,16 @@ import datetime
 import gc
 import logging
 import os
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
-from torch import nn
-from torch.distributed.fsdp import fully_shard
-from torch.nn.parallel import DistributedDataParallel
 
 from accel_train.environment import inside_torchrun
 from accel_train.errors import UserError
-from accel_train.mesh import build_mesh, tp_degree
-from accel_train.tensor_parallel import apply_tp
 
 log = logging.getLogger(__name__)
-
-# Strategies whose checkpoints are sharded directories (torch.distributed.checkpoint, .dcp).
-SHARDED_STRATEGIES = ("fsdp", "pipeline", "tp")
-
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -137,77 +121,3 @@ def _existing_group(backend: str, local_rank: int, device: torch.device) -> Dist
             f"{dist.get_backend()}. Set `strategy.backend={dist.get_backend()}` (or `auto`)."
         )
     return DistEnv(dist.get_rank(), local_rank, dist.get_world_size(), device)
-
-
-def wrap_model(model: nn.Module, strategy_cfg: DictConfig, env: DistEnv) -> nn.Module:
-    """Apply the parallelism strategy; returns the module the training step calls."""
-    if strategy_cfg.name == "single" or not env.distributed:
-        return model
-    assert strategy_cfg.name != "pipeline", "pipeline.build_pipeline cuts the model"
-    mesh = build_mesh(strategy_cfg, env.device.type, env.world_size)
-    if strategy_cfg.name == "ddp":
-        return DistributedDataParallel(
-            model,
-            device_ids=[env.device.index] if env.device.type == "cuda" else None,
-            process_group=mesh["dp_replicate"].get_group(),
-            bucket_cap_mb=strategy_cfg.bucket_cap_mb,
-            gradient_as_bucket_view=strategy_cfg.gradient_as_bucket_view,
-            static_graph=strategy_cfg.static_graph,
-            find_unused_parameters=strategy_cfg.find_unused_parameters,
-        )
-    if strategy_cfg.name == "tp":
-        return apply_tp(model, mesh["tp"], strategy_cfg)
-    assert strategy_cfg.name == "fsdp", strategy_cfg.name
-    if tp_degree(strategy_cfg, env.world_size) > 1:
-        # FSDP x TP: the layers are sharded over `tp` first, then FSDP shards those shards
-        # over `dp_shard` (torchtitan's 2-D layout).
-        apply_tp(model, mesh["tp"], strategy_cfg)
-    shard_mesh = mesh["dp_shard"]
-    reshard = strategy_cfg.reshard_after_forward
-    for unit in shard_units(model, list(strategy_cfg.wrap_classes)):
-        fully_shard(unit, mesh=shard_mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=shard_mesh, reshard_after_forward=reshard)
-    return model
-
-
-def shard_units(model: nn.Module, wrap_classes: list[str]) -> list[nn.Module]:
-    """The sub-modules FSDP shards one by one (see the module docstring for the policy)."""
-    if wrap_classes:
-        names = {c.rsplit(".", 1)[-1] for c in wrap_classes}
-        wanted = lambda m: type(m).__name__ in names  # noqa: E731
-        units = _outermost(model, wanted)
-        if not units:
-            found = sorted({type(m).__name__ for m in model.modules()})
-            raise UserError(
-                f"strategy.wrap_classes={wrap_classes}: the model has no module of those classes "
-                f"(it has: {', '.join(found)}). Name classes from that list, or [] for the default."
-            )
-        return units
-    counts = Counter(type(m) for m in model.modules() if m is not model)
-    repeated = {cls for cls, n in counts.items() if n >= 2}
-
-    def has_params(m: nn.Module) -> bool:
-        # fully_shard needs a module with a forward: never a ModuleDict / ModuleList (PEFT's
-        # lora_A and lora_B repeat in every adapted layer), whose owner is sharded instead.
-        no_forward = isinstance(m, nn.ModuleDict | nn.ModuleList | nn.ParameterDict)
-        return not no_forward and any(True for _ in m.parameters())
-
-    def is_block(m: nn.Module) -> bool:
-        return type(m) in repeated and has_params(m) and any(True for _ in m.children())
-
-    blocks = _outermost(model, is_block)
-    return blocks or _outermost(model, lambda m: type(m) in repeated and has_params(m))
-
-
-def _outermost(model: nn.Module, wanted) -> list[nn.Module]:
-    units: list[nn.Module] = []
-
-    def visit(module: nn.Module) -> None:
-        for child in module.children():
-            if wanted(child):
-                units.append(child)
-            else:
-                visit(child)
-
-    visit(model)
-    return units

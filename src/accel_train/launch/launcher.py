@@ -27,9 +27,8 @@ from accel_train.launch import kubernetes, ray, slurm
 from accel_train.launch.lock import hold_run_dir
 from accel_train.launch.torchrun import run_torchrun
 from accel_train.launch.worker import run_worker
-from accel_train.mesh import check_layout
 from accel_train.parallel import resolve_device
-from accel_train.pipeline import check_pipeline, data_world
+from accel_train.strategies import strategy_for
 from accel_train.train.checkpointing import check as check_checkpointing
 from accel_train.train.checkpointing import known_metrics
 from accel_train.train.found import forget as forget_checkpoint
@@ -53,7 +52,7 @@ def launch(cfg: DictConfig) -> float | None:
     hold_run_dir(cfg)  # before anything is written there: one live run per run dir
     # Before anything is written: a refused or unreadable resume leaves the run dir as it was,
     # and a run that already finished is not trained again.
-    finished = check_resume(cfg, data_world(cfg.strategy, planned_world_size(cfg)))
+    finished = check_resume(cfg, strategy_for(cfg).data_world(planned_world_size(cfg)))
     if finished is not None:
         return finished.get(cfg.objective)
     if cfg.launcher.name == "slurm":
@@ -292,17 +291,11 @@ def local_world_size(cfg: DictConfig) -> int:
 
 
 def check_strategy(cfg: DictConfig, nproc: int, nodes: int | None = None) -> None:
+    """The strategy's refusals for `nproc` processes on each of the nodes, before any starts:
+    its layout (every mesh degree divides the world, a TP degree the heads), its own limits."""
     sc, nnodes = cfg.strategy, str(nodes or cfg.launcher.nnodes)
-    if sc.name == "single" and (nproc > 1 or nnodes != "1"):
-        raise UserError(
-            f"strategy=single with launcher.nproc_per_node={nproc} and launcher.nnodes={nnodes}: "
-            "several processes need a data-parallel strategy. Add `strategy=ddp` (or "
-            "`strategy=fsdp`), or set `launcher.nproc_per_node=1`."
-        )
     world = nproc * int(nnodes) if nnodes.isdigit() else None
-    if sc.name == "pipeline":
-        check_pipeline(cfg, world)
-    check_layout(cfg, world)  # every mesh degree divides the world, a TP degree the heads
+    strategy_for(cfg).check_world(world, nproc, nnodes)
     if sc.backend == "nccl" and not torch.cuda.is_available():
         raise UserError(
             "strategy.backend=nccl but this machine has no CUDA device; NCCL only runs on GPUs. "

@@ -44,6 +44,7 @@ from torch import nn
 
 from accel_train.data.transform import BatchTransform
 from accel_train.parallel import DistEnv
+from accel_train.strategies import Strategy, strategy_for
 from accel_train.tasks import Task
 
 PREPARE, MEMORY, LAYOUT, PARALLEL, COMPILE = 10, 20, 30, 50, 60
@@ -62,6 +63,11 @@ class BuildContext:
     sample: Any  # two real training inputs, as the model will see them (the task's inputs)
     task: Task | None = None  # the run's task: what techniques that depend on it ask
     batch: Any = None  # the two samples' whole batch, prepared by the task
+    strategy: Strategy | None = None  # the run's parallelism: what it shards, replicates
+
+    def __post_init__(self) -> None:
+        if self.strategy is None:
+            self.strategy = strategy_for(self.cfg)
 
 
 class Technique:

@@ -20,8 +20,9 @@ log = logging.getLogger("accel_train")
 
 
 def keeps_parameters_contiguous(ctx: BuildContext) -> bool:
-    """True where the model will be sharded by FSDP (strategy=fsdp in a process group)."""
-    return ctx.cfg.strategy.name == "fsdp" and ctx.env.distributed
+    """True where the model's parameters will be sharded (FSDP2 in a process group), which
+    shards only contiguous parameters."""
+    return ctx.strategy.shards_parameters and ctx.env.distributed
 
 
 class ChannelsLast(Technique):

@@ -97,7 +97,7 @@ class Prune(Technique):
             self._handles.append(m.register_state_dict_post_hook(_save_plain))
             self._handles.append(m.register_load_state_dict_pre_hook(_load_plain))
             self.modules[name] = m
-        if ctx.cfg.strategy.name == "ddp":
+        if ctx.strategy.replicates_buffers:
             # Every rank computes the same masks: no need to broadcast them each forward.
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
                 model, [f"{name}.weight_mask" for name in self.modules]

@@ -50,6 +50,7 @@ from accel_train.models import build_model
 from accel_train.optim import build_optimizer
 from accel_train.parallel import DistEnv
 from accel_train.precision import resolve_precision
+from accel_train.strategies import strategy_for
 from accel_train.tasks import TaskContext, build_task, split_output
 from accel_train.techniques import PARALLEL, BuildContext
 from accel_train.train.build import build_techniques, seed_everything
@@ -116,7 +117,7 @@ def resolve_batch_size(cfg: DictConfig, env: DistEnv) -> None:
 def _recorded(cfg: DictConfig) -> tuple[int, int] | None:
     """(batch size, accumulation) of the checkpoint this run resumes from, if any."""
     ckpt_dir = Path(cfg.paths.output_dir) / "checkpoints"
-    path = find_checkpoint(cfg.resume, ckpt_dir, ".dcp" if cfg.strategy.name == "fsdp" else ".pt")
+    path = find_checkpoint(cfg.resume, ckpt_dir, strategy_for(cfg).checkpoint_suffix(True))
     if path is None:
         return None
     old = read_checkpoint(path)["config"]

@@ -23,9 +23,9 @@ from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError
 from accel_train.models import build_model
 from accel_train.optim import build_optimizer, build_scheduler, cut_short, scaled_lr
-from accel_train.parallel import DistEnv, wrap_model
-from accel_train.pipeline import Pipeline, PipelineEval, build_pipeline, data_coords
+from accel_train.parallel import DistEnv
 from accel_train.precision import Precision, resolve_precision
+from accel_train.strategies import Strategy, Wrapped, strategy_for
 from accel_train.targets import build
 from accel_train.tasks import Task, TaskContext, build_task
 from accel_train.techniques import PARALLEL, BuildContext, Technique
@@ -113,7 +113,8 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 def make_loader(
     split, cfg: DictConfig, env: DistEnv, splits: Splits, *, train: bool, limit=0, labelled=True
 ):
-    rank, world = data_coords(cfg.strategy, env)  # pipeline: the stages of a replica share data
+    # (Under pipeline the stages of a replica share data, under TP the processes of a group.)
+    rank, world = strategy_for(cfg).data_coords(env)
     return build_loader(
         split,
         cfg.loader,
@@ -175,7 +176,7 @@ class Components:
     total_steps: int
     max_epochs: int
     global_batch: int
-    pipeline: Pipeline | None = None  # strategy=pipeline: runs each micro-batch's step
+    strategy: Strategy  # the run's parallelism (accel_train/strategies/), the model wrapped
 
 
 def build_components(cfg: DictConfig, env: DistEnv) -> Components:
@@ -185,9 +186,73 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
         technique.before_build()
     seed_everything(t.seed, t.deterministic)
     precision = resolve_precision(cfg.precision.name, env.device, cfg.precision.tf32)
+    strategy = strategy_for(cfg)
 
     task = build_task(cfg)
-    labelled = task.labelled_data
+    splits, train_loader, val_loader = build_data(cfg, env, task)
+    data_world = strategy.data_coords(env)[1]
+    global_batch = cfg.loader.batch_size * t.accumulate_grad_batches * data_world
+    steps_per_epoch, total_steps = run_length(cfg, train_loader)
+    val_samples = check_data_sizes(
+        cfg,
+        num_train=len(splits.train),
+        num_val=len(splits.val),
+        world_size=data_world,
+        total_steps=total_steps,
+        max_epochs=math.ceil(total_steps / steps_per_epoch),
+        warn=env.is_main,
+    )
+    transform = BatchTransform(
+        cfg.dataset, splits, env.device, precision.param_dtype, seed=t.seed, rank=env.rank
+    )
+    module = build_model(cfg.model, splits.data_args, precision.param_dtype)
+    module = module.to(env.device, dtype=precision.param_dtype)
+    # As the model will see them: a device augment (e.g. image_folder's crop) changes the size.
+    augment = splits.device_augment is not None
+    sample = sample_batch(splits, env.device)
+    ctx = TaskContext(
+        cfg,
+        env.device,
+        splits.data_args,
+        transform,
+        module,
+        sample,
+        augment,
+        val_samples,
+        warn=env.is_main,
+    )
+    task.setup(ctx)
+    batch = ctx.prepared(task)
+    build_ctx = BuildContext(cfg, env, transform, task.inputs(batch), task, batch, strategy)
+    wrapped = apply_transforms(module, techniques, build_ctx, strategy, precision)
+    optimizer, scheduler = optimizer_and_schedule(
+        wrapped.model, cfg, env, global_batch, total_steps
+    )
+    return Components(
+        splits=splits,
+        train_loader=train_loader,
+        val_loader=val_loader,
+        batch_transform=transform,
+        module=wrapped.module,
+        model=wrapped.model,
+        eval_model=wrapped.eval_model,
+        task=task,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=precision.grad_scaler(),
+        precision=precision,
+        techniques=techniques,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        max_epochs=math.ceil(total_steps / steps_per_epoch),
+        global_batch=global_batch,
+        strategy=strategy,
+    )
+
+
+def build_data(cfg: DictConfig, env: DistEnv, task: Task) -> tuple[Splits, Any, Any]:
+    """The splits and the training and validation loaders (this process's shard of them)."""
+    t, labelled = cfg.trainer, task.labelled_data
     splits = build_splits(cfg.dataset, cfg.paths.data_dir, labelled, cfg.task)
     if cfg.loader.name == "device":
         check_device_loader(cfg, splits, env.device, labelled)
@@ -203,85 +268,17 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
             f"than the {len(splits.train)} training samples with loader.drop_last=true: no batch "
             "to train on. Lower loader.batch_size or set `loader.drop_last=false`."
         )
-    accum = t.accumulate_grad_batches
-    _, data_world = data_coords(cfg.strategy, env)
-    global_batch = cfg.loader.batch_size * accum * data_world
-    steps_per_epoch = math.ceil(train_loader.order.num_batches / accum)
+    return splits, train_loader, val_loader
+
+
+def run_length(cfg: DictConfig, train_loader: Any) -> tuple[int, int]:
+    """(optimizer steps per epoch, optimizer steps of the whole run)."""
+    t = cfg.trainer
+    steps_per_epoch = math.ceil(train_loader.order.num_batches / t.accumulate_grad_batches)
     total_steps = t.max_epochs * steps_per_epoch
     if t.max_steps > 0:
         total_steps = min(total_steps, t.max_steps) if t.max_epochs > 0 else t.max_steps
-    val_samples = check_data_sizes(
-        cfg,
-        num_train=len(splits.train),
-        num_val=len(splits.val),
-        world_size=data_world,
-        total_steps=total_steps,
-        max_epochs=math.ceil(total_steps / steps_per_epoch),
-        warn=env.is_main,
-    )
-    transform = BatchTransform(
-        cfg.dataset, splits, env.device, precision.param_dtype, seed=t.seed, rank=env.rank
-    )
-
-    module = build_model(cfg.model, splits.data_args, precision.param_dtype)
-    module = module.to(env.device, dtype=precision.param_dtype)
-    # As the model will see them: a device augment (e.g. image_folder's crop) changes the size.
-    augment = splits.device_augment is not None
-    ctx = TaskContext(
-        cfg,
-        env.device,
-        splits.data_args,
-        transform,
-        module,
-        sample_batch(splits, env.device),
-        augment,
-        val_samples,
-        warn=env.is_main,
-    )
-    task.setup(ctx)
-    batch = ctx.prepared(task)
-    sample = task.inputs(batch)
-    pipeline = None
-    if cfg.strategy.name == "pipeline" and env.distributed:
-        # The model is cut here (in place: `module` keeps this stage's blocks, original names).
-        model, eval_model, pipeline = pipeline_transforms(
-            module,
-            techniques,
-            cfg,
-            env,
-            transform,
-            sample,
-            precision,
-            task,
-            batch,
-        )
-        module = pipeline.stage_module.root
-    else:
-        model, eval_model = apply_transforms(
-            module, techniques, cfg, env, transform, sample, task, batch
-        )
-
-    optimizer, scheduler = optimizer_and_schedule(model, cfg, env, global_batch, total_steps)
-    return Components(
-        splits=splits,
-        train_loader=train_loader,
-        val_loader=val_loader,
-        batch_transform=transform,
-        module=module,
-        model=model,
-        eval_model=eval_model,
-        task=task,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        scaler=precision.grad_scaler(),
-        precision=precision,
-        techniques=techniques,
-        steps_per_epoch=steps_per_epoch,
-        total_steps=total_steps,
-        max_epochs=math.ceil(total_steps / steps_per_epoch),
-        global_batch=global_batch,
-        pipeline=pipeline,
-    )
+    return steps_per_epoch, total_steps
 
 
 def optimizer_and_schedule(
@@ -304,58 +301,44 @@ def optimizer_and_schedule(
 def apply_transforms(
     module: nn.Module,
     techniques: list[Technique],
-    cfg: DictConfig,
-    env: DistEnv,
-    transform: BatchTransform,
-    sample: Any,
-    task: Task,
-    batch: Any,
-) -> tuple[nn.Module, nn.Module]:
-    """The model transforms in their one order, the DDP/FSDP wrap at PARALLEL. Returns (the
-    training model, the evaluation model): under DDP validation calls the bare module, since
-    DDP's forward may broadcast buffers (a collective) and ranks validate unevenly."""
-    ctx = BuildContext(cfg, env, transform, sample, task, batch)
+    ctx: BuildContext,
+    strategy: Strategy,
+    precision: Precision,
+) -> Wrapped:
+    """The model transforms in their one order, the strategy's wrap at PARALLEL. A strategy
+    that runs forward and backward itself (the pipeline schedule, loss on its last stage)
+    calls its stage modules directly: no technique may change the loss or come after it."""
+    owns_step = strategy.owns_forward_backward(ctx.env)
+    bare = module
     ordered = sorted(techniques, key=lambda t: t.order)
     for technique in ordered:
+        if owns_step:
+            refuse_with_own_step(technique, strategy.name)
         if technique.order < PARALLEL:
             module = technique.transform(module, ctx)
-    model = wrap_model(module, cfg.strategy, env)
-    eval_model = module if model is not module and cfg.strategy.name == "ddp" else model
+    wrapped = strategy.wrap(module, ctx.env, ctx.sample, precision)
+    model, eval_model = wrapped.model, wrapped.eval_model
     for technique in ordered:
         if technique.order > PARALLEL:
             shared = eval_model is model
             model = technique.transform(model, ctx)
             eval_model = model if shared else technique.transform(eval_model, ctx)
-    return model, eval_model
+    # The checkpoints hold the bare model's state_dict (the transforms before the wrap change it
+    # in place), or the part of it a strategy kept (a pipeline stage's blocks).
+    kept = bare if wrapped.module is module else wrapped.module
+    return Wrapped(model, eval_model, kept)
 
 
-def pipeline_transforms(
-    module: nn.Module,
-    techniques: list[Technique],
-    cfg: DictConfig,
-    env: DistEnv,
-    transform: BatchTransform,
-    sample: torch.Tensor,
-    precision: Precision,
-    task: Task,
-    batch: Any,
-) -> tuple[nn.Module, nn.Module, Pipeline]:
-    """strategy=pipeline: the transforms before PARALLEL on the whole model, then the cut; the
-    schedule calls the stage module itself, so no transform may come after it."""
-    ctx = BuildContext(cfg, env, transform, sample, task, batch)
-    for technique in sorted(techniques, key=lambda t: t.order):
-        if type(technique).wrap_loss is not Technique.wrap_loss:
-            raise UserError(
-                f"{technique.name} with strategy=pipeline: it changes what a training step "
-                "computes (wrap_loss), but under pipeline the loss is computed on the last "
-                "stage by the schedule, per micro-batch. Turn it off or use strategy=ddp."
-            )
-        if technique.order > PARALLEL:
-            raise UserError(
-                f"{technique.name} with strategy=pipeline: it transforms the model after the "
-                "parallel wrap, but the pipeline schedule calls the stage modules itself. "
-                "Turn it off or train with another strategy."
-            )
-        module = technique.transform(module, ctx)
-    pipe = build_pipeline(module, cfg, env, sample, precision)
-    return pipe.train_module, PipelineEval(pipe), pipe
+def refuse_with_own_step(technique: Technique, strategy: str) -> None:
+    if type(technique).wrap_loss is not Technique.wrap_loss:
+        raise UserError(
+            f"{technique.name} with strategy={strategy}: it changes what a training step "
+            "computes (wrap_loss), but under pipeline the loss is computed on the last "
+            "stage by the schedule, per micro-batch. Turn it off or use strategy=ddp."
+        )
+    if technique.order > PARALLEL:
+        raise UserError(
+            f"{technique.name} with strategy={strategy}: it transforms the model after the "
+            "parallel wrap, but the pipeline schedule calls the stage modules itself. "
+            "Turn it off or train with another strategy."
+        )

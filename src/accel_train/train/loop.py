@@ -25,7 +25,6 @@ requeue).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import signal
@@ -38,26 +37,23 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from accel_train import checkpoint as ckpt_io
-from accel_train.async_save import AsyncSaver, copy_all_but, step_only_storages
 from accel_train.config.checks import validation_metrics
 from accel_train.config.run_config import flatten, to_container, write_run_config
 from accel_train.console import Progress, start_curves_plot, summary_table
 from accel_train.data.batch import count_samples
 from accel_train.errors import UserError
-from accel_train.loggers import MetricsLogger, json_safe
-from accel_train.mesh import tp_degree
-from accel_train.models import count_parameters
-from accel_train.parallel import SHARDED_STRATEGIES, DistEnv, process_group
-from accel_train.pipeline import data_coords
+from accel_train.loggers import MetricsLogger
+from accel_train.parallel import DistEnv, process_group
+from accel_train.strategies.tensor_parallel import local
 from accel_train.tasks import split_output
 from accel_train.techniques import Technique
-from accel_train.tensor_parallel import clip_grad_norm_ as tp_clip_grad_norm_
-from accel_train.tensor_parallel import local
 from accel_train.train.auto_batch import resolve_batch_size
 from accel_train.train.build import Components, build_components, make_loader
+from accel_train.train.checkpointer import Checkpointer
 from accel_train.train.checkpointing import Checkpointing, known_metrics
 from accel_train.train.evaluate import score
-from accel_train.train.resume import resume
+from accel_train.train.resume import Resumed, resume
+from accel_train.train.run_report import announce, write_summary
 from accel_train.train.signals import Stopped, StopRequest, signal_name
 
 log = logging.getLogger("accel_train")
@@ -123,16 +119,15 @@ class Loop:
         ]
         self.run_dir = Path(cfg.paths.output_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        # FSDP checkpoints are sharded (torch.distributed.checkpoint); others are one file.
-        self.sharded = cfg.strategy.name in SHARDED_STRATEGIES and env.distributed
-        self.ckpt_suffix = ".dcp" if self.sharded else ".pt"
         self.accum = cfg.trainer.accumulate_grad_batches
-        # strategy=pipeline: the schedule runs each micro-batch (see _forward_backward); the
-        # processes of one pipeline share a batch, so the data-parallel width is smaller.
-        self.pipeline = parts.pipeline
-        _, self.data_world = data_coords(cfg.strategy, env)
+        # The parallelism (accel_train/strategies/): a pipeline's schedule runs each
+        # micro-batch itself (_forward_backward); the processes of one pipeline or one TP group
+        # share a batch, so the data-parallel width is smaller than the world.
+        self.strategy = parts.strategy
+        self.owns_step = self.strategy.owns_forward_backward(env)
+        _, self.data_world = self.strategy.data_coords(env)
         # Tensor parallelism: the processes of a TP group hold the same batch (and loss).
-        self.tp = tp_degree(cfg.strategy, env.world_size) if env.distributed else 1
+        self.tp = self.strategy.grad_spread(env)
         self.log_every = log_interval(cfg.trainer.log_every_n_steps, parts.steps_per_epoch)
         # The normaliser: a step that returns (loss_sum, n_items) has its items counted on the
         # device; at the accumulation boundary the gradient is divided once by the items of the
@@ -147,7 +142,7 @@ class Loop:
         self.checkpoints = Checkpointing(
             cfg.checkpoint,
             self.ckpt_dir,
-            self.ckpt_suffix,
+            self.strategy.checkpoint_suffix(env.distributed),
             known_metrics(cfg, self.techniques),
             env.is_main,
         )
@@ -167,17 +162,10 @@ class Loop:
         self.stopping = False  # agreed by all ranks: checkpoint and leave at this step
         self.finish_reason: str | None = None  # set by finish(): training is over, early
         self.metrics = MetricsLogger(self.run_dir, cfg.logger, enabled=env.is_main, run_config=cfg)
-        # checkpoint.async_save: the background writer (async_save.py); sharded saves get a
-        # process group of their own, created here on every rank.
-        self.saver = (
-            AsyncSaver(
-                dist.new_group(backend="gloo") if self.sharded else None,
-                cuda=env.device.type == "cuda",
-            )
-            if cfg.checkpoint.async_save
-            else None
+        # Writes, waits for and loads checkpoints (sync, async, sharded): train/checkpointer.py.
+        self.checkpointer = Checkpointer(
+            cfg, env, self.strategy, self.ckpt_dir, self.metrics, self._progress_state
         )
-        self._save_row = None  # an async save's metrics row, logged once its copy is complete
         self.progress = Progress(cfg.trainer.progress, enabled=env.is_main)
 
     def release(self) -> None:
@@ -185,13 +173,20 @@ class Loop:
         techniques' loss wrappers close over the loop, so without this the DDP module would
         live in a reference cycle until a garbage collection long after the process group is
         destroyed."""
-        saver = self.__dict__.get("saver")
-        if saver is not None:  # a save still in flight completes (the run failed elsewhere)
-            try:
-                saver.close()
-            except Exception as err:  # noqa: BLE001 - the run's own error is the one raised
-                log.warning("the last asynchronous checkpoint save failed too: %s", err)
+        checkpointer = self.__dict__.get("checkpointer")
+        if checkpointer is not None:  # a save still in flight completes (the run failed)
+            checkpointer.close()
         self.__dict__.clear()
+
+    def _apply(self, resumed: Resumed) -> None:
+        """Continue where the checkpoint left off (train/resume.py loaded the components)."""
+        self.epoch, self.step = resumed.epoch, resumed.step
+        self.batch_in_epoch = resumed.batch_in_epoch
+        self.best_val, self.last_val = resumed.best_val, resumed.last_val
+        if resumed.finish_reason is not None:
+            self.finish_reason = resumed.finish_reason
+        if resumed.scheduler is not None:  # rebuilt for a new length or config
+            self.scheduler = self.parts.scheduler = resumed.scheduler
 
     def _fire(self, hook: str, *args) -> None:
         for technique in self.techniques:
@@ -206,7 +201,9 @@ class Loop:
             if resumed is not None and resumed.summary is not None:
                 self.progress.close()
                 return resumed.summary  # the run had already finished: its summary stands
-            self._announce(resumed.path if resumed else None)
+            if resumed is not None:
+                self._apply(resumed)
+            announce(self, resumed.path if resumed else None)
             self._fire("on_fit_start")
             try:
                 train_time, samples = self._train()
@@ -214,7 +211,7 @@ class Loop:
                 self._fire("on_fit_end")
                 self.train_loader.close()  # the workers go now, also when stopped by a signal
                 self.val_loader.close()
-            self._wait_for_saves()  # async_save: the last checkpoint complete before what follows
+            self.checkpointer.wait()  # async_save: the last checkpoint complete before what follows
             if self.stopping or self._asked_to_stop_after_training():
                 return self._stopped()
             if self.finish_reason and self.env.is_main:
@@ -227,7 +224,7 @@ class Loop:
             )
             test = self._test() if self.cfg.trainer.test_after_fit else None
             self.progress.close()  # before the `done:` line, which would land on the bar
-            summary = self._summary(samples / max(train_time, 1e-9), start, test)
+            summary = write_summary(self, samples / max(train_time, 1e-9), start, test)
             if plotted is not None:
                 plotted()
         self.metrics.close()
@@ -351,9 +348,8 @@ class Loop:
         its `weight`ed, scaled loss, or of its summed loss (the normaliser divides the gradient
         at the boundary). Returns (the loss, detached, on the device; its item count or None):
         no host sync."""
-        if self.pipeline is not None:  # the schedule's step: forward + backward of all stages
-            x, labels = self.task.loss_split(batch)
-            loss = self.pipeline.step(x, labels, weight, self.task.loss_fn, self.scaler)
+        if self.owns_step:  # the pipeline schedule: forward + backward of all stages
+            loss = self.strategy.forward_backward(self.task, batch, weight, self.scaler)
             items = None
         else:
             with self.precision.autocast():
@@ -398,20 +394,16 @@ class Loop:
         self.normalise = False
 
     def _optimizer_step(self) -> None:
-        self._staged()  # async_save: the copy of the weights complete before they change
+        # async_save: the background copy of the weights complete before they change
+        self.checkpointer.wait_before_weights_change()
         if self.normalise:
             self._normalise_gradients()
-        if self.pipeline is not None and self.pipeline.shared:
-            self.pipeline.sync_shared_grads()  # tied weights on two stages: one gradient
+        self.strategy.before_optimizer_step()  # e.g. tied weights on two stages: one gradient
         clip = self.cfg.trainer.gradient_clip_val
         if clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-            if self.pipeline is not None:  # the norm over all stages' gradients
-                self.pipeline.clip_grad_norm_(self.model.parameters(), clip)
-            elif self.tp > 1:  # whole and sharded (DTensor) gradients, on several meshes
-                tp_clip_grad_norm_(self.model.parameters(), clip)
-            else:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            # (the strategy's norm: over all stages, or over whole and sharded gradients)
+            self.strategy.clip_grad_norm_(self.model.parameters(), clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -420,8 +412,7 @@ class Loop:
         self.step += 1
 
     def _log_train(self, loss_sum, loss_items, loss_samples) -> None:
-        if self.pipeline is not None:  # only the last stages hold a loss
-            loss_samples = self.pipeline.counted(loss_samples)
+        loss_samples = self.strategy.logged_samples(loss_samples)  # pipeline: its last stages'
         # The task's metrics ride in the same all-reduce: device sums, then host counts.
         on_device, on_host = self.task.train_metrics.pack()
         counts = torch.tensor([loss_samples, self.stop.requested, *on_host], dtype=torch.float32)
@@ -460,7 +451,8 @@ class Loop:
         self.progress.show(shown, self.step, self.epoch)
 
     def _validate(self, final: bool = False) -> None:
-        self._staged()  # async_save: EMA swaps its weights in for validation
+        # async_save: the copy complete before EMA swaps its weights in for validation
+        self.checkpointer.wait_before_weights_change()
         self._fire("on_validation_start")
         # HOST SYNC (validation): score() reads the task's summed metrics once at its end.
         scored = score(self.eval_model, self.val_loader, self.task, self.precision, self.env)
@@ -501,10 +493,10 @@ class Loop:
         if p.splits.test is None:
             log.info("the data set has no test split: trainer.test_after_fit skipped")
             return None
-        best = self.ckpt_dir / f"best{self.ckpt_suffix}"
+        best = self.checkpointer.path("best")
         which = "best" if best.exists() else "last"
         if which == "best":
-            self._load_weights(best)
+            self.checkpointer.load_weights(self.module, best)
         loader = make_loader(
             p.splits.test,
             self.cfg,
@@ -538,8 +530,8 @@ class Loop:
             # (Otherwise _train_epoch saved last at this very step: don't spend the grace
             # period before SIGKILL on writing it twice.)
             self._save("last")
-        self._wait_for_saves()  # complete before the run exits or is requeued
-        ckpt = self.ckpt_dir / f"last{self.ckpt_suffix}"
+        self.checkpointer.wait()  # complete before the run exits or is requeued
+        ckpt = self.checkpointer.path("last")
         self.progress.close()
         if exits:
             signum = self.stop.signum if self.stop.exits else signal.SIGTERM
@@ -590,16 +582,9 @@ class Loop:
 
     # ---- checkpoints ---------------------------------------------------------------------
 
-    def _state(self) -> dict[str, Any]:
-        """Everything but the sharded model/optimizer (those go through DCP under FSDP)."""
-        full = (
-            {}
-            if self.sharded
-            else {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-        )
+    def _progress_state(self) -> dict[str, Any]:
+        """Everything a checkpoint holds but the model and optimizer (train/checkpointer.py)."""
         return {
-            "format": ckpt_io.FORMAT_VERSION,
-            **full,
             "scaler": self.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
             "progress": {
@@ -628,176 +613,14 @@ class Loop:
         }
 
     def _save(self, name: str, then=None) -> None:
-        """Write checkpoint `name` (then call `then` on rank 0, once it is complete). The time
-        the loop is blocked is logged as checkpoint/blocked_s: the whole write, or with
-        checkpoint.async_save this call (the wait for the previous save, the copy of what the
-        forward pass may change) plus the wait for the background copy at the next change of
-        the weights (_staged)."""
-        # HOST SYNC (checkpoint): state_dict() copies device tensors to the file.
-        start = time.perf_counter()
-        path = self.ckpt_dir / f"{name}{self.ckpt_suffix}"
+        """Write checkpoint `name` (then call `then` on rank 0, once it is complete)."""
         self._fire("on_save", name)  # before anything is written: e.g. nonfinite
-        saver = self.saver
-        row = {"event": "checkpoint", "name": name}
-        if saver is not None:
-            self._staged()  # the previous save's row first
-            row["checkpoint/waited_s"] = saver.wait()  # at most one save in flight
-            saver.begin()
-        if self.sharded:
-            ckpt_io.save_sharded(
-                self.module,
-                self.optimizer,
-                copy_all_but(self._state()),  # the small rest; DCP copies the shards
-                path,
-                self.env.is_main,
-                flat_optimizer=self.pipeline is not None,
-                saver=saver,
-                then=then,
-            )
-        elif saver is not None:
-            if self.env.is_main:
-                later = step_only_storages(self.module, self.optimizer)
-                state = copy_all_but(self._state(), later)
-                saver.save_file(state, lambda staged: _write_then(staged, path, then))
-        else:
-            if self.env.is_main:
-                ckpt_io.atomic_save(self._state(), path)
-            self.env.barrier()
-        if saver is None and then is not None:
-            then()
-        # An event row: two saves at one step (a top-k file and last) are two facts, not one
-        # metric logged twice, and a resume's rewind keeps them.
-        row["checkpoint/blocked_s"] = time.perf_counter() - start
-        if saver is None:
-            self.metrics.log(row, self.step, self.epoch)
-        else:  # logged once the copy is complete (_staged), with the time waited for it
-            self._save_row = (row, self.step, self.epoch)
-
-    def _staged(self) -> None:
-        """checkpoint.async_save: the background copy of the last save's state complete, before
-        anything changes the weights or the optimizer state (the optimizer step, a validation,
-        the next save, the exit); the save's row is logged now, the wait added to its
-        checkpoint/blocked_s."""
-        if self._save_row is None:
-            return
-        (row, step, epoch), self._save_row = self._save_row, None
-        row["checkpoint/blocked_s"] += self.saver.staged()
-        self.metrics.log(row, step, epoch)
-
-    def _wait_for_saves(self) -> None:
-        """checkpoint.async_save: the last save complete (before the test pass reads best,
-        before the run exits or stops for a requeue); its error raised here."""
-        if self.saver is not None:
-            self._staged()
-            waited = self.saver.wait()
-            if waited > 0.01 and self.env.is_main:
-                log.info("waited %.2f s for the last checkpoint save to complete", waited)
+        self.checkpointer.save(name, self.module, self.optimizer, self.step, self.epoch, then)
 
     def _trained_epoch(self) -> int:
         """The epoch the weights were last trained in (0-based, as the training lines show):
         at an epoch end self.epoch already counts the next one."""
         return self.epoch - 1 if self.batch_in_epoch == 0 and self.epoch > 0 else self.epoch
-
-    def _load_weights(self, path: Path) -> None:
-        if path.is_dir():
-            ckpt_io.load_sharded(self.module, None, path)
-        else:
-            self.module.load_state_dict(ckpt_io.load_checkpoint(path)["model"])
-
-    # ---- reporting -------------------------------------------------------------------------
-
-    def _announce(self, resumed_from: str | None) -> None:
-        if not self.env.is_main:
-            return
-        p, loader_cfg = self.parts, self.cfg.loader
-        log.info(
-            "model %s (%s parameters) on %s; precision %s; data %s: %d train / %d val / %s test",
-            self.cfg.model.get("name", self.cfg.model._target_),
-            f"{self.pipeline.total_params if self.pipeline else count_parameters(self.module):,}",
-            self.env.device,
-            self.precision.describe(),
-            self.cfg.dataset.get("name", "custom"),
-            len(p.splits.train),
-            len(p.splits.val),
-            len(p.splits.test) if p.splits.test is not None else "no",
-        )
-        log.info(
-            "batch: %d per device x %d accumulation x %d process(es)%s = %d global; "
-            "%d optimizer steps (%d per epoch, %d epochs); loader=%s",
-            loader_cfg.batch_size,
-            self.accum,
-            self.data_world,
-            (
-                f" (x {self.pipeline.layout.stages} pipeline stages = {self.env.world_size} "
-                f"processes, {self.pipeline.microbatches} micro-batches each)"
-                if self.pipeline
-                else ""
-            ),
-            p.global_batch,
-            p.total_steps,
-            p.steps_per_epoch,
-            p.max_epochs,
-            loader_cfg.name,
-        )
-        if self.techniques:
-            log.info("techniques: %s", ", ".join(t.name for t in self.techniques))
-        if resumed_from:
-            log.info("resumed from %s at epoch %d, step %d", resumed_from, self.epoch, self.step)
-
-    def _summary(self, samples_per_s: float, start: float, test: dict | None) -> dict[str, Any]:
-        wall_s = time.perf_counter() - start
-        summary = {
-            # The best of each validation metric (best_val_acc, best_val_loss, ...).
-            **{f"best_val_{name}": value for name, value in self.best_val.items()},
-            "monitor": self.checkpoints.monitor,
-            "monitor_mode": self.checkpoints.mode,
-            "best_score": self.checkpoints.best,  # the best checkpoint.monitor value
-            # Every metric of the last validation (a task's own too), as final_val_<name>.
-            **{f"final_val_{k}": v for k, v in (self.last_val or {}).items()},
-            **(test or {}),
-            "epochs": self.epoch,
-            "steps": self.step,
-            "train_samples_per_s": samples_per_s,
-            "wall_s": wall_s,
-            "precision": self.precision.describe(),
-            "device": str(self.env.device),
-            "world_size": self.env.world_size,
-            "global_batch": self.parts.global_batch,
-            "run_dir": str(self.run_dir),
-            "finished_early": self.finish_reason,
-            "tags": list(self.cfg.get("tags") or []),
-            "checkpoints": str(self.ckpt_dir),
-        }
-        for technique in self.techniques:
-            summary.update(technique.summary(self))
-        summary = json_safe(summary)
-        if self.env.is_main:
-            text = json.dumps(summary, indent=2, allow_nan=False)
-            (self.run_dir / "summary.json").write_text(text + "\n")
-            test_text = "".join(
-                f", test/{k[5:]} {v:.4f}"
-                for k, v in (test or {}).items()
-                if k != "test_ckpt" and k != "test_loss"
-            )
-            best = self.checkpoints.best
-            log.info(
-                "done: %d steps, %d epochs, best %s %s%s, %.0f samples/s, %.1f s",
-                self.step,
-                self.epoch,
-                self.checkpoints.monitor,
-                f"{best:.4f}" if best is not None else "-",
-                test_text,
-                samples_per_s,
-                wall_s,
-            )
-        return summary
-
-
-def _write_then(state: dict[str, Any], path: Path, then) -> None:
-    """The background half of an asynchronous single-file save (rank 0)."""
-    ckpt_io.atomic_save(state, path)
-    if then is not None:
-        then()
 
 
 def log_interval(log_every_n_steps: int, steps_per_epoch: int) -> int:

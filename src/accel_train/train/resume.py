@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -70,7 +70,7 @@ from accel_train import checkpoint as ckpt_io
 from accel_train.config.run_config import DEFAULT_TASK, flatten, to_container
 from accel_train.errors import UserError
 from accel_train.optim import base_learning_rates, build_scheduler, cut_short
-from accel_train.parallel import SHARDED_STRATEGIES
+from accel_train.strategies import strategy_class, strategy_for
 from accel_train.train.checkpointing import best_score, link_or_copy
 from accel_train.train.found import find_checkpoint, forget, read_checkpoint
 
@@ -174,9 +174,14 @@ class Change:
     new: Any
 
 
+def _by_name(strategy: str) -> bool:
+    """Whether a strategy keeps its optimizer state per stage, keyed by parameter name."""
+    return strategy_class(strategy).optimizer_state_by_name
+
+
 def _transition(key: str, old: Any, new: Any) -> str | None:
     """Changes refused only between certain values of a key that may otherwise change."""
-    if key == "strategy.name" and (old == "pipeline") != (new == "pipeline"):
+    if key == "strategy.name" and _by_name(old) != _by_name(new):
         # (Between single, DDP, FSDP, TP and FSDP x TP a checkpoint moves either way: a sharded
         # one is re-cut at any world size, a single file is cut into shards; docs/distributed.md.)
         return (
@@ -378,7 +383,7 @@ def check_resume(cfg: DictConfig, world_size: int | None = None) -> dict[str, An
         return None
     run_dir = Path(cfg.paths.output_dir)
     ckpt_dir = run_dir / "checkpoints"
-    suffix = ".dcp" if cfg.strategy.name in SHARDED_STRATEGIES else ".pt"
+    suffix = strategy_for(cfg).checkpoint_suffix(distributed=True)  # (the other format too)
     path = find_checkpoint(cfg.resume, ckpt_dir, suffix)
     if path is None:
         return None
@@ -402,8 +407,10 @@ def check_resume(cfg: DictConfig, world_size: int | None = None) -> dict[str, An
 
 
 class Loop(Protocol):
-    """What resume reads and restores: the loop passes itself (train/loop.py calls this module
-    downward; this module never imports the loop)."""
+    """What resume reads: the loop passes itself (train/loop.py calls this module downward;
+    this module never imports the loop). Resume loads the components' own state (weights,
+    optimizer, scaler, techniques, checkpoint ranking, RNG) and returns the loop's progress as
+    a `Resumed`, which the loop applies in one place (Loop._apply)."""
 
     cfg: DictConfig
     env: Any
@@ -419,28 +426,30 @@ class Loop(Protocol):
     checkpoints: Any
     run_dir: Path
     ckpt_dir: Path
-    ckpt_suffix: str
-    sharded: bool
+    checkpointer: Any  # its format: `suffix`, `sharded`
     data_world: int
-    epoch: int
-    step: int
-    batch_in_epoch: int
-    best_val: dict
-    last_val: dict | None
-    finish_reason: str | None
 
 
 @dataclass
 class Resumed:
+    """Where the checkpoint left the run: the loop applies it (Loop._apply)."""
+
     path: str
     summary: dict[str, Any] | None = None  # the run had already finished: its summary.json
+    epoch: int = 0
+    step: int = 0
+    batch_in_epoch: int = 0
+    best_val: dict[str, float] = field(default_factory=dict)
+    last_val: dict[str, float] | None = None
+    finish_reason: str | None = None  # finished early: only the test pass is left
+    scheduler: Any = None  # a schedule rebuilt for a new length or config (None: restored)
 
 
 def resume(loop: Loop) -> Resumed | None:
     """Load the checkpoint `resume` names into the loop (None: a fresh start). With a summary:
     the run had already finished, nothing was loaded, and there is nothing to train."""
     wanted = loop.cfg.resume
-    path = find_checkpoint(wanted, loop.ckpt_dir, loop.ckpt_suffix)
+    path = find_checkpoint(wanted, loop.ckpt_dir, loop.checkpointer.suffix)
     if path is None:
         return None  # nothing to resume from: a fresh start, not an error
     state = read_checkpoint(path)
@@ -467,19 +476,10 @@ def resume(loop: Loop) -> Resumed | None:
         loop.scaler.load_state_dict(state["scaler"])
     elif loop.env.is_main:  # e.g. amp trained on the CPU (no scaler), resumed on CUDA
         log.info("the checkpoint has no GradScaler state: loss scaling starts from its default")
+    resumed = _progress(str(path), p, finished)
     if not finished:  # (finished here: only the test pass is left, no step to schedule)
-        _restore_schedule(loop, state, changed)
-    loop.epoch, loop.step, loop.batch_in_epoch = p["epoch"], p["step"], p["batch_in_epoch"]
-    if finished and p.get("finished_early"):
-        loop.finish_reason = p["finished_early"]  # only the test pass is left
-    loop.best_val = dict(p.get("best_val") or {})
-    if "best_val" not in p and p.get("best_val_acc", -1.0) >= 0:  # written before best_val
-        loop.best_val["acc"] = p["best_val_acc"]
+        resumed.scheduler = _restore_schedule(loop, state, changed)
     loop.checkpoints.load_state_dict(p, own)
-    last = p["last_val"]
-    if isinstance(last, list | tuple):  # written before tasks: (val/loss, val/acc)
-        last = {"loss": last[0], "acc": last[1]}
-    loop.last_val = dict(last) if last else None
     saved = state.get("techniques", {})
     for technique in loop.techniques:
         if technique.name in saved:
@@ -493,12 +493,31 @@ def resume(loop: Loop) -> Resumed | None:
         for c in logged:
             log.info("changed on resume: %s %s -> %s", c.key, _fmt(c.old), _fmt(c.new))
     # The rows of this run dir logged after the checkpoint are logged again from here on.
-    loop.metrics.rewind(loop.step, state.get("metrics_rows") if own else None)
+    loop.metrics.rewind(resumed.step, state.get("metrics_rows") if own else None)
     event: dict[str, Any] = {"event": "resume", "from": str(path)}
     if logged:
         event["changed"] = {c.key: [_plain(c.old), _plain(c.new)] for c in logged}
-    loop.metrics.log(event, loop.step, loop.epoch)
-    return Resumed(str(path))
+    loop.metrics.log(event, resumed.step, resumed.epoch)
+    return resumed
+
+
+def _progress(path: str, p: dict[str, Any], finished: bool) -> Resumed:
+    """The loop's counters and scores as the checkpoint's `progress` recorded them."""
+    best_val = dict(p.get("best_val") or {})
+    if "best_val" not in p and p.get("best_val_acc", -1.0) >= 0:  # written before best_val
+        best_val["acc"] = p["best_val_acc"]
+    last = p["last_val"]
+    if isinstance(last, list | tuple):  # written before tasks: (val/loss, val/acc)
+        last = {"loss": last[0], "acc": last[1]}
+    return Resumed(
+        path,
+        epoch=p["epoch"],
+        step=p["step"],
+        batch_in_epoch=p["batch_in_epoch"],
+        best_val=best_val,
+        last_val=dict(last) if last else None,
+        finish_reason=p["finished_early"] if finished and p.get("finished_early") else None,
+    )
 
 
 def _check_task_data(loop: Loop, state: dict, wanted: str, path: Path) -> None:
@@ -531,7 +550,7 @@ def _load_weights_and_optimizer(loop: Loop, path: Path, state: dict, changed: se
         if path.is_dir():  # a sharded checkpoint, loadable at any world size
             ckpt_io.load_sharded(loop.module, loop.optimizer, path)
             _apply(loop.optimizer.param_groups, fresh, keys, onecycle)
-        elif loop.sharded:  # a single file (single, DDP) cut into this run's shards
+        elif loop.checkpointer.sharded:  # a single file (single, DDP) cut into this run's shards
             _apply(state["optimizer"]["param_groups"], fresh, keys, onecycle)
             ckpt_io.load_full_into_sharded(loop.module, loop.optimizer, state)
         else:
@@ -565,8 +584,9 @@ def _apply(groups: list[dict], fresh: list[dict], keys: list[str], onecycle: boo
             group[key] = new[key]
 
 
-def _restore_schedule(loop: Loop, state: dict, changed: set[str]) -> None:
-    """Restore the schedule exactly, or rebuild it for a new length or config (module doc)."""
+def _restore_schedule(loop: Loop, state: dict, changed: set[str]) -> Any:
+    """Restore the schedule exactly (returns None), or rebuild it for a new length or config
+    (module doc; returns the new schedule)."""
     p, parts = state["progress"], loop.parts
     old_total = p.get("total_steps") or _total_steps(state["config"]["trainer"], parts)
     rebuild = (
@@ -577,7 +597,7 @@ def _restore_schedule(loop: Loop, state: dict, changed: set[str]) -> None:
     if not rebuild:
         if loop.scheduler is not None and state["scheduler"] is not None:
             loop.scheduler.load_state_dict(state["scheduler"])
-        return
+        return None
     # build_optimizer's lr (linear scaling included): the anchor of the new schedule. Without
     # `initial_lr` torch anchors the new schedule there, not at the old schedule's anchor.
     base_lrs = base_learning_rates(loop.optimizer)
@@ -585,7 +605,7 @@ def _restore_schedule(loop: Loop, state: dict, changed: set[str]) -> None:
         group["lr"] = base_lr
         group.pop("initial_lr", None)
     lr_scale = base_lrs[0] / loop.cfg.optimizer.lr
-    loop.scheduler = loop.parts.scheduler = build_scheduler(
+    scheduler = build_scheduler(
         loop.optimizer,
         loop.cfg.scheduler,
         parts.total_steps,
@@ -602,6 +622,7 @@ def _restore_schedule(loop: Loop, state: dict, changed: set[str]) -> None:
             p["step"],
             loop.optimizer.param_groups[0]["lr"],
         )
+    return scheduler
 
 
 def _total_steps(trainer: dict[str, Any], parts: Any) -> int:
@@ -629,16 +650,16 @@ def _carry_best(loop: Loop, path: Path, state: dict, wanted: str) -> None:
         return  # nothing validated yet: there is no best to carry
     monitor = loop.checkpoints.monitor
     where = f"resume={wanted}: the best checkpoint so far ({monitor} {best:.4f}) is {src}"
-    if src.suffix != loop.ckpt_suffix:
+    if src.suffix != loop.checkpointer.suffix:
         if loop.env.is_main:
             log.warning(
                 "%s, a %s checkpoint; this run writes %s ones, so it stays there (score it with "
                 "`accel-eval ckpt_path=%s`) and this run's best%s holds only bests above it.",
                 where,
                 "sharded" if src.is_dir() else "single-file",
-                "sharded" if loop.sharded else "single-file",
+                "sharded" if loop.checkpointer.sharded else "single-file",
                 src,
-                loop.ckpt_suffix,
+                loop.checkpointer.suffix,
             )
         return
     src_best = best_score(read_checkpoint(src)["progress"])
@@ -650,11 +671,11 @@ def _carry_best(loop: Loop, path: Path, state: dict, wanted: str) -> None:
                 where,
                 monitor,
                 src_best,
-                loop.ckpt_suffix,
+                loop.checkpointer.suffix,
                 best,
             )
         return
-    dst = loop.ckpt_dir / f"best{loop.ckpt_suffix}"
+    dst = loop.ckpt_dir / f"best{loop.checkpointer.suffix}"
     loop.checkpoints.carried_best()
     if loop.env.is_main:
         link_or_copy(src, dst)

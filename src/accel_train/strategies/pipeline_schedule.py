@@ -34,13 +34,13 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
 from accel_train.errors import UserError
-from accel_train.mesh import build_mesh, pipeline_stages
-from accel_train.mesh import data_coords as mesh_data_coords
 from accel_train.parallel import DistEnv
 from accel_train.precision import Precision
+from accel_train.strategies.mesh import MeshLayout
 
 log = logging.getLogger("accel_train")
 
@@ -66,27 +66,27 @@ class Layout:
         return self.stage == self.stages - 1
 
 
-def layout(strategy_cfg: DictConfig, env: DistEnv) -> Layout:
+def stage_layout(mesh: MeshLayout, rank: int) -> Layout:
     """Ranks are laid out (replica, stage), stage fastest: a replica's stages are neighbours
-    (the run's mesh, accel_train/mesh.py)."""
-    stages = pipeline_stages(strategy_cfg, env.world_size)
-    return Layout(stages, env.world_size // stages, env.rank % stages, env.rank // stages)
+    (the run's mesh, strategies/mesh.py)."""
+    return Layout(mesh.pp, mesh.dp_replicate, rank % mesh.pp, mesh.data_rank(rank))
 
 
-def data_coords(strategy_cfg: DictConfig, env: DistEnv) -> tuple[int, int]:
-    """(rank, world) of this process for sharding the data: under pipeline the stages of one
-    replica read the same batches (stage 0 uses the inputs, the last stage the labels), under
-    tensor parallelism the processes of one TP group."""
-    if not env.distributed:
-        return env.rank, env.world_size
-    return mesh_data_coords(strategy_cfg, env.rank, env.world_size)
-
-
-def data_world(strategy_cfg: DictConfig, world: int | None) -> int | None:
-    """How many processes share the data among `world` (None: not known yet)."""
-    if world is None:
-        return world
-    return mesh_data_coords(strategy_cfg, 0, world)[1]
+def pipeline_stages(strategy_cfg: DictConfig, world: int) -> int:
+    stages = strategy_cfg.stages or world
+    if stages < 2:
+        raise UserError(
+            f"strategy=pipeline with strategy.stages={strategy_cfg.stages} and {world} "
+            "process(es): a pipeline needs at least 2 stages, one per process. Start 2 or more "
+            "processes (`launcher.nproc_per_node=2`) or use `strategy=single`."
+        )
+    if world % stages:
+        raise UserError(
+            f"strategy.stages={stages} does not divide the {world} processes: each pipeline "
+            "replica needs exactly `stages` processes. Set launcher.nproc_per_node (x nnodes) to "
+            f"a multiple of {stages}, or `strategy.stages` to a divisor of {world}."
+        )
+    return stages
 
 
 def check_pipeline(cfg: DictConfig, world: int | None) -> None:
@@ -540,10 +540,13 @@ def build_pipeline(
     env: DistEnv,
     sample: torch.Tensor,
     precision: Precision,
+    mesh: DeviceMesh,
+    mesh_layout: MeshLayout,
 ) -> Pipeline:
-    """Cut `module` (in place: it keeps only this process's blocks) and set up the groups."""
+    """Cut `module` (in place: it keeps only this process's blocks) and set up the groups on
+    the run's `mesh` (its `pp` and `dp_replicate` dimensions)."""
     sc = cfg.strategy
-    lay = layout(sc, env)
+    lay = stage_layout(mesh_layout, env.rank)
     if precision.use_scaler:  # (check_pipeline refuses fp16 up front; a worker checks again)
         raise UserError(
             f"precision={cfg.precision.name} with strategy=pipeline resolves to fp16 with a "
@@ -569,7 +572,6 @@ def build_pipeline(
     shared = _shared_parameters(stages, lay.stage)
     _prune(module, {b.name for b in mine}, blocks)
     stage_module = StageModule(module, mine, precision)
-    mesh = build_mesh(sc, env.device.type, env.world_size)
     train_module: nn.Module = stage_module
     if lay.replicas > 1:
         train_module = DistributedDataParallel(

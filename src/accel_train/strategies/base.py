@@ -1,0 +1,145 @@
+"""What a parallelism strategy is: an object that answers the questions the launcher, the build,
+the loop, resume and the techniques ask. None of them asks a strategy its name.
+
+    before any process starts (the launcher)   check_world(world, nproc, nnodes)
+                                               data_world(world): processes reading different data
+    in each process (train/build.py)           data_coords(env), owns_forward_backward(env),
+                                               wrap(module, env, sample, precision)
+    in the loop                                forward_backward (when the strategy owns it: the
+                                               pipeline schedule), before_optimizer_step,
+                                               clip_grad_norm_, logged_samples, grad_spread
+    checkpoints                                sharded (a .dcp directory) or one file
+    techniques                                 shards_parameters, replicates_buffers
+
+A strategy's layout (`layout(world)`) names the degrees of the run's one DeviceMesh (mesh.py).
+The refusals keyed by a strategy's name (config/combinations.py) are a table of data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from accel_train.errors import UserError
+from accel_train.parallel import DistEnv
+from accel_train.precision import Precision
+from accel_train.strategies.mesh import MeshLayout, build_mesh, check_heads
+
+
+@dataclass
+class Wrapped:
+    """What the loop trains (`model`) and what validation calls (`eval_model`); `module` is the
+    plain model whose state_dict the checkpoints hold (a pipeline stage keeps only its blocks)."""
+
+    model: nn.Module
+    eval_model: nn.Module
+    module: nn.Module
+
+
+class Strategy:
+    """The base: one process or plain data parallelism with nothing sharded."""
+
+    name: ClassVar[str] = "strategy"
+    # Distributed checkpoints are directories of shards (torch.distributed.checkpoint, .dcp).
+    sharded_checkpoints: ClassVar[bool] = False
+    # The optimizer state is keyed by parameter name, per stage (the pipeline's): a checkpoint
+    # does not move between such a strategy and the others.
+    optimizer_state_by_name: ClassVar[bool] = False
+    # FSDP2 shards only contiguous parameters (channels_last converts the inputs only).
+    shards_parameters: ClassVar[bool] = False
+    # DDP broadcasts buffers from rank 0 in forward (pruning's masks are left out of it).
+    replicates_buffers: ClassVar[bool] = False
+
+    def __init__(self, run_cfg: DictConfig):
+        self.run_cfg = run_cfg  # the run's whole config
+        self.cfg = run_cfg.strategy  # its `strategy` group
+        self.spread = 1  # the TP degree this process trains at (set by `wrap`)
+
+    # ---- the layout -------------------------------------------------------------------------
+
+    def tp_degree(self, world: int) -> int:
+        """Processes of one tensor-parallel group (they hold the same batch and loss)."""
+        return 1
+
+    def layout(self, world: int) -> MeshLayout:
+        """The mesh degrees of `world` processes; a UserError naming the key when impossible."""
+        return MeshLayout(dp_replicate=world)
+
+    def data_world(self, world: int | None) -> int | None:
+        """How many of `world` processes read different data (None: not known yet)."""
+        if world is None or world == 1:
+            return world
+        return self.layout(world).data_world
+
+    def data_coords(self, env: DistEnv) -> tuple[int, int]:
+        """(rank, world) of this process among those that read different data."""
+        if not env.distributed or env.world_size == 1:
+            return env.rank, env.world_size
+        lay = self.layout(env.world_size)
+        return lay.data_rank(env.rank), lay.data_world
+
+    def check_world(self, world: int | None, nproc: int, nnodes: str) -> None:
+        """Before any process starts (`world`: None when not known yet, e.g. nnodes=auto): every
+        mesh degree divides the world, a TP degree the model's heads."""
+        if world is None:
+            return
+        self.layout(world)
+        cfg = self.run_cfg
+        heads = cfg.model.get("n_head") if "model" in cfg else None
+        check_heads(self.tp_degree(world), heads, "model.n_head")
+
+    def mesh(self, env: DistEnv) -> DeviceMesh | None:
+        return build_mesh(self.layout(env.world_size), env.device.type, env.world_size)
+
+    # ---- the build --------------------------------------------------------------------------
+
+    def wrap(self, module: nn.Module, env: DistEnv, sample: Any, precision: Precision) -> Wrapped:
+        """Apply the strategy to the transformed model (once the process group exists)."""
+        return Wrapped(module, module, module)
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def checkpoint_suffix(self, distributed: bool) -> str:
+        return ".dcp" if self.sharded_checkpoints and distributed else ".pt"
+
+    def grad_spread(self, env: DistEnv) -> int:
+        """How many processes hold each data-parallel rank's loss (the TP group)."""
+        return self.tp_degree(env.world_size) if env.distributed else 1
+
+    def owns_forward_backward(self, env: DistEnv) -> bool:
+        """The strategy runs forward and backward itself (a pipeline schedule, the loss on its
+        last stage): techniques cannot wrap the loss, nor transform the model after the wrap."""
+        return False
+
+    def forward_backward(self, task, batch, weight: float, scaler) -> torch.Tensor:
+        raise NotImplementedError(f"strategy={self.name} does not own forward and backward")
+
+    def before_optimizer_step(self) -> None:
+        """Gradients complete, before clipping (e.g. tied weights held by two stages)."""
+
+    def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+    def logged_samples(self, samples: int) -> int:
+        """Samples whose loss this rank holds (the pipeline's loss is on its last stages)."""
+        return samples
+
+    def parameter_count(self, module: nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    def describe_processes(self, world: int) -> str:
+        """Appended to the batch line of the run's announcement."""
+        return ""
+
+
+def refuse_unknown(name: str, known: list[str]) -> UserError:
+    return UserError(
+        f"strategy={name} is not a strategy accel-train knows (it has: {', '.join(known)}). "
+        "Pick one of those, or add yours as one file in accel_train/strategies/ plus its line "
+        "in the STRATEGIES registry (docs/architecture.md)."
+    )

@@ -1,0 +1,102 @@
+"""strategy=fsdp: FSDP2 (`fully_shard` per block): parameters, gradients and optimizer state
+sharded over the mesh's `dp_shard` dimension; with `strategy.tp=N` the layers are first sharded
+over `tp` (FSDP x TP, torchtitan's 2-D layout).
+
+FSDP shards the model in units: the modules named by ``strategy.wrap_classes`` (class names),
+or by default the outermost repeated blocks: every outermost module that has sub-modules, holds
+parameters and whose class occurs at least twice (a ResNet's stages, a transformer's blocks);
+a model with no such blocks (a flat Sequential) is sharded by its repeated layers instead. Then
+the root. Each unit is one all-gather in forward and one reduce-scatter in backward."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+from accel_train.errors import UserError
+from accel_train.parallel import DistEnv
+from accel_train.precision import Precision
+from accel_train.strategies.base import Strategy, Wrapped
+from accel_train.strategies.mesh import MeshLayout
+from accel_train.strategies.tensor_parallel import apply_tp, clip_grad_norm_
+from accel_train.strategies.tp import check_tp_divides
+
+
+class FSDP(Strategy):
+    name = "fsdp"
+    sharded_checkpoints = True
+    shards_parameters = True
+
+    def tp_degree(self, world: int) -> int:
+        return int(self.cfg.get("tp", 1))  # 1 = no tensor parallelism
+
+    def layout(self, world: int) -> MeshLayout:
+        tp = self.tp_degree(world)
+        check_tp_divides(tp, world)
+        # dp_shard is kept at degree 1 too: FSDP takes its group when TP takes every process.
+        return MeshLayout(dp_shard=world // tp, tp=tp, keep=("dp_shard",))
+
+    def wrap(self, module: nn.Module, env: DistEnv, sample: Any, precision: Precision) -> Wrapped:
+        self.spread = self.grad_spread(env)
+        if not env.distributed:
+            return Wrapped(module, module, module)
+        sc, mesh = self.cfg, self.mesh(env)
+        if self.tp_degree(env.world_size) > 1:
+            apply_tp(module, mesh["tp"], sc)
+        reshard = sc.reshard_after_forward
+        for unit in shard_units(module, list(sc.wrap_classes)):
+            fully_shard(unit, mesh=mesh["dp_shard"], reshard_after_forward=reshard)
+        fully_shard(module, mesh=mesh["dp_shard"], reshard_after_forward=reshard)
+        return Wrapped(module, module, module)
+
+    def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
+        if self.spread > 1:  # gradients on two meshes (FSDP x TP's _StridedShard)
+            return clip_grad_norm_(parameters, max_norm)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+
+def shard_units(model: nn.Module, wrap_classes: list[str]) -> list[nn.Module]:
+    """The sub-modules FSDP shards one by one (see the module docstring for the policy)."""
+    if wrap_classes:
+        names = {c.rsplit(".", 1)[-1] for c in wrap_classes}
+        wanted = lambda m: type(m).__name__ in names  # noqa: E731
+        units = _outermost(model, wanted)
+        if not units:
+            found = sorted({type(m).__name__ for m in model.modules()})
+            raise UserError(
+                f"strategy.wrap_classes={wrap_classes}: the model has no module of those classes "
+                f"(it has: {', '.join(found)}). Name classes from that list, or [] for the default."
+            )
+        return units
+    counts = Counter(type(m) for m in model.modules() if m is not model)
+    repeated = {cls for cls, n in counts.items() if n >= 2}
+
+    def has_params(m: nn.Module) -> bool:
+        # fully_shard needs a module with a forward: never a ModuleDict / ModuleList (PEFT's
+        # lora_A and lora_B repeat in every adapted layer), whose owner is sharded instead.
+        no_forward = isinstance(m, nn.ModuleDict | nn.ModuleList | nn.ParameterDict)
+        return not no_forward and any(True for _ in m.parameters())
+
+    def is_block(m: nn.Module) -> bool:
+        return type(m) in repeated and has_params(m) and any(True for _ in m.children())
+
+    blocks = _outermost(model, is_block)
+    return blocks or _outermost(model, lambda m: type(m) in repeated and has_params(m))
+
+
+def _outermost(model: nn.Module, wanted) -> list[nn.Module]:
+    units: list[nn.Module] = []
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            if wanted(child):
+                units.append(child)
+            else:
+                visit(child)
+
+    visit(model)
+    return units

@@ -1,0 +1,100 @@
+"""What a run says about itself: the announcement before the first step (model, data, batch,
+techniques, resume point) and the end (summary.json and the `done:` line). Reads the loop; the
+loop keeps only the training itself."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from accel_train.loggers import json_safe
+
+log = logging.getLogger("accel_train")
+
+
+def announce(loop: Any, resumed_from: str | None) -> None:
+    if not loop.env.is_main:
+        return
+    p, loader_cfg, strategy = loop.parts, loop.cfg.loader, loop.strategy
+    log.info(
+        "model %s (%s parameters) on %s; precision %s; data %s: %d train / %d val / %s test",
+        loop.cfg.model.get("name", loop.cfg.model._target_),
+        f"{strategy.parameter_count(loop.module):,}",
+        loop.env.device,
+        loop.precision.describe(),
+        loop.cfg.dataset.get("name", "custom"),
+        len(p.splits.train),
+        len(p.splits.val),
+        len(p.splits.test) if p.splits.test is not None else "no",
+    )
+    log.info(
+        "batch: %d per device x %d accumulation x %d process(es)%s = %d global; "
+        "%d optimizer steps (%d per epoch, %d epochs); loader=%s",
+        loader_cfg.batch_size,
+        loop.accum,
+        loop.data_world,
+        strategy.describe_processes(loop.env.world_size),
+        p.global_batch,
+        p.total_steps,
+        p.steps_per_epoch,
+        p.max_epochs,
+        loader_cfg.name,
+    )
+    if loop.techniques:
+        log.info("techniques: %s", ", ".join(t.name for t in loop.techniques))
+    if resumed_from:
+        log.info("resumed from %s at epoch %d, step %d", resumed_from, loop.epoch, loop.step)
+
+
+def write_summary(
+    loop: Any, samples_per_s: float, start: float, test: dict | None
+) -> dict[str, Any]:
+    """summary.json (rank 0 writes it) and the `done:` line; returns the summary."""
+    wall_s = time.perf_counter() - start
+    summary = {
+        # The best of each validation metric (best_val_acc, best_val_loss, ...).
+        **{f"best_val_{name}": value for name, value in loop.best_val.items()},
+        "monitor": loop.checkpoints.monitor,
+        "monitor_mode": loop.checkpoints.mode,
+        "best_score": loop.checkpoints.best,  # the best checkpoint.monitor value
+        # Every metric of the last validation (a task's own too), as final_val_<name>.
+        **{f"final_val_{k}": v for k, v in (loop.last_val or {}).items()},
+        **(test or {}),
+        "epochs": loop.epoch,
+        "steps": loop.step,
+        "train_samples_per_s": samples_per_s,
+        "wall_s": wall_s,
+        "precision": loop.precision.describe(),
+        "device": str(loop.env.device),
+        "world_size": loop.env.world_size,
+        "global_batch": loop.parts.global_batch,
+        "run_dir": str(loop.run_dir),
+        "finished_early": loop.finish_reason,
+        "tags": list(loop.cfg.get("tags") or []),
+        "checkpoints": str(loop.ckpt_dir),
+    }
+    for technique in loop.techniques:
+        summary.update(technique.summary(loop))
+    summary = json_safe(summary)
+    if loop.env.is_main:
+        text = json.dumps(summary, indent=2, allow_nan=False)
+        (loop.run_dir / "summary.json").write_text(text + "\n")
+        test_text = "".join(
+            f", test/{k[5:]} {v:.4f}"
+            for k, v in (test or {}).items()
+            if k != "test_ckpt" and k != "test_loss"
+        )
+        best = loop.checkpoints.best
+        log.info(
+            "done: %d steps, %d epochs, best %s %s%s, %.0f samples/s, %.1f s",
+            loop.step,
+            loop.epoch,
+            loop.checkpoints.monitor,
+            f"{best:.4f}" if best is not None else "-",
+            test_text,
+            samples_per_s,
+            wall_s,
+        )
+    return summary
