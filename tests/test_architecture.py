@@ -44,7 +44,7 @@ LAYERS = [
         "accel_train.safe_load",
         "accel_train.tasks",
     ],
-    ["accel_train.techniques"],
+    ["accel_train.techniques", "accel_train.run_checkpoint"],
     ["accel_train.train", "accel_train.export", "accel_train.export_hf"],
     ["accel_train.launch", "accel_train.worker", "accel_train.node"],
     ["accel_train.cli"],

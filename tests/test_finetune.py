@@ -461,6 +461,43 @@ def test_lora_on_the_builtin_gpt_from_its_own_checkpoint(run_cli, tmp_path):
     assert any(line.startswith("def") for line in sample.stdout.splitlines())
 
 
+@pytest.mark.parametrize("fmt", ["torch_export", "onnx"])
+def test_a_lora_run_exports_with_its_adapters_merged(fmt, run_cli, tmp_path):
+    """accel-export opens a checkpoint as every tool does (run_checkpoint.py): a LoRA run's
+    adapters are attached, loaded and merged before the export, and the artifact is verified
+    against the adapted model (the export once built the model without its adapters and
+    refused the weights)."""
+    text = "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(120))
+    (tmp_path / "input.txt").write_text(text)
+    check_ok(run_cli(["tokenize", "input=input.txt", "out=tokens"], prog="accel-data"))
+    gpt = [
+        "task=language_model",
+        "model=gpt",
+        "model.n_layer=1",
+        "model.n_head=2",
+        "model.n_embd=16",
+        "model.block_size=16",
+        "dataset=tokens",
+        f"dataset.path={tmp_path / 'tokens'}",
+        "dataset.windows_per_epoch=16",
+        "dataset.eval_windows=4",
+        "loader.batch_size=8",
+        "trainer.max_epochs=1",
+        "trainer.progress=none",
+        "logger=none",
+        "lora.rank=2",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    check_ok(run_cli(gpt))
+    ckpt = tmp_path / "run" / "checkpoints" / "last.pt"
+    assert any(".lora_" in k for k in load_checkpoint(ckpt)["model"])  # a LoRA checkpoint
+    out = tmp_path / f"model.{fmt}"
+    proc = run_cli([f"ckpt_path={ckpt}", f"format={fmt}", f"out_path={out}"], prog="accel-export")
+    check_ok(proc)
+    card = json.loads(Path(f"{out}.json").read_text())
+    assert card["verification"]["passed"], card
+
+
 TEXT_DATA = """
 import torch
 from torch.utils.data import TensorDataset

@@ -30,9 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
 from accel_train.config.checks import EXPORT_FORMATS, check_export_config, task_class
-from accel_train.config.run_config import typed
 from accel_train.data.build import build_splits
 from accel_train.data.builtin import hints_for
 from accel_train.data.loaders import build_loader
@@ -41,9 +39,10 @@ from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError
 from accel_train.export_hf import export_hf
 from accel_train.loggers import json_safe
-from accel_train.models import build_model, count_parameters
+from accel_train.models import count_parameters
+from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.techniques import qat
-from accel_train.train.evaluate import _load_weights
+from accel_train.techniques.lora import merge_lora
 
 log = logging.getLogger("accel_train")
 
@@ -60,13 +59,8 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         return export_hf(ecfg, ckpt_path)
     if fmt == "onnx" or quantize == "int8":
         _onnx_modules()  # a missing extra fails before anything is loaded
-    sharded = ckpt_path.is_dir()  # an FSDP checkpoint (torch.distributed.checkpoint)
-    state = (
-        load_sharded_meta(ckpt_path, key="ckpt_path")
-        if sharded
-        else load_checkpoint(ckpt_path, key="ckpt_path")
-    )
-    cfg = _stored_config(state, ckpt_path)
+    opened = RunCheckpoint(ckpt_path, redo="Export it with the version that wrote it.")
+    cfg = opened.cfg
     task = task_class(cfg)
     # A text model (token ids in, next-token logits out) is verified by its next-token argmax
     # at two sequence lengths; its artifact takes any length up to the trained context.
@@ -110,15 +104,17 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
             "(train, val, test))."
         )
 
-    model = build_model(cfg.model, splits.data_args)
-    model = model.to(CPU, dtype=torch.float32)  # artifacts are float32 whatever the training
-    if is_qat:
-        qat.prepare_qat(model, quant, cfg.model._target_)
-    if sharded:
-        load_sharded(model, None, ckpt_path)  # consolidated into this one process's model
-    else:
-        _load_weights(model, _permanent_masks(state["model"]), ckpt_path, cfg)
-    model.eval()
+    # Artifacts are float32 whatever the training; a .dcp is consolidated into this process.
+    model = opened.model(
+        splits.data_args,
+        torch.float32,
+        CPU,
+        before_load=(lambda m: qat.prepare_qat(m, quant, cfg.model._target_)) if is_qat else None,
+        weights=_permanent_masks,
+    )
+    # A LoRA run: the adapters folded into their base weights, the architecture as it was built
+    # (an artifact has no use for PEFT's layers).
+    model = merge_lora(model)
     sparsity = _sparsity(model)
     params = count_parameters(model)
     if is_qat:
@@ -153,7 +149,7 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     )
     check["passed"] = check["argmax_agreement"] >= ecfg.min_agreement
     card = _card(
-        ecfg, cfg, ckpt_path, state, splits, artifact, fmt, params, sparsity, check, export_s
+        ecfg, cfg, ckpt_path, opened.state, splits, artifact, fmt, params, sparsity, check, export_s
     )
     if text:
         card.update(_text_io(splits, example.shape[1]))
@@ -178,17 +174,6 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
 def _check_export_config(ecfg: DictConfig) -> Path:
     check_export_config(ecfg)  # (the CLI ran it already, before importing torch)
     return Path(ecfg.ckpt_path).expanduser()
-
-
-def _stored_config(state: dict[str, Any], ckpt_path: Path) -> DictConfig:
-    try:
-        return typed(state["config"])
-    except Exception as err:  # a config this version's schema does not know
-        raise UserError(
-            f"ckpt_path={ckpt_path}: its stored config does not fit this version of accel-train "
-            f"({type(err).__name__}: {' '.join(str(err).split())[:200]}). Export it with the "
-            "version that wrote it."
-        ) from None
 
 
 def _onnx_modules():

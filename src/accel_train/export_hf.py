@@ -22,13 +22,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
-from accel_train.config.run_config import typed
 from accel_train.errors import UserError
-from accel_train.models import build_model
 from accel_train.models.hf import HFModel, load_tokenizer
-from accel_train.techniques.lora import lora_for_run, merge_lora
-from accel_train.train.evaluate import _load_weights
+from accel_train.run_checkpoint import RunCheckpoint
+from accel_train.techniques.lora import merge_lora
 
 log = logging.getLogger("accel_train")
 
@@ -36,24 +33,23 @@ MAX_ABS_DIFF = 1e-4  # fp32 logits of the folder vs the checkpoint's model
 CARD = "accel_export.json"
 
 
+def _refuse_non_hf(ckpt_path: Path, cfg: DictConfig):
+    def check(model) -> None:
+        if not isinstance(model, HFModel):
+            raise UserError(
+                f"ckpt_path={ckpt_path}: format=hf writes a Hugging Face folder, which needs a "
+                f"model=hf checkpoint; this one's model is {cfg.model.get('name')} "
+                f"({cfg.model._target_}). Use format=torch_export or format=onnx."
+            )
+
+    return check
+
+
 def export_hf(ecfg: DictConfig, ckpt_path: Path) -> dict[str, Any]:
-    sharded = ckpt_path.is_dir()
-    state = load_sharded_meta(ckpt_path, "ckpt_path") if sharded else load_checkpoint(ckpt_path)
-    cfg = typed(state["config"])
+    opened = RunCheckpoint(ckpt_path)
+    cfg = opened.cfg
     out = _out_folder(ecfg, ckpt_path)
-    model = lora_for_run(build_model(cfg.model, {}, torch.float32), cfg)
-    if not isinstance(model, HFModel):
-        raise UserError(
-            f"ckpt_path={ckpt_path}: format=hf writes a Hugging Face folder, which needs a "
-            f"model=hf checkpoint; this one's model is {cfg.model.get('name')} "
-            f"({cfg.model._target_}). Use format=torch_export or format=onnx."
-        )
-    model = model.float()
-    if sharded:
-        load_sharded(model, None, ckpt_path)
-    else:
-        _load_weights(model, state["model"], ckpt_path, cfg)
-    model.eval()
+    model = opened.model({}, torch.float32, before_load=_refuse_non_hf(ckpt_path, cfg))
     ids = _probe_ids(model)
     with torch.no_grad():  # the checkpoint's model as trained: adapters beside the base
         reference = model(ids)

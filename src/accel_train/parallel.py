@@ -19,6 +19,7 @@ from accel_train.errors import UserError
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class DistEnv:
     rank: int

@@ -15,20 +15,16 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
-from accel_train.config.run_config import typed
 from accel_train.data.streaming_tokens import dataset_tokenizer
 from accel_train.data.tokenizer import CharTokenizer, tokenizer_from_meta
 from accel_train.data.tokens import window_splits
 from accel_train.errors import UserError
-from accel_train.models import build_model
 from accel_train.models.generate import generate
 from accel_train.models.hf import load_tokenizer
 from accel_train.parallel import resolve_device
 from accel_train.precision import resolve_precision
+from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.targets import locate
-from accel_train.techniques.lora import lora_for_run
-from accel_train.train.evaluate import _load_weights
 
 log = logging.getLogger("accel_train")
 
@@ -41,11 +37,8 @@ def sample_checkpoint(scfg: DictConfig, texts: dict[str, str] | None = None) -> 
     ckpt_path = _check(scfg)
     # A sharded checkpoint (FSDP, TP, FSDP x TP: a .dcp directory) is consolidated into this
     # one process's model; its meta.pt holds the rest.
-    if ckpt_path.is_dir():
-        state = load_sharded_meta(ckpt_path, key="ckpt_path")
-    else:
-        state = load_checkpoint(ckpt_path, key="ckpt_path")
-    cfg = typed(state["config"])
+    opened = RunCheckpoint(ckpt_path)
+    cfg, state = opened.cfg, opened.state
     task_class = locate(str(cfg.task._target_), "task._target_")
     if not getattr(task_class, "generates_text", False):
         raise UserError(
@@ -55,7 +48,7 @@ def sample_checkpoint(scfg: DictConfig, texts: dict[str, str] | None = None) -> 
         )
     if cfg.dataset.get("tokenizer"):  # dataset=sft: the model folder's own tokenizer
         system = texts.get("system", scfg.system)
-        return _sample_chat_model(scfg, cfg, state, ckpt_path, prompt, system)
+        return _sample_chat_model(scfg, opened, prompt, system)
     kept = (state.get("task") or {}).get("tokenizer")
     if kept:  # the checkpoint's own copy: no data needed
         where = f"kept in {ckpt_path}"
@@ -71,7 +64,7 @@ def sample_checkpoint(scfg: DictConfig, texts: dict[str, str] | None = None) -> 
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
     # What the token data told the model in training.
     data_args = window_splits(None, None, tokenizer.vocab_size).data_args
-    model = _rebuild(cfg, data_args, state, ckpt_path, device, precision)
+    model = opened.model(data_args, precision.param_dtype, device)
     block_size = int(cfg.model.get("block_size", getattr(model, "block_size", 0)) or 0)
     if block_size < 1:
         raise UserError(
@@ -102,26 +95,16 @@ def sample_checkpoint(scfg: DictConfig, texts: dict[str, str] | None = None) -> 
     return _show([tokenizer.decode(row.tolist()) for row in out], scfg)
 
 
-def _rebuild(cfg, data_args, state, ckpt_path, device, precision):
-    """The run's model (adapters included) with the checkpoint's weights, for inference."""
-    model = lora_for_run(build_model(cfg.model, data_args, precision.param_dtype), cfg)
-    model = model.to(device, dtype=precision.param_dtype)
-    if ckpt_path.is_dir():
-        load_sharded(model, None, ckpt_path)
-    else:
-        _load_weights(model, state["model"], ckpt_path, cfg)
-    return model.eval()
-
-
 def _sample_chat_model(
-    scfg: DictConfig, cfg: DictConfig, state, ckpt_path: Path, prompt: str, system: str | None
+    scfg: DictConfig, opened: RunCheckpoint, prompt: str, system: str | None
 ) -> list[str]:
     """A model fine-tuned on instruction records: its folder's tokenizer, the chat template with
     chat=true, and the model's own generate where it has one (model=hf: a KV cache)."""
+    cfg = opened.cfg
     tok = load_tokenizer(str(cfg.dataset.tokenizer), "the checkpoint's dataset.tokenizer")
     device = resolve_device(scfg.device, key="device")
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
-    model = _rebuild(cfg, {"vocab_size": len(tok)}, state, ckpt_path, device, precision)
+    model = opened.model({"vocab_size": len(tok)}, precision.param_dtype, device)
     if scfg.chat:
         if not getattr(tok, "chat_template", None):
             raise UserError(

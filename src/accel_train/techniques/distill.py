@@ -31,10 +31,9 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
-from accel_train.config.run_config import typed
 from accel_train.errors import UserError
 from accel_train.models import build_model
+from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.techniques import PREPARE, BuildContext, LossFn, Technique
 
 log = logging.getLogger("accel_train")
@@ -172,46 +171,36 @@ class Distill(Technique):
 
 
 def _from_checkpoint(path: Path, shape: tuple[int, int, int]) -> tuple[nn.Module, dict]:
-    """The teacher rebuilt from its checkpoint's own config, its weights loaded (weights-only)."""
-    key = "distill.teacher"
-    sharded = path.is_dir()
-    state = load_sharded_meta(path, key=key) if sharded else load_checkpoint(path, key=key)
-    try:
-        cfg = typed(state["config"])
-    except Exception as err:
-        raise UserError(
-            f"distill.teacher={path}: its stored config does not fit this version of accel-train "
-            f"({type(err).__name__}: {' '.join(str(err).split())[:200]})."
-        ) from None
+    """The teacher rebuilt from its checkpoint's own config (its LoRA adapters included), its
+    weights loaded (weights-only): run_checkpoint.py, as every tool opens a run's checkpoint."""
+    opened = RunCheckpoint(path, key="distill.teacher")
+    cfg = opened.cfg
     in_channels, image_size, num_classes = shape
     recorded = cfg.dataset.get("num_classes")
     if recorded is not None and recorded != num_classes:
         raise UserError(_classes_message(path, f"{recorded} classes", num_classes))
-    try:
-        teacher = build_model(cfg.model, _data_args(shape))
-    except UserError as err:
-        raise UserError(f"distill.teacher={path}: rebuilding the teacher failed: {err}") from None
-    if sharded:
-        load_sharded(teacher, None, path)
-    else:
-        try:
-            teacher.load_state_dict(state["model"])
-        except RuntimeError as err:
-            first = str(err).strip().splitlines()
-            detail = " ".join(first[1:2] or first[:1]).strip()[:200]
-            if "size mismatch" in str(err):
-                raise UserError(
-                    f"distill.teacher={path}: the teacher's weights do not fit its model built "
-                    f"for the student's data ({num_classes} classes, {in_channels}x{image_size}x"
-                    f"{image_size} inputs; {detail}). A teacher must take the student's inputs "
-                    "and predict the same classes: train it on the student's data set (or one "
-                    "of the same shape and classes), or give another `distill.teacher`."
-                ) from None
-            raise UserError(
-                f"distill.teacher={path}: its weights do not fit the model its config builds "
-                f"(model._target_={cfg.model._target_}; {detail}). Has the model's code changed "
-                "since the teacher was trained?"
-            ) from None
+
+    def fit_error(err: RuntimeError) -> UserError:
+        first = str(err).strip().splitlines()
+        detail = " ".join(first[1:2] or first[:1]).strip()[:200]
+        if "size mismatch" in str(err):
+            return UserError(
+                f"distill.teacher={path}: the teacher's weights do not fit its model built "
+                f"for the student's data ({num_classes} classes, {in_channels}x{image_size}x"
+                f"{image_size} inputs; {detail}). A teacher must take the student's inputs "
+                "and predict the same classes: train it on the student's data set (or one "
+                "of the same shape and classes), or give another `distill.teacher`."
+            )
+        return UserError(
+            f"distill.teacher={path}: its weights do not fit the model its config builds "
+            f"(model._target_={cfg.model._target_}; {detail}). Has the model's code changed "
+            "since the teacher was trained?"
+        )
+
+    def build_error(err: UserError) -> UserError:
+        return UserError(f"distill.teacher={path}: rebuilding the teacher failed: {err}")
+
+    teacher = opened.model(_data_args(shape), fit_error=fit_error, build_error=build_error)
     return teacher, {"teacher": str(path.resolve()), "sha256": _sha256_path(path)}
 
 

@@ -12,9 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import default_collate
 
-from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
 from accel_train.config.checks import refuse_checkpoint_target
-from accel_train.config.run_config import typed
 from accel_train.data.batch import to_device
 from accel_train.data.build import build_splits
 from accel_train.data.builtin import hints_for
@@ -22,11 +20,10 @@ from accel_train.data.loaders import build_loader
 from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError
 from accel_train.loggers import json_safe
-from accel_train.models import build_model
 from accel_train.parallel import DistEnv, resolve_device
 from accel_train.precision import Precision, resolve_precision
+from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.tasks import Task, TaskContext, build_task
-from accel_train.techniques.lora import lora_for_run
 
 log = logging.getLogger("accel_train")
 
@@ -62,19 +59,8 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     """The body of `accel-eval`. Every failure the user can fix is a UserError naming
     accel-eval's own keys (ckpt_path, data_dir, out_path, batch_size, device)."""
     ckpt_path, device = _check_eval_config(ecfg)
-    sharded = ckpt_path.is_dir()  # an FSDP checkpoint (torch.distributed.checkpoint)
-    if sharded:
-        state = load_sharded_meta(ckpt_path, key="ckpt_path")
-    else:
-        state = load_checkpoint(ckpt_path, key="ckpt_path")
-    try:
-        cfg = typed(state["config"])
-    except Exception as err:  # a config this version's schema does not know
-        raise UserError(
-            f"ckpt_path={ckpt_path}: its stored config does not fit this version of accel-train "
-            f"({type(err).__name__}: {' '.join(str(err).split())[:200]}). Evaluate it with the "
-            "version that wrote it."
-        ) from None
+    opened = RunCheckpoint(ckpt_path, redo="Evaluate it with the version that wrote it.")
+    cfg, state = opened.cfg, opened.state
     if ecfg.data_dir:
         cfg.paths.data_dir = ecfg.data_dir
     if ecfg.batch_size:
@@ -87,12 +73,7 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         splits = build_splits(cfg.dataset, cfg.paths.data_dir, task.labelled_data)
     if splits.test is None:
         raise UserError(_no_test_split(ckpt_path, cfg, splits))
-    model = lora_for_run(build_model(cfg.model, splits.data_args, precision.param_dtype), cfg)
-    model = model.to(device, dtype=precision.param_dtype)
-    if sharded:
-        load_sharded(model, None, ckpt_path)
-    else:
-        _load_weights(model, state["model"], ckpt_path, cfg)
+    model = opened.model(splits.data_args, precision.param_dtype, device)
     if cfg.trainer.channels_last:
         model = model.to(memory_format=torch.channels_last)
     loader = build_loader(
@@ -136,19 +117,6 @@ def sample_batch(splits, device: torch.device) -> Any:
     items = [splits.train[i] for i in range(min(2, len(splits.train)))]
     batch = default_collate(items)
     return to_device(tuple(batch) if isinstance(batch, list) else batch, device)
-
-
-def _load_weights(model, weights: dict, ckpt_path: Path, cfg: DictConfig) -> None:
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as err:  # missing/unexpected keys, size mismatches
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(
-            f"ckpt_path={ckpt_path}: its weights do not fit the model its config builds "
-            f"(model._target_={cfg.model._target_}; {first[:200]}). Has the model's code "
-            "changed since the checkpoint was written, or does data_dir hold a data set of "
-            "another shape?"
-        ) from None
 
 
 def _check_eval_config(ecfg: DictConfig) -> tuple[Path, torch.device]:
