@@ -20,7 +20,7 @@ from accel_train.errors import UserError
 from accel_train.loggers import MetricsLogger
 from accel_train.optim import build_scheduler
 from accel_train.train.checkpointing import link_or_copy as _link_or_copy
-from accel_train.train.resume import config_changes, refusal_reason
+from accel_train.train.resume_rules import config_changes, refusal_reason
 
 # 256 samples, 10% held out: 230 / 64 per batch = 4 steps per epoch; every step logged.
 BASE = [*FAST, "trainer.deterministic=true", "trainer.log_every_n_steps=1", "logger=csv"]

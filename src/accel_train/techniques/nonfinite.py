@@ -321,7 +321,7 @@ class NonFinite(Technique):
             if self.last_finite
             else "No finite training loss was seen before it."
         )
-        suffix = loop.ckpt_suffix
+        suffix = loop.checkpointer.suffix
         if self.saved_step is not None:
             saved = (
                 f"Nothing non-finite was saved: checkpoints/last{suffix} holds the last finite "

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -48,13 +47,14 @@ from accel_train.strategies.tensor_parallel import local
 from accel_train.tasks import split_output
 from accel_train.techniques import Technique
 from accel_train.train.auto_batch import resolve_batch_size
-from accel_train.train.build import Components, build_components, make_loader
+from accel_train.train.build import Components, build_components
 from accel_train.train.checkpointer import Checkpointer
 from accel_train.train.checkpointing import Checkpointing, known_metrics
 from accel_train.train.evaluate import score
 from accel_train.train.resume import Resumed, resume
-from accel_train.train.run_report import announce, write_summary
-from accel_train.train.signals import Stopped, StopRequest, signal_name
+from accel_train.train.run_report import announce, test_pass, write_summary
+from accel_train.train.signals import StopRequest
+from accel_train.train.stopping import stop_run
 
 log = logging.getLogger("accel_train")
 
@@ -213,7 +213,7 @@ class Loop:
                 self.val_loader.close()
             self.checkpointer.wait()  # async_save: the last checkpoint complete before what follows
             if self.stopping or self._asked_to_stop_after_training():
-                return self._stopped()
+                return stop_run(self)
             if self.finish_reason and self.env.is_main:
                 log.info("finished early: %s", self.finish_reason)
             # curves.png is drawn in a thread while the test pass runs (console.py says why).
@@ -222,7 +222,7 @@ class Loop:
                 if self.cfg.trainer.plot_curves and self.env.is_main
                 else None
             )
-            test = self._test() if self.cfg.trainer.test_after_fit else None
+            test = test_pass(self) if self.cfg.trainer.test_after_fit else None
             self.progress.close()  # before the `done:` line, which would land on the bar
             summary = write_summary(self, samples / max(train_time, 1e-9), start, test)
             if plotted is not None:
@@ -257,7 +257,7 @@ class Loop:
             if due and not self.finish_reason:  # (finished at a validation: it was this step's)
                 self._validate(final=finished)
             if self.cfg.checkpoint.save_last:
-                self._save("last")
+                self.save("last")
         return train_time, samples
 
     def _train_epoch(self) -> int:
@@ -302,7 +302,7 @@ class Loop:
                 loss_items.zero_()
                 loss_samples = 0
             if ckpt_every and self.step % ckpt_every == 0:
-                self._save("last")
+                self.save("last")
             if self._validates_mid_epoch(b, order.num_batches):
                 self._validate()
                 self.model.train()
@@ -471,7 +471,7 @@ class Loop:
         if plan is not None:
             # rank 0, once the file is complete: best.pt, and the files out of the top k.
             top = self.checkpoints.kept[0]["name"]
-            self._save(plan.name, then=lambda: self.checkpoints.commit(plan, top))
+            self.save(plan.name, then=lambda: self.checkpoints.commit(plan, top))
             self.env.barrier()
         # The checkpoint above holds the weights validation scored (ema's average).
         self._fire("after_validation")
@@ -485,80 +485,6 @@ class Loop:
                 continue
             if best is None or (value > best if mode == "max" else value < best):
                 self.best_val[name] = value
-
-    def _test(self) -> dict[str, Any] | None:
-        """Score the checkpoint selected on validation (best, else the final weights) once on
-        the test split: the honest number, reported apart from validation."""
-        p = self.parts
-        if p.splits.test is None:
-            log.info("the data set has no test split: trainer.test_after_fit skipped")
-            return None
-        best = self.checkpointer.path("best")
-        which = "best" if best.exists() else "last"
-        if which == "best":
-            self.checkpointer.load_weights(self.module, best)
-        loader = make_loader(
-            p.splits.test,
-            self.cfg,
-            self.env,
-            p.splits,
-            train=False,
-            limit=self.cfg.trainer.limit_test_batches,
-            labelled=self.task.labelled_data,
-        )
-        # HOST SYNC (test): one read at the end of the pass.
-        scored = score(self.eval_model, loader, self.task, self.precision, self.env)
-        self.metrics.log(
-            {f"test/{name}": value for name, value in scored.items()}, self.step, self.epoch
-        )
-        shown = "  ".join(f"test/{name}={value:.4f}" for name, value in scored.items())
-        self.progress.message(f"test ({which} checkpoint)  {shown}")
-        return {**{f"test_{name}": value for name, value in scored.items()}, "test_ckpt": which}
-
-    def _stopped(self) -> dict[str, Any]:
-        """Asked to stop by a signal (train/signals.py): save last, then return "preempted"
-        (SIGUSR1: preemption or the time limit; the launch side may requeue) or exit with
-        128 + signum (SIGTERM, SIGINT)."""
-        exits = self.stop.exits
-        if self.env.distributed:
-            # The ranks agreed to stop; agree on how, too (one rank may have had SIGTERM and
-            # another only the SIGUSR1 before it, or nothing): one tiny collective, once a run.
-            vote = torch.tensor([float(exits)], device=self.env.device)
-            exits = self.env.all_reduce_sum(vote).item() > 0
-        ckpt_every = self.cfg.trainer.ckpt_every_n_steps
-        if not (ckpt_every and self.step % ckpt_every == 0):
-            # (Otherwise _train_epoch saved last at this very step: don't spend the grace
-            # period before SIGKILL on writing it twice.)
-            self._save("last")
-        self.checkpointer.wait()  # complete before the run exits or is requeued
-        ckpt = self.checkpointer.path("last")
-        self.progress.close()
-        if exits:
-            signum = self.stop.signum if self.stop.exits else signal.SIGTERM
-            self.metrics.log(
-                {"event": "stopped", "signal": signal_name(signum)}, self.step, self.epoch
-            )
-            self.metrics.close()
-            if self.env.is_main:
-                log.warning(
-                    "%s: stopped at epoch %d step %d, checkpoint %s; continue with "
-                    "`resume=auto hydra.run.dir=%s`",
-                    signal_name(signum),
-                    self.epoch,
-                    self.step,
-                    ckpt,
-                    self.run_dir,
-                )
-            raise Stopped(signum)
-        log.warning("stopped at epoch %d step %d; checkpoint %s", self.epoch, self.step, ckpt)
-        self.metrics.log({"event": "preempted"}, self.step, self.epoch)
-        self.metrics.close()
-        return {
-            "status": "preempted",
-            "steps": self.step,
-            "epochs": self.epoch,
-            "checkpoint": str(ckpt),
-        }
 
     def _asked_to_stop_after_training(self) -> bool:
         """A signal during the last validation (or last.pt's save) came after the last step
@@ -612,7 +538,7 @@ class Loop:
             "config": to_container(self.cfg),
         }
 
-    def _save(self, name: str, then=None) -> None:
+    def save(self, name: str, then=None) -> None:
         """Write checkpoint `name` (then call `then` on rank 0, once it is complete)."""
         self._fire("on_save", name)  # before anything is written: e.g. nonfinite
         self.checkpointer.save(name, self.module, self.optimizer, self.step, self.epoch, then)

@@ -10,6 +10,8 @@ import time
 from typing import Any
 
 from accel_train.loggers import json_safe
+from accel_train.train.build import make_loader
+from accel_train.train.evaluate import score
 
 log = logging.getLogger("accel_train")
 
@@ -98,3 +100,33 @@ def write_summary(
             wall_s,
         )
     return summary
+
+
+def test_pass(loop: Any) -> dict[str, Any] | None:
+    """Score the checkpoint selected on validation (best, else the final weights) once on
+    the test split: the honest number, reported apart from validation."""
+    p = loop.parts
+    if p.splits.test is None:
+        log.info("the data set has no test split: trainer.test_after_fit skipped")
+        return None
+    best = loop.checkpointer.path("best")
+    which = "best" if best.exists() else "last"
+    if which == "best":
+        loop.checkpointer.load_weights(loop.module, best)
+    loader = make_loader(
+        p.splits.test,
+        loop.cfg,
+        loop.env,
+        p.splits,
+        train=False,
+        limit=loop.cfg.trainer.limit_test_batches,
+        labelled=loop.task.labelled_data,
+    )
+    # HOST SYNC (test): one read at the end of the pass.
+    scored = score(loop.eval_model, loader, loop.task, loop.precision, loop.env)
+    loop.metrics.log(
+        {f"test/{name}": value for name, value in scored.items()}, loop.step, loop.epoch
+    )
+    shown = "  ".join(f"test/{name}={value:.4f}" for name, value in scored.items())
+    loop.progress.message(f"test ({which} checkpoint)  {shown}")
+    return {**{f"test_{name}": value for name, value in scored.items()}, "test_ckpt": which}

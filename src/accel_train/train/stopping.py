@@ -1,0 +1,58 @@
+"""What a run asked to stop does once every rank agreed (train/signals.py has the signals, the
+loop the agreement): save last, then return status "preempted" or exit with 128 + the signal."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+import torch
+
+from accel_train.train.signals import Stopped, signal_name
+
+log = logging.getLogger("accel_train")
+
+
+def stop_run(loop: Any) -> dict[str, Any]:
+    """Asked to stop by a signal (train/signals.py): save last, then return "preempted"
+    (SIGUSR1: preemption or the time limit; the launch side may requeue) or exit with
+    128 + signum (SIGTERM, SIGINT)."""
+    exits = loop.stop.exits
+    if loop.env.distributed:
+        # The ranks agreed to stop; agree on how, too (one rank may have had SIGTERM and
+        # another only the SIGUSR1 before it, or nothing): one tiny collective, once a run.
+        vote = torch.tensor([float(exits)], device=loop.env.device)
+        exits = loop.env.all_reduce_sum(vote).item() > 0
+    ckpt_every = loop.cfg.trainer.ckpt_every_n_steps
+    if not (ckpt_every and loop.step % ckpt_every == 0):
+        # (Otherwise _train_epoch saved last at this very step: don't spend the grace
+        # period before SIGKILL on writing it twice.)
+        loop.save("last")
+    loop.checkpointer.wait()  # complete before the run exits or is requeued
+    ckpt = loop.checkpointer.path("last")
+    loop.progress.close()
+    if exits:
+        signum = loop.stop.signum if loop.stop.exits else signal.SIGTERM
+        loop.metrics.log({"event": "stopped", "signal": signal_name(signum)}, loop.step, loop.epoch)
+        loop.metrics.close()
+        if loop.env.is_main:
+            log.warning(
+                "%s: stopped at epoch %d step %d, checkpoint %s; continue with "
+                "`resume=auto hydra.run.dir=%s`",
+                signal_name(signum),
+                loop.epoch,
+                loop.step,
+                ckpt,
+                loop.run_dir,
+            )
+        raise Stopped(signum)
+    log.warning("stopped at epoch %d step %d; checkpoint %s", loop.epoch, loop.step, ckpt)
+    loop.metrics.log({"event": "preempted"}, loop.step, loop.epoch)
+    loop.metrics.close()
+    return {
+        "status": "preempted",
+        "steps": loop.step,
+        "epochs": loop.epoch,
+        "checkpoint": str(ckpt),
+    }
