@@ -61,35 +61,10 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         _onnx_modules()  # a missing extra fails before anything is loaded
     opened = RunCheckpoint(ckpt_path, redo="Export it with the version that wrote it.")
     cfg = opened.cfg
-    task = task_class(cfg)
-    # A text model (token ids in, next-token logits out) is verified by its next-token argmax
-    # at two sequence lengths; its artifact takes any length up to the trained context.
-    text = task is not None and getattr(task, "generates_text", False)
-    if text and quantize == "int8":
-        raise UserError(
-            f"ckpt_path={ckpt_path} is a language model (task={cfg.task.get('name')}): "
-            "quantize=int8 calibrates on image batches and is not wired for token ids. Drop "
-            "`quantize=int8` (the fp32 export works), or quantize the ONNX file yourself."
-        )
-    if task is not None and not getattr(task, "class_logits", False) and not text:
-        raise UserError(
-            f"ckpt_path={ckpt_path} was trained with task={cfg.task.get('name')}: accel-export "
-            "verifies an artifact by its class predictions (argmax agreement with the PyTorch "
-            "model on the test split), which only task=classification has. Export this model "
-            "with torch.export or torch.onnx.export directly, or use accel-eval to score it."
-        )
+    text = _is_text_model(cfg)
     quant = cfg.quant if "quant" in cfg and not OmegaConf.is_missing(cfg, "quant") else None
     is_qat = quant is not None and quant.name == "qat"
-    if is_qat and quantize == "int8":
-        raise UserError(
-            f"ckpt_path={ckpt_path} was trained with quant=qat: its export is already int8 "
-            "(torchao's convert step runs first). Drop `quantize=int8`."
-        )
-    if is_qat and fmt == "torchscript":
-        raise UserError(
-            f"ckpt_path={ckpt_path} was trained with quant=qat, and TorchScript's tracer cannot "
-            "capture torchao's int8 weights. Use `format=torch_export` or `format=onnx`."
-        )
+    _refuse_unexportable(cfg, ckpt_path, ecfg, text, is_qat)
     if ecfg.data_dir:
         cfg.paths.data_dir = ecfg.data_dir
     if ecfg.batch_size:
@@ -128,25 +103,7 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     _export(model, example, fmt, artifact, seq_dim=text)
     export_s = time.perf_counter() - t0
-    run = _load_runner(fmt, artifact)
-    if text:  # the full context and half of it: the sequence length is dynamic
-        full = example.shape[1]
-        lens = [full, max(2, full // 2)]
-        check = _compare_text(model, run, test, lens)
-    else:
-        check = _compare(model, run, test)
-    log.info(
-        "%s -> %s (%s): max abs diff %.3g, argmax agreement %.4f%% on %d test samples; "
-        "test acc %.4f (PyTorch) / %.4f (artifact)",
-        ckpt_path,
-        artifact,
-        _size(artifact.stat().st_size),
-        check["max_abs_diff"],
-        100 * check["argmax_agreement"],
-        check["samples"],
-        check["pytorch_test_acc"],
-        check["artifact_test_acc"],
-    )
+    check = _verify(model, fmt, artifact, test, example, text, ckpt_path)
     check["passed"] = check["argmax_agreement"] >= ecfg.min_agreement
     card = _card(
         ecfg, cfg, ckpt_path, opened.state, splits, artifact, fmt, params, sparsity, check, export_s
@@ -166,6 +123,67 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     if quantize == "int8":
         card = _int8(ecfg, cfg, splits, transform, artifact, card, model, test)
     return card
+
+
+def _is_text_model(cfg: DictConfig) -> bool:
+    """A text model (token ids in, next-token logits out) is verified by its next-token argmax
+    at two sequence lengths; its artifact takes any length up to the trained context."""
+    task = task_class(cfg)
+    return task is not None and getattr(task, "generates_text", False)
+
+
+def _refuse_unexportable(
+    cfg: DictConfig, ckpt_path: Path, ecfg: DictConfig, text: bool, is_qat: bool
+) -> None:
+    """What accel-export cannot verify or write for this checkpoint, before any data loads."""
+    quantize, fmt, task = ecfg.quantize, ecfg.format, task_class(cfg)
+    if text and quantize == "int8":
+        raise UserError(
+            f"ckpt_path={ckpt_path} is a language model (task={cfg.task.get('name')}): "
+            "quantize=int8 calibrates on image batches and is not wired for token ids. Drop "
+            "`quantize=int8` (the fp32 export works), or quantize the ONNX file yourself."
+        )
+    if task is not None and not getattr(task, "class_logits", False) and not text:
+        raise UserError(
+            f"ckpt_path={ckpt_path} was trained with task={cfg.task.get('name')}: accel-export "
+            "verifies an artifact by its class predictions (argmax agreement with the PyTorch "
+            "model on the test split), which only task=classification has. Export this model "
+            "with torch.export or torch.onnx.export directly, or use accel-eval to score it."
+        )
+    if is_qat and quantize == "int8":
+        raise UserError(
+            f"ckpt_path={ckpt_path} was trained with quant=qat: its export is already int8 "
+            "(torchao's convert step runs first). Drop `quantize=int8`."
+        )
+    if is_qat and fmt == "torchscript":
+        raise UserError(
+            f"ckpt_path={ckpt_path} was trained with quant=qat, and TorchScript's tracer cannot "
+            "capture torchao's int8 weights. Use `format=torch_export` or `format=onnx`."
+        )
+
+
+def _verify(model, fmt: str, artifact: Path, test, example, text: bool, ckpt_path: Path) -> dict:
+    """The artifact loaded back by its real consumer and compared with the PyTorch model."""
+    run = _load_runner(fmt, artifact)
+    if text:  # the full context and half of it: the sequence length is dynamic
+        full = example.shape[1]
+        lens = [full, max(2, full // 2)]
+        check = _compare_text(model, run, test, lens)
+    else:
+        check = _compare(model, run, test)
+    log.info(
+        "%s -> %s (%s): max abs diff %.3g, argmax agreement %.4f%% on %d test samples; "
+        "test acc %.4f (PyTorch) / %.4f (artifact)",
+        ckpt_path,
+        artifact,
+        _size(artifact.stat().st_size),
+        check["max_abs_diff"],
+        100 * check["argmax_agreement"],
+        check["samples"],
+        check["pytorch_test_acc"],
+        check["artifact_test_acc"],
+    )
+    return check
 
 
 # ---- checks ------------------------------------------------------------------------------
