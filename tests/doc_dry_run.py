@@ -24,9 +24,11 @@ from pathlib import Path
 from hydra.core.global_hydra import GlobalHydra
 
 from accel_train import cli
+from accel_train.commands import report
 from accel_train.config.checks import OBJECTIVES
 from accel_train.errors import UserError
-from accel_train.launch import launcher, report
+from accel_train.launchers import kubernetes, launch, ray_train, slurm, torchrun
+from accel_train.train.found import forget as forget_checkpoint
 
 
 def _no_training(cfg) -> dict:
@@ -38,12 +40,12 @@ def _no_training(cfg) -> dict:
     return summary
 
 
-launcher.run_worker = _no_training
-launcher.run_torchrun = lambda cfg, path, nproc: _no_training(cfg)
-launcher._launch_slurm = lambda cfg, run_dir: None  # everything but sbatch
-launcher.ray.launch = lambda cfg, run_dir: None  # no Ray started for a dry run
-launcher._launch_kubernetes = lambda cfg, run_dir: None  # kubernetes.check has run
-launcher.hold_run_dir = lambda cfg: None  # this one process would hold every run dir's lock
+torchrun.run_worker = _no_training
+torchrun.run_torchrun = lambda cfg, path, nproc: _no_training(cfg)
+slurm.Slurm.launch = lambda self, cfg: forget_checkpoint()  # everything but sbatch
+ray_train.launch = lambda cfg, run_dir: None  # no Ray started for a dry run
+kubernetes.Kubernetes.launch = lambda self, cfg: None  # Kubernetes.check has run
+launch.hold_run_dir = lambda cfg: None  # this one process would hold every run dir's lock
 
 
 def _report(argv: list[str]) -> None:

@@ -23,8 +23,8 @@ from accel_train.train.loop import Loop
 
 SRC = Path(accel_train.__file__).parent
 
-# Lower layers never import higher ones: cli -> launch -> train -> techniques -> components ->
-# config -> errors. Components (data, models, ...) sit side by side on one layer.
+# Lower layers never import higher ones: cli -> commands -> launchers -> train -> techniques ->
+# components -> config -> errors. Components (data, models, ...) sit side by side on one layer.
 LAYERS = [
     ["accel_train.errors"],
     ["accel_train.config", "accel_train.environment"],
@@ -46,7 +46,8 @@ LAYERS = [
     ],
     ["accel_train.techniques", "accel_train.run_checkpoint"],
     ["accel_train.train", "accel_train.export", "accel_train.export_hf"],
-    ["accel_train.launch", "accel_train.worker", "accel_train.node"],
+    ["accel_train.launchers", "accel_train.worker", "accel_train.node"],
+    ["accel_train.commands"],
     ["accel_train.cli"],
 ]
 

@@ -15,7 +15,7 @@ SCRIPT = """
 import json, sys
 import hydra._internal.config_loader_impl as loader
 import accel_train.cli as cli
-import accel_train.launch.sweep as sweep
+import accel_train.commands.sweep as sweep
 
 composes = []
 inner = loader.ConfigLoaderImpl.load_configuration

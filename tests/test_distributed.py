@@ -32,8 +32,8 @@ from omegaconf import OmegaConf
 from accel_train.config.checks import validate
 from accel_train.config.run_config import resolve
 from accel_train.errors import UserError
-from accel_train.launch.launcher import check_strategy
-from accel_train.launch.rendezvous import check_rendezvous
+from accel_train.launchers.rendezvous import check_rendezvous
+from accel_train.launchers.world import check_strategy
 
 BIN = Path(sys.executable).parent
 TIMEOUT = 360  # seconds for one run while a dozen others share the two cores

@@ -24,7 +24,7 @@ import yaml
 from helpers import BIN, check_ok, free_port
 
 from accel_train.errors import UserError
-from accel_train.launch.kubernetes import validate
+from accel_train.launchers.kubernetes_manifest import validate
 
 GOLDEN = Path(__file__).parent / "golden"
 RUN = [

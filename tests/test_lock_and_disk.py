@@ -39,7 +39,7 @@ from omegaconf import OmegaConf
 
 from accel_train import checkpoint as ckpt_io
 from accel_train.errors import UserError
-from accel_train.launch import lock
+from accel_train.launchers import lock
 from accel_train.loggers import MetricsLogger
 
 # A small model (a ~0.6 MB checkpoint) and slow steps (a loop hook sleeps), so that run A is

@@ -19,7 +19,7 @@ from helpers import Proc, train_losses
 
 from accel_train.config.run_config import resolve
 from accel_train.errors import UserError
-from accel_train.launch.launcher import check_strategy
+from accel_train.launchers.world import check_strategy
 
 # Minutes of CLI runs: left out of the default run (and CI) to keep CI under 20 minutes;
 # `pytest -m slow` runs them. Nothing else in the default run trains with

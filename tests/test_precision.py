@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import FAST, read_jsonl
 
-from accel_train.launch.launcher import launch
+from accel_train.launchers.launch import launch
 from accel_train.precision import cpu_has_fast_bf16
 
 # amp on a CPU: bf16 autocast where the CPU has bf16 instructions, else fp32 (bf16 is emulated

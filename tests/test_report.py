@@ -1,4 +1,4 @@
-"""`accel-report` (launch/report.py): baseline and switches side by side, the combination phase,
+"""`accel-report` (commands/report.py): baseline and switches side by side, the combination phase,
 the report files; variants that change nothing are left out; bad arguments are one paragraph."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import csv
 
 from helpers import FAST, check_ok
 
-from accel_train.launch.report import Run, combination, plan
+from accel_train.commands.report import Run, combination, plan
 
 TINY = [*FAST, "trainer.max_epochs=1", "trainer.log_every_n_steps=1", "logger=csv"]
 

@@ -16,7 +16,7 @@ from helpers import FAST, check_ok, read_jsonl, run_cli, slurm_job_field, wait_f
 from omegaconf import OmegaConf
 
 from accel_train.config.run_config import load_run_config, typed
-from accel_train.launch.slurm import render_sbatch
+from accel_train.launchers.slurm_job import render_sbatch
 
 # One test process for all of them: they share the local cluster's queue (pytest-xdist).
 pytestmark = pytest.mark.xdist_group("slurm")
@@ -330,7 +330,7 @@ def test_shipped_single_node_script_survives_preemption(tmp_path):
 
 def test_requeue_stops_after_max_requeues(monkeypatch, tmp_path):
     from accel_train.errors import UserError
-    from accel_train.launch.slurm import requeue_or_stop
+    from accel_train.launchers.slurm_job import requeue_or_stop
 
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")

@@ -14,7 +14,7 @@ from accel_train.config.checks import validate
 from accel_train.config.combinations import REFUSED, STRATEGIES, TRANSFORMS
 from accel_train.config.run_config import resolve
 from accel_train.errors import UserError
-from accel_train.launch.launcher import check_strategy
+from accel_train.launchers.world import check_strategy
 
 HAVE_TORCHAO = importlib.util.find_spec("torchao") is not None
 

@@ -28,7 +28,7 @@ from helpers import (
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
 
 from accel_train.errors import UserError  # noqa: E402
-from accel_train.launch.slurm import requeue_or_stop  # noqa: E402
+from accel_train.launchers.slurm_job import requeue_or_stop  # noqa: E402
 from accel_train.train.signals import StopRequest  # noqa: E402
 
 # One test process for all SLURM tests: they share the local cluster's queue (pytest-xdist).
@@ -282,7 +282,7 @@ def test_job_without_result_is_a_user_error(monkeypatch, capsys):
     from omegaconf import OmegaConf
     from submitit.core.utils import UncompletedJobError
 
-    from accel_train.launch import submitit_launcher
+    from accel_train.launchers import submitit_launcher
 
     class Plugin:  # stands in for the plugin's launcher: the job was lost
         def launch(self, job_overrides, initial_job_idx):

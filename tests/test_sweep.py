@@ -13,8 +13,8 @@ import pytest
 from helpers import FAST, check_ok
 from omegaconf import OmegaConf
 
+from accel_train.commands import sweep_summary as sweep
 from accel_train.errors import UserError
-from accel_train.launch import sweep_summary as sweep
 
 SWEEP = [*FAST, "dataset=synthetic", "trainer.max_epochs=1"]
 GRID = ["loader.batch_size=32,64", "optimizer.lr=1e-3,3e-3"]

@@ -506,7 +506,7 @@ def test_accel_export_refuses_a_task_without_class_predictions(custom_run, proje
 def test_the_reports_quality_guard_uses_the_tasks_monitor(tmp_path):
     """A task without accuracy: the guard compares the monitored best (val/loss, lower is
     better), so a faster switch that raises the loss is not combined."""
-    from accel_train.launch.report import Run, combination
+    from accel_train.commands.report import Run, combination
 
     def run(variant: str, speed: float, loss: float) -> Run:
         values = {"samples_per_s": speed, "best_val_acc": -1.0, "test_acc": None}

@@ -15,7 +15,7 @@ from helpers import Proc, check_ok, train_losses
 from accel_train.config.checks import validate
 from accel_train.config.run_config import resolve
 from accel_train.errors import UserError
-from accel_train.launch.launcher import check_strategy
+from accel_train.launchers.world import check_strategy
 
 TIMEOUT = 420  # seconds for one run while the other runs share the two cores
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))

@@ -40,7 +40,8 @@ import torch  # noqa: F401
 
 timed_import("import torch", t)
 t = time.perf_counter()
-import accel_train.launch.launcher as launcher
+import accel_train.launchers.launch as launcher
+import accel_train.launchers.torchrun as local_launch
 
 timed_import("import the launcher chain (distributed, FSDP, dynamo)", t)
 import accel_train.techniques.speed as speed
@@ -68,9 +69,9 @@ def wrap(owner: object, name: str, label: str) -> None:
 wrap(config_loader.ConfigLoaderImpl, "load_configuration", "Hydra composes the config")
 wrap(launcher, "validate", "validate")
 wrap(launcher, "resolve", "resolve")
-wrap(launcher, "write_run_config", "write_run_config (and config_tree.txt)")
-wrap(launcher, "_startup_tree", "the start-up tree (defaults from the options' files)")
-wrap(launcher, "run_worker", "run_worker (build + fit)")
+wrap(local_launch, "write_run_config", "write_run_config (and config_tree.txt)")
+wrap(local_launch, "launch_tree", "the start-up tree (defaults from the options' files)")
+wrap(local_launch, "run_worker", "run_worker (build + fit)")
 wrap(loop, "build_components", "  build_components")
 # The first FLOP count imports torch._dynamo (~0.5 s), as any first optimizer would.
 wrap(speed, "training_flops_per_sample", "    FLOP count (imports torch._dynamo)")

@@ -111,7 +111,7 @@ _DCP_TEMP = re.compile(r"^\.(?P<name>.+\.dcp)\.(?P<kind>tmp|old)$")
 def remove_stale_temps(ckpt_dir: Path, *, locked: bool) -> list[Path]:
     """Clear what killed saves left in `ckpt_dir`; returns what was removed (or restored).
 
-    `locked`: this process holds the run dir's lock (launch/lock.py), so no other process saves
+    `locked`: this process holds the run dir's lock (launchers/lock.py), so no other process saves
     here and every temp is stale. Without it only a `.tmp-<pid>` file whose process is gone
     goes (a pid is only meaningful on this host; a sharded temp names no process and stays).
     A sharded save killed between its two renames leaves no `<name>.dcp` but a complete

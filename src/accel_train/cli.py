@@ -23,6 +23,8 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from accel_train.commands import sweep_summary
+from accel_train.commands.outputs import interrupts_exit
 from accel_train.config import CONFIG_DIR, hydra_compose, hydra_errors
 from accel_train.config.aliases import alias_overrides, apply_process_wide, eval_argv
 from accel_train.config.checks import check_export_config
@@ -38,8 +40,6 @@ from accel_train.config.schema import (
 )
 from accel_train.environment import register_resolvers
 from accel_train.errors import UserError, report_user_errors
-from accel_train.launch import sweep_summary
-from accel_train.launch.outputs import interrupts_exit
 
 
 def _check_config_dir() -> None:
@@ -161,7 +161,7 @@ def _train(cfg: DictConfig):
     if _enforce_tags and not cfg.get("tags"):
         report_user_errors(_refuse_untagged)()
     if sweep_summary.in_multirun():
-        from accel_train.launch.sweep import run_job  # deferred: see the module docstring
+        from accel_train.commands.sweep import run_job  # deferred: see the module docstring
 
         # A sweep job: a failure is recorded in <job dir>/status.json and the sweep goes on.
         return run_job(cfg)
@@ -178,7 +178,7 @@ def _refuse_untagged() -> None:
 @report_user_errors
 @report_config_errors
 def _train_single(cfg: DictConfig):
-    from accel_train.launch.launcher import launch  # deferred: see the module docstring
+    from accel_train.launchers.launch import launch  # deferred: see the module docstring
 
     try:
         return launch(cfg)
@@ -301,7 +301,7 @@ def export() -> None:
 @report_config_errors
 def _tokenize(cfg: DictConfig):
     refuse_unknown_keys(cfg, TokenizeConfig)
-    from accel_train.launch.tokenize import tokenize  # deferred: see the module docstring
+    from accel_train.commands.tokenize import tokenize  # deferred: see the module docstring
 
     tokenize(cfg)
 
@@ -311,7 +311,7 @@ def _tokenize(cfg: DictConfig):
 @report_config_errors
 def _sample(cfg: DictConfig):
     refuse_unknown_keys(cfg, SampleConfig)
-    from accel_train.launch.sample import sample_checkpoint  # deferred: see the module docstring
+    from accel_train.commands.sample import sample_checkpoint  # deferred: see the module docstring
 
     sample_checkpoint(cfg, _free_text)
 
@@ -336,7 +336,7 @@ def sample() -> None:
 @report_config_errors
 def _shard(cfg: DictConfig):
     refuse_unknown_keys(cfg, ShardConfig)
-    from accel_train.launch.shard import shard  # deferred: see the module docstring
+    from accel_train.commands.shard import shard  # deferred: see the module docstring
 
     shard(cfg)
 

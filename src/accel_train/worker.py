@@ -1,9 +1,9 @@
 """`python -m accel_train.worker <run_dir>/config.yaml`: the stable name of the torchrun worker
-entry point (documented for users' own torchrun and batch scripts); see launch/worker.py."""
+entry point (documented for users' own torchrun and batch scripts); see launchers/worker.py."""
 
 import sys
 
-from accel_train.launch.worker import main
+from accel_train.launchers.worker import main
 
 if __name__ == "__main__":
     main(sys.argv[1:])

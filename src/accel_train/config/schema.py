@@ -785,7 +785,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
 
 try:
     from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
-except ImportError:  # not installed: launch/sweep_summary.check_plugins names the extra
+except ImportError:  # not installed: commands/sweep_summary.check_plugins names the extra
     SlurmQueueConf = None
 
 if SlurmQueueConf is not None:

@@ -1,5 +1,5 @@
 """Finding the checkpoint a run resumes from and reading it (all but sharded weights): the one
-place resume state is read, below both the launch side (launch/launcher.py: check_resume, before
+place resume state is read, below both the launch side (launchers/launch.py: check_resume, before
 the run dir is written) and the loop (train/resume.py; train/auto_batch.py takes a resumed run's
 batch size from it), which call it downward; neither imports the other.
 

@@ -15,9 +15,10 @@
   script asks for `--signal=USR2@<signal_delay_s>`) is a stop like SIGUSR1. submitit would act
   on it at once, mid-step, with no checkpoint: here the loop saves last.pt first, and the launch
   side then hands the signal to submitit's handler, which requeues the job
-  (launch/slurm.py). A preemption can come as SIGTERM and that signal together (submitit ignores
-  SIGTERM for this reason): the preemption signal wins, in either order, so the job is requeued
-  rather than ended; after a SIGTERM alone the launch side waits a while for it (launch/sweep.py).
+  (launchers/slurm_job.py). A preemption can come as SIGTERM and that signal together (submitit
+  ignores SIGTERM for this reason): the preemption signal wins, in either order, so the job is
+  requeued rather than ended; after a SIGTERM alone the launch side waits a while for it
+  (commands/sweep.py).
 
 One process reads its flag after every optimizer step; several processes agree at the next
 logging step (train/loop.py), so under torchrun the stop takes at most `log_every_n_steps` steps

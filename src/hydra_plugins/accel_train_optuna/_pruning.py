@@ -4,7 +4,7 @@ epoch and ends the run early when the study's pruner says so.
 The sweeper adds it to every trial when `hydra.sweeper.pruner` is set (the override
 `+callbacks.optuna_pruning._target_=...`). It finds its trial through the link the sweeper wrote
 (<sweep dir>/.optuna_trials/<job number>.json), located by the variables run_job sets
-(launch/sweep.py); torchrun workers inherit them. It reaches the study:
+(commands/sweep.py); torchrun workers inherit them. It reaches the study:
 
 - in memory, when the trial trains in the sweeping process (Hydra's basic launcher, one
   process per trial): the live study (_registry.LIVE);
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from accel_train.launch.sweep import JOB_NUM_ENV, SWEEP_DIR_ENV
+from accel_train.commands.sweep import JOB_NUM_ENV, SWEEP_DIR_ENV
 from accel_train.techniques import Technique
 from hydra_plugins.accel_train_optuna._registry import LINK_DIR, LIVE
 

@@ -2,7 +2,7 @@
 through the configured Hydra launcher, read each job's outcome from its dir and tell Optuna,
 until the study holds `n_trials` finished trials.
 
-A trial's outcome is what launch/sweep.py's run_job wrote in the job dir (status.json and the
+A trial's outcome is what commands/sweep.py's run_job wrote in the job dir (status.json and the
 run's summary.json), not only the value it returned: a failed job returns None, and a failure
 must reach the study as a failed trial with its reason, a pruned run as a pruned trial. The
 objectives are read from summary.json, so a trial can return several (multi-objective) and any
@@ -25,15 +25,15 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 from optuna.trial import Trial, TrialState
 
-from accel_train.config.checks import OBJECTIVES
-from accel_train.errors import UserError
-from accel_train.launch.sweep_summary import (
+from accel_train.commands.sweep_summary import (
     STATUS_FILE,
     SUMMARY_FILE,
     Columns,
     one_line,
     read_json,
 )
+from accel_train.config.checks import OBJECTIVES
+from accel_train.errors import UserError
 from accel_train.targets import build, locate
 from hydra_plugins.accel_train_optuna._registry import LINK_DIR, LIVE
 from hydra_plugins.accel_train_optuna._search_space import (

@@ -10,7 +10,7 @@ owns the requeue: after the preemption checkpoint, `requeue_or_stop` calls submi
 handler of its preemption signal, which asks the launcher's `checkpoint()` for the same job
 again, counts the time-limit requeues (hydra.launcher.max_num_timeout) and runs
 `scontrol requeue`. The requeued job runs the same Hydra job, which resumes from last.pt
-(`launch/sweep.py`).
+(`commands/sweep.py`).
 """
 
 from __future__ import annotations
@@ -50,6 +50,30 @@ def head_node() -> str:
         ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
     )
     return out.stdout.split()[0]
+
+
+def adopt_srun_task(cfg: DictConfig) -> None:
+    """`srun accel-train ...` inside an allocation: one task per node becomes a node agent
+    (torchrun); one task per process becomes a worker directly (torchrun's variables from
+    SLURM's, as torchrun would set them). The launcher (local, torchrun) calls it."""
+    env = os.environ
+    nodes, ntasks = int(env["SLURM_JOB_NUM_NODES"]), int(env["SLURM_NTASKS"])
+    head = head_node()
+    port = step_port(env["SLURM_JOB_ID"], env["SLURM_STEP_ID"])
+    if ntasks == nodes:
+        lc = cfg.launcher
+        lc.nnodes, lc.node_rank = str(nodes), int(env["SLURM_NODEID"])
+        lc.rdzv_endpoint = f"{head}:{port}"
+        lc.rdzv_id = f"{env['SLURM_JOB_ID']}_{env['SLURM_STEP_ID']}"
+        return
+    env.update(
+        RANK=env["SLURM_PROCID"],
+        WORLD_SIZE=str(ntasks),
+        LOCAL_RANK=env["SLURM_LOCALID"],
+        LOCAL_WORLD_SIZE=str(ntasks // nodes),
+        MASTER_ADDR=head,
+        MASTER_PORT=str(port),
+    )
 
 
 def processes_per_node(lc: DictConfig) -> int:

@@ -5,7 +5,7 @@ itself (`launcher.submit=none`: a local Ray started for the run, `auto`, or a cl
 address) or submits a driver through Ray's Jobs API (`launcher.submit=job`) and exits. The
 driver started here holds the run dir's lock and its workers join it; in a job, global
 rank 0 takes it (as in a SLURM job). Each worker reads the same config.yaml and runs
-`launch.worker.run_config_file`, in the process group Ray Train built (RANK, WORLD_SIZE,
+`launchers.worker.run_config_file`, in the process group Ray Train built (RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR, MASTER_PORT are Ray's; parallel.process_group reuses the group).
 A failed worker restarts the whole group through Ray's FailureConfig; config.yaml says
 `resume: auto`, so the new group continues from checkpoints/last.pt.
@@ -29,8 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from accel_train.config.run_config import load_run_config, write_run_config
 from accel_train.errors import UserError
-from accel_train.launch.lock import ENV_VAR as LOCK_ENV_VAR
-from accel_train.launch.worker import run_config_file
+from accel_train.launchers.lock import ENV_VAR as LOCK_ENV_VAR
+from accel_train.launchers.worker import run_config_file
 
 log = logging.getLogger("accel_train")
 
@@ -303,10 +303,10 @@ def worker_error(err: BaseException) -> str:
 
 
 def submit_job(lc: DictConfig, config_path: Path) -> str:
-    """Submit `python -m accel_train.launch.ray_job <config.yaml>` and say how to follow it."""
+    """Submit `python -m accel_train.launchers.ray_job <config.yaml>` and say how to follow it."""
     import_ray()
     module = importlib.import_module("ray.job_submission")
-    entrypoint = f"{lc.python} -m accel_train.launch.ray_job {shlex.quote(str(config_path))}"
+    entrypoint = f"{lc.python} -m accel_train.launchers.ray_job {shlex.quote(str(config_path))}"
     try:
         client = module.JobSubmissionClient(lc.address)
         runtime_env = _runtime_env(lc)
@@ -342,6 +342,6 @@ def job_main(config_path: str) -> None:
         )
     cfg = load_run_config(config_path)
     run_dir = Path(cfg.paths.output_dir)
-    # No lock here: global rank 0 takes the run dir's (launch/lock.py), as in a SLURM job.
+    # No lock here: global rank 0 takes the run dir's (launchers/lock.py), as in a SLURM job.
     drive(cfg, Path(config_path), in_job=True)
     log.info("done: %s", run_dir / "summary.json")

@@ -15,7 +15,8 @@ written into the dir:
   them in sessions of their own) still keep the dir;
 - multi-node runs (whose node launchers share the dir), srun-adopted tasks and a user's own
   torchrun: global rank 0, in the worker; the other ranks take nothing;
-- `launcher=slurm` on the login node: only checks (the job's rank 0 takes it later).
+- a launcher that submits and exits (`launcher=slurm` on the login node, kubernetes, Ray's
+  submit=job): only checks (the job's rank 0 takes it later).
 
 The launcher takes it exclusively, writes its line into the file, then downgrades to a shared
 lock that the workers join; a contender asks for an exclusive lock, which fails while any of
@@ -49,6 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 from accel_train import checkpoint as ckpt_io
 from accel_train.environment import in_srun_step, inside_torchrun
 from accel_train.errors import UserError, report_user_errors
+from accel_train.launchers.registry import launcher_for
 
 log = logging.getLogger("accel_train")
 
@@ -87,9 +89,9 @@ def role(cfg: DictConfig) -> str:
         if env.get(ENV_VAR) == str(run_dir / LOCK_NAME):
             return "join"  # a worker of a launcher that holds it
         return "hold" if env.get("RANK") == "0" else "skip"
-    if cfg.launcher.name in ("slurm", "kubernetes") or cfg.launcher.get("submit") == "job":
-        return "check"  # submits and exits; the job's global rank 0 holds it
-    if in_srun_step():  # mirrors launch.launcher.adopt_srun_task
+    if launcher_for(cfg).submits_and_exits(cfg):
+        return "check"  # the job's global rank 0 holds it
+    if in_srun_step():  # mirrors launchers.slurm_job.adopt_srun_task
         nodes, ntasks = int(env["SLURM_JOB_NUM_NODES"]), int(env["SLURM_NTASKS"])
         if ntasks == nodes:  # one task per node: a node agent
             return "hold" if nodes == 1 else "skip"

@@ -6,10 +6,10 @@ and Optuna would stop), returns the configured `objective` from the job's `summa
 with `resume=auto` skips a job whose dir already holds a finished run of the same config. A
 failed job returns None, not NaN: the Optuna sweeper (1.3 with optuna 2.10) then records a
 failed trial and goes on, whereas a NaN makes `study.tell` raise and ends the whole search.
-The summary of the whole sweep is `launch/sweep_summary.py`.
+The summary of the whole sweep is `commands/sweep_summary.py`.
 
 A job of `hydra/launcher=submitit_slurm` that submitit requeued (after a preemption or the time
-limit, launch/slurm.py) runs this again in the same job dir: it continues from last.pt
+limit, launchers/slurm_job.py) runs this again in the same job dir: it continues from last.pt
 (`resume=auto` unless the sweep set `resume`), and status.json says "requeued" in between.
 """
 
@@ -28,19 +28,20 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train.config.checks import OBJECTIVES, validate
-from accel_train.config.hydra_errors import as_user_error
-from accel_train.config.run_config import flatten, resolve, to_container
-from accel_train.errors import UserError
-from accel_train.launch.launcher import launch
-from accel_train.launch.slurm import Requeued, await_submitit_requeue, requeued_submitit_job
-from accel_train.launch.sweep_summary import (
+from accel_train.commands.sweep_summary import (
     STATUS_FILE,
     SUMMARY_FILE,
     SWEEP_ID_FILE,
     one_line,
     read_json,
 )
+from accel_train.config.checks import OBJECTIVES, validate
+from accel_train.config.hydra_errors import as_user_error
+from accel_train.config.run_config import flatten, resolve, to_container
+from accel_train.errors import UserError
+from accel_train.launchers import launcher_for
+from accel_train.launchers.launch import launch
+from accel_train.launchers.slurm_job import Requeued, await_submitit_requeue, requeued_submitit_job
 from accel_train.train.signals import Stopped, signal_name
 
 log = logging.getLogger("accel_train")
@@ -93,7 +94,7 @@ def run_job(cfg: DictConfig) -> float | None:
         launch(cfg)
         summary = read_json(job_dir / SUMMARY_FILE)
         if summary is None or _mtime(job_dir / SUMMARY_FILE) == before:  # none, or an old one
-            if cfg.launcher.name == "slurm":  # submitted: it trains later, elsewhere
+            if launcher_for(cfg).submits_and_exits(cfg):  # it trains later, elsewhere
                 _write_status(job_dir, status, "submitted")
                 return None
             raise UserError(f"the run finished without writing {job_dir / SUMMARY_FILE}.")

@@ -12,8 +12,8 @@ set, exit 2; see errors.py):
   first such job's error and stops waiting for the others.
 
 The jobs themselves run as before: submitit pickles this launcher, and in each SLURM job its
-`__call__` runs the Hydra job (launch/sweep.py). Preemption and requeueing are the job's side
-(train/signals.py, launch/slurm.py).
+`__call__` runs the Hydra job (commands/sweep.py). Preemption and requeueing are the job's side
+(train/signals.py, launchers/slurm_job.py).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from omegaconf import DictConfig
 
 from accel_train.config.run_config import load_run_config
 from accel_train.errors import UserError, report_user_errors
-from accel_train.launch.lock import hold_run_dir
-from accel_train.launch.slurm import DEFAULT_MAX_REQUEUES, requeue_or_stop
+from accel_train.launchers.lock import hold_run_dir
+from accel_train.launchers.slurm_job import DEFAULT_MAX_REQUEUES, requeue_or_stop
 from accel_train.train.loop import run_training
 
 
@@ -59,7 +59,7 @@ def log_to_run_dir(run_dir: Path) -> None:
     """Global rank 0 under torchrun: its log lines and Python warnings also go to
     <run dir>/train.log, after the launcher's own lines (the launcher's process, not this one,
     holds Hydra's handler on that file; both append). The other ranks' output stays in
-    torchrun's per-rank files under <run dir>/logs/ (launch/torchrun.py)."""
+    torchrun's per-rank files under <run dir>/logs/ (launchers/torchrun_process.py)."""
     handler = logging.FileHandler(run_dir / "train.log", mode="a")
     handler.setFormatter(logging.Formatter("[%(asctime)s][rank 0][%(levelname)s] - %(message)s"))
     logging.getLogger().addHandler(handler)

@@ -8,7 +8,7 @@ split is held out from the training folder exactly as `dataset=image_folder` doe
 seeded by dataset.seed), so both options train on the same samples. LitData's `optimize`
 writes the chunks and their index.json; accel_train.index.json (the classes and labels) is
 written last, so a shard set without it is incomplete and is refused by `dataset=streaming`.
-A local `out` is written under a temporary name and renamed into place (launch/outputs.py);
+A local `out` is written under a temporary name and renamed into place (commands/outputs.py);
 `overwrite=true` replaces only a shard set (a folder with accel_train.index.json), never a
 folder of other files nor the data being sharded.
 
@@ -33,6 +33,15 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from accel_train.commands.outputs import (
+    STAGING_PREFIX,
+    names,
+    partial_path,
+    refuse_inside,
+    remove_leftovers,
+    replace_folder,
+    resolved,
+)
 from accel_train.data.image_folder import scan_folder
 from accel_train.data.sft import encode_rows, tokenizer_fingerprint
 from accel_train.data.splits import held_out_indices
@@ -55,15 +64,6 @@ from accel_train.data.tokenizer import TOKENIZER_FILE
 from accel_train.data.tokenizer import read_meta as read_token_meta
 from accel_train.data.tokens import token_count, token_folder
 from accel_train.errors import UserError
-from accel_train.launch.outputs import (
-    STAGING_PREFIX,
-    names,
-    partial_path,
-    refuse_inside,
-    remove_leftovers,
-    replace_folder,
-    resolved,
-)
 
 log = logging.getLogger("accel_train")
 
@@ -247,7 +247,7 @@ def _private_staging():
     stages in a folder of its own, removed afterwards (forked writers inherit the variables).
     LitData's other temporary files (its items list, `litdata-node-*-items-<pid>-*.pkl`, left
     behind by an interrupt) go there too: a killed job's are removed by the next
-    (launch/outputs.py remove_leftovers)."""
+    (commands/outputs.py remove_leftovers)."""
     keys = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
     saved = {key: os.environ.get(key) for key in keys}
     staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-"))
@@ -273,7 +273,7 @@ def _interrupts_raise():
     then calls `os._exit(0)`: Ctrl-C would end `accel-data shard` with exit 0, no word, and the
     partial folder left (`accel-data shard ... && accel-train ...` would train on). This one
     stops the writers the same way, then raises KeyboardInterrupt in the main process, so the
-    partial folder is removed and the command exits 130 (launch/outputs.py)."""
+    partial folder is removed and the command exits 130 (commands/outputs.py)."""
     from litdata.processing.data_processor import DataProcessor
 
     main_pid = os.getpid()

@@ -16,7 +16,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 from accel_train.errors import UserError
-from accel_train.launch.rendezvous import check_rendezvous
+from accel_train.launchers.rendezvous import check_rendezvous
 
 log = logging.getLogger("accel_train")
 

@@ -6,7 +6,7 @@ to learn the vocabulary (the characters, or a byte-level BPE) and count the char
 encode. The first `1 - val_fraction` of the characters become train.bin, the rest val.bin. The
 folder is written under a temporary name and renamed into place at the end, so an interrupted or
 failed run leaves no half-written folder (a killed run's is removed by the next run:
-launch/outputs.py). An existing `out` is replaced only with `overwrite=true`, and only when it
+commands/outputs.py). An existing `out` is replaced only with `overwrite=true`, and only when it
 holds nothing but what tokenize writes (TOKENIZE_FILES): the input text, a README or any other
 file of the user's is never removed.
 """
@@ -24,6 +24,14 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+from accel_train.commands.outputs import (
+    names,
+    partial_path,
+    remove_leftovers,
+    replace_files,
+    replace_folder,
+    resolved,
+)
 from accel_train.data.tokenizer import (
     META,
     TOKENIZER_FILE,
@@ -32,14 +40,6 @@ from accel_train.data.tokenizer import (
     token_dtype,
 )
 from accel_train.errors import UserError
-from accel_train.launch.outputs import (
-    names,
-    partial_path,
-    remove_leftovers,
-    replace_files,
-    replace_folder,
-    resolved,
-)
 
 log = logging.getLogger("accel_train")
 

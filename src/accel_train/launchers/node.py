@@ -1,6 +1,6 @@
 """One node's torchrun agent inside a SLURM job: `python -m accel_train.node <config.yaml> ...`.
 
-`srun` starts one per node (see launch.slurm.render_sbatch); it takes its node rank and the
+`srun` starts one per node (see launchers.slurm_job.render_sbatch); it takes its node rank and the
 rendezvous from the command line, which each node's shell fills in from SLURM's variables.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from accel_train.config.run_config import load_run_config
 from accel_train.errors import report_user_errors
-from accel_train.launch.slurm import processes_per_node
-from accel_train.launch.torchrun import run_torchrun
+from accel_train.launchers.slurm_job import processes_per_node
+from accel_train.launchers.torchrun_process import run_torchrun
 
 
 @report_user_errors

@@ -7,7 +7,7 @@
 - `check_plugins(argv)` turns "Could not load 'hydra/sweeper/optuna'" into an error naming the
   extra to install, before Hydra starts.
 
-The job side (training each job, status.json) is in `launch/sweep.py`.
+The job side (training each job, status.json) is in `commands/sweep.py`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,31 @@
+"""Launchers: the objects `launcher=<name>` chooses, one small file each, and what they share.
+
+- base.py (what a launcher answers), registry.py (`LAUNCHERS`, `launcher_for`), launch.py (the
+  body of `accel-train`: the steps every launch shares, then the launcher's `launch`);
+- local.py, torchrun.py (this node: in-process or torchrun), slurm.py, ray.py, kubernetes.py;
+- their helpers: world (processes per node, the strategy's check), startup_tree (what a launch
+  prints), torchrun_process, rendezvous, worker and node (the processes torchrun and srun
+  start), slurm_job (sbatch, requeues, srun tasks), ray_train and ray_job (Ray Train, the Jobs
+  API driver), kubernetes_manifest (Kubeflow manifests), submitit_launcher (the Hydra plugin's
+  error messages);
+- lock.py: one live run per run dir. It lives with the launchers, not in a package of its own,
+  because who takes the lock (the launching process, global rank 0 or a submitted job) is a
+  question about how the run was launched.
+
+A new launcher is one file with a `Launcher` subclass and one line below.
+"""
+
+from accel_train.launchers.kubernetes import Kubernetes
+from accel_train.launchers.local import Local
+from accel_train.launchers.ray import Ray
+from accel_train.launchers.registry import LAUNCHERS, launcher_for
+from accel_train.launchers.slurm import Slurm
+from accel_train.launchers.torchrun import Torchrun
+
+LAUNCHERS["local"] = Local
+LAUNCHERS["torchrun"] = Torchrun
+LAUNCHERS["slurm"] = Slurm
+LAUNCHERS["ray"] = Ray
+LAUNCHERS["kubernetes"] = Kubernetes
+
+__all__ = ["LAUNCHERS", "launcher_for"]

@@ -1,0 +1,52 @@
+"""Compose once, resolve once, write the run config, then run: the body of `accel-train`.
+
+The steps every launch shares live here (validate, resolve, the launcher's refusals, the run
+dir's lock, the resume check); how the processes start is the chosen launcher's `launch`
+(launchers/<name>.py, chosen by name in launchers/__init__.py). Workers (``python -m
+accel_train.worker <config.yaml>``) only ever read the written file; they never compose a config
+or parse Hydra overrides.
+"""
+
+from __future__ import annotations
+
+import os
+
+from omegaconf import DictConfig
+
+from accel_train.config.checks import validate
+from accel_train.config.run_config import resolve
+from accel_train.environment import inside_torchrun
+from accel_train.launchers.base import Launcher
+from accel_train.launchers.lock import hold_run_dir
+from accel_train.launchers.registry import launcher_for
+from accel_train.strategies import strategy_for
+from accel_train.train.checkpointing import check as check_checkpointing
+from accel_train.train.checkpointing import known_metrics
+from accel_train.train.resume import check_resume
+
+
+def launch(cfg: DictConfig) -> float | None:
+    """The body of `accel-train`: returns the run's objective (summary.json's `objective` key:
+    best_val_acc for a classifier, final_val_loss for the other tasks by default)."""
+    validate(cfg)
+    launcher = launcher_for(cfg)
+    cfg = resolve(cfg)
+    launcher.check(cfg)  # before anything is written
+    # checkpoint.monitor names a metric validation logs: refused now, not after an epoch.
+    check_checkpointing(cfg.checkpoint, known_metrics(cfg))
+    hold_run_dir(cfg)  # before anything is written there: one live run per run dir
+    # Before anything is written: a refused or unreadable resume leaves the run dir as it was,
+    # and a run that already finished is not trained again.
+    world = planned_world_size(cfg, launcher)
+    finished = check_resume(cfg, strategy_for(cfg).data_world(world))
+    if finished is not None:
+        return finished.get(cfg.objective)
+    return launcher.launch(cfg)
+
+
+def planned_world_size(cfg: DictConfig, launcher: Launcher) -> int | None:
+    """The number of processes this run will have, where it can be told before starting them
+    (None: an elastic node range, or srun's own layout; the loop checks then)."""
+    if inside_torchrun():  # started by the user's own torchrun: its world, whatever launcher=
+        return int(os.environ["WORLD_SIZE"])
+    return launcher.planned_world_size(cfg)
