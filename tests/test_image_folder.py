@@ -21,11 +21,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from accel_train.config import CONFIG_DIR
 from accel_train.data import image_folder
-from accel_train.data.image_folder import (
-    RandomResizedCrop,
-    build_image_folder,
-    load_base_image,
-)
+from accel_train.data.image_crops import DeviceRandomResizedCrop, RandomResizedCrop
+from accel_train.data.image_folder import build_image_folder, load_base_image
 from accel_train.data.splits import ImageSet
 from accel_train.errors import UserError
 
@@ -340,9 +337,9 @@ def test_device_augment_geometry_whole_image_and_flips():
         images.float(), size=(32, 32), mode="bilinear", align_corners=False
     )
     gen = torch.Generator().manual_seed(0)
-    unflipped = image_folder.DeviceRandomResizedCrop(32, (1.0, 1.0), hflip=False)(images, gen)
+    unflipped = DeviceRandomResizedCrop(32, (1.0, 1.0), hflip=False)(images, gen)
     assert (unflipped.float() - resized).abs().max() <= 1
-    flipped = image_folder.DeviceRandomResizedCrop(32, (1.0, 1.0), hflip=True)(images, gen)
+    flipped = DeviceRandomResizedCrop(32, (1.0, 1.0), hflip=True)(images, gen)
     left_white = flipped[:, 0, 16, 0] == 255
     assert 10 < int(left_white.sum()) < 54  # about half of them flipped
     assert (flipped[left_white].float() - resized[left_white].flip(3)).abs().max() <= 1

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from test_image_folder import write_image_folder
 
 from accel_train.data import streaming
+from accel_train.data.shard_set import META
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 
@@ -104,7 +105,7 @@ def chunk_bytes(folder: Path) -> int:
 
 def test_shard_writes_litdata_shards_and_an_index(data, run_cli):
     shards = data["local"]
-    meta = OmegaConf.to_container(OmegaConf.load(shards / streaming.META))
+    meta = OmegaConf.to_container(OmegaConf.load(shards / META))
     assert meta["classes"] == ["ant", "bee", "cat"]
     counts = {k: v["samples"] for k, v in meta["splits"].items()}
     assert counts == {"train": 54, "val": 6, "test": 12}

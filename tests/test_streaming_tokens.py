@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from test_image_folder import write_image_folder
 from test_streaming import KEY_ID, SECRET, _refused, chunk_bytes, losses, s3_env
 
-from accel_train.data import streaming
+from accel_train.data.shard_set import META
 from accel_train.data.streaming_tokens import build_streaming_tokens, dataset_tokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
@@ -92,7 +92,7 @@ def data(tmp_path_factory, endpoint, run_cli_in):
 
 def test_shard_writes_litdata_token_chunks_and_an_index(data, run_cli):
     shards = data["local"]
-    meta = json.loads((shards / streaming.META).read_text())
+    meta = json.loads((shards / META).read_text())
     folder_meta = json.loads((data["root"] / "tokens" / "meta.json").read_text())
     assert meta["kind"] == "tokens" and meta["tokens"] == folder_meta
     train_tokens = (data["root"] / "tokens" / "train.bin").stat().st_size // 2
@@ -243,7 +243,7 @@ def test_a_bpe_tokenizer_is_kept_in_the_index(run_cli, tmp_path):
     shutil.rmtree(tmp_path / "bpe")
     ds = OmegaConf.create({"remote": str(tmp_path / "bpe-shards")})
     tokenizer, where = dataset_tokenizer(ds, None)
-    assert tokenizer.kind == "bpe" and where.endswith(streaming.META)
+    assert tokenizer.kind == "bpe" and where.endswith(META)
     assert tokenizer.decode(tokenizer.encode("def f1(x):").tolist()) == "def f1(x):"
 
 
@@ -276,5 +276,5 @@ def test_overwrite_replaces_only_a_shard_set_never_the_source_or_other_files(run
     assert files(tmp_path) == {**before, Path("mine/notes.txt"): b"keep"}
     check_ok(run_cli([*args, "out=shards"], prog="accel-data"))
     check_ok(run_cli([*args, "out=shards"], prog="accel-data"))  # a shard set: replaced
-    assert (tmp_path / "shards" / streaming.META).is_file()
+    assert (tmp_path / "shards" / META).is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["input.txt", "mine", "shards", "tok"]

@@ -43,22 +43,18 @@ from accel_train.commands.outputs import (
     resolved,
 )
 from accel_train.data.image_folder import scan_folder
-from accel_train.data.sft import encode_rows, tokenizer_fingerprint
-from accel_train.data.splits import held_out_indices
-from accel_train.data.streaming import (
-    META,
-    META_FORMAT,
-    SPLITS,
+from accel_train.data.object_store import (
     allow_plain_http,
     check_url,
     is_s3,
-    parse_size,
-    require_litdata,
     s3_client,
     s3_error,
     split_url,
     storage_options,
 )
+from accel_train.data.sft import encode_rows, tokenizer_fingerprint
+from accel_train.data.shard_set import META, META_FORMAT, SPLITS, parse_size, require_litdata
+from accel_train.data.splits import held_out_indices
 from accel_train.data.streaming_sft import row_item
 from accel_train.data.tokenizer import TOKENIZER_FILE
 from accel_train.data.tokenizer import read_meta as read_token_meta

@@ -9,7 +9,7 @@ Evaluation items are the center ``S x S`` crop of the base (S = ``image_size``).
 depend on ``augment``: ``cpu`` = a random resized crop to S plus a random flip in the loader
 worker, seeded by (seed, index, epoch) so the batches do not depend on the number of workers or
 on a resume; ``device`` = the base image itself, cropped and flipped batch-wise on the device by
-:class:`DeviceRandomResizedCrop`; ``none`` = the center crop.
+:class:`DeviceRandomResizedCrop`; ``none`` = the center crop. The crops are data/image_crops.py's.
 
 ``cache=ram|disk`` decodes every base image once into one ``[N, 3, L, L]`` tensor (a
 memory-mapped file under ``cache_dir`` for ``disk``, reused by later runs); items read from it
@@ -23,9 +23,7 @@ import contextlib
 import glob
 import hashlib
 import logging
-import math
 import os
-import random
 import re
 import secrets
 from collections.abc import Iterator, Sequence
@@ -34,9 +32,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from accel_train.data.image_crops import (
+    DeviceRandomResizedCrop,
+    RandomResizedCrop,
+    center_crop,
+    resize,
+    view_of,
+)
 from accel_train.data.splits import ImageSet, Splits, held_out_indices
 from accel_train.errors import UserError
 
@@ -45,7 +49,6 @@ log = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 AUGMENTS = ("cpu", "device", "none")
 CACHES = ("none", "ram", "disk")
-RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop (torchvision's default)
 # Part of the disk cache key: bump it when the base image computation changes.
 CACHE_FORMAT = 1
 # Building a cache decodes in this many DataLoader worker processes; folders smaller than
@@ -260,8 +263,8 @@ def decode_base_image(data: torch.Tensor, size: int, what: str) -> torch.Tensor:
     # torchvision's size rule: the shorter side becomes `size`, the longer one is truncated.
     new_h, new_w = (size, int(size * w / h)) if h <= w else (int(size * h / w), size)
     if (new_h, new_w) != (h, w):
-        img = _resize(img, new_h, new_w)
-    return _center(img, size).contiguous()
+        img = resize(img, new_h, new_w)
+    return center_crop(img, size).contiguous()
 
 
 def _unreadable(err: Exception, what: str) -> UnreadableImageError:
@@ -271,15 +274,6 @@ def _unreadable(err: Exception, what: str) -> UnreadableImageError:
         f"{what} is corrupt or unreadable ({reason}). Delete or replace that file (or "
         "re-download the data set)."
     )
-
-
-def _resize(img: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """uint8 [3, H, W] -> [3, h, w], antialiased bilinear: the kernel torchvision's
-    ``resize`` runs for uint8 CPU tensors, called directly (its dispatch costs as much)."""
-    out = F.interpolate(
-        img[None], size=(h, w), mode="bilinear", align_corners=False, antialias=True
-    )
-    return out[0]
 
 
 class BaseImages:
@@ -490,7 +484,7 @@ class CachedImageFolderSplit(ImageFolderSplit, ImageSet):
         """uint8 [N, 3, s, s] with ``images[i]`` = item i's image: a copy (read it once)."""
         cache = self.bases.cache
         if self.view == "center":
-            cache = _center(cache, self.size)
+            cache = center_crop(cache, self.size)
         return cache[self.indices]
 
     def nbytes(self) -> int:
@@ -511,97 +505,3 @@ def make_split(
     held = bases.cache is not None and view != "random"
     cls = CachedImageFolderSplit if held else ImageFolderSplit
     return cls(bases, indices, labels, view, size, crop, seed)
-
-
-def view_of(base: torch.Tensor, view: str, crop, size: int, draw: str) -> torch.Tensor:
-    """The image a sample shows: a random crop seeded by `draw` (seed/epoch/index, so the same
-    sample gets the same crop in every run and process), the center crop, or the base image."""
-    if view == "random":
-        return crop(base, random.Random(draw))
-    if view == "center":
-        return _center(base, size)
-    return base
-
-
-def _center(images: torch.Tensor, size: int) -> torch.Tensor:
-    """The center size x size crop of [..., H, W] images (a view), where torchvision's
-    ``center_crop`` puts it."""
-    top = int(round((images.shape[-2] - size) / 2.0))
-    left = int(round((images.shape[-1] - size) / 2.0))
-    return images[..., top : top + size, left : left + size]
-
-
-# ---- augmentation ----------------------------------------------------------------------------
-
-
-class RandomResizedCrop:
-    """torchvision's RandomResizedCrop (area share in ``scale``, aspect ratio 3/4..4/3, up to
-    10 tries, else the whole image) plus a random horizontal flip, drawn from the given
-    ``random.Random`` so the caller decides the seed."""
-
-    def __init__(self, size: int, scale: tuple[float, float], hflip: bool):
-        self.size, self.scale, self.hflip = size, scale, hflip
-
-    def __call__(self, image: torch.Tensor, rng: random.Random) -> torch.Tensor:
-        top, left, h, w = self.box(image.shape[-2], image.shape[-1], rng)
-        image = _resize(image[:, top : top + h, left : left + w], self.size, self.size)
-        if self.hflip and rng.random() < 0.5:
-            image = image.flip(-1)
-        return image
-
-    def box(self, height: int, width: int, rng: random.Random) -> tuple[int, int, int, int]:
-        """(top, left, h, w) of the crop."""
-        area = height * width
-        log_lo, log_hi = math.log(RATIO[0]), math.log(RATIO[1])
-        for _ in range(10):
-            target = area * rng.uniform(*self.scale)
-            ratio = math.exp(rng.uniform(log_lo, log_hi))
-            w = round(math.sqrt(target * ratio))
-            h = round(math.sqrt(target / ratio))
-            if 0 < w <= width and 0 < h <= height:
-                return rng.randint(0, height - h), rng.randint(0, width - w), h, w
-        return 0, 0, height, width  # base images are square: ratio 1 is always allowed
-
-
-class DeviceRandomResizedCrop:
-    """``Splits.device_augment``: RandomResizedCrop + flip of a whole uint8 batch [N, 3, L, L]
-    on its device, in one ``grid_sample`` with a per-sample affine grid (bilinear, no
-    antialiasing: the crops shrink by at most L/S ~ 1.14 with the defaults). -> uint8
-    [N, 3, S, S]. The boxes are drawn like torchvision's (10 candidates per image, the first
-    that fits, else the whole image) from the given generator."""
-
-    TRIES = 10
-
-    def __init__(self, size: int, scale: tuple[float, float], hflip: bool):
-        self.size, self.scale, self.hflip = size, scale, hflip
-
-    def __call__(self, images: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        n, c, height, width = images.shape
-        dev = images.device
-
-        def uniform(*shape, lo=0.0, hi=1.0):
-            return torch.empty(shape, device=dev).uniform_(lo, hi, generator=gen)
-
-        area = uniform(n, self.TRIES, lo=self.scale[0], hi=self.scale[1]) * (height * width)
-        ratio = uniform(n, self.TRIES, lo=math.log(RATIO[0]), hi=math.log(RATIO[1])).exp()
-        w, h = (area * ratio).sqrt(), (area / ratio).sqrt()
-        fits = (w <= width) & (h <= height)
-        first = fits.int().argmax(1, keepdim=True)  # the first candidate that fits
-        ok = fits.any(1)
-        w = torch.where(ok, w.gather(1, first).squeeze(1), width)
-        h = torch.where(ok, h.gather(1, first).squeeze(1), height)
-        left, top = uniform(n) * (width - w), uniform(n) * (height - h)
-        flip = uniform(n) < 0.5 if self.hflip else torch.zeros(n, dtype=torch.bool, device=dev)
-
-        # Output coordinates in [-1, 1] -> input coordinates in [-1, 1] (align_corners=False:
-        # -1 and 1 are the outer edges of the border pixels).
-        theta = torch.zeros(n, 2, 3, device=dev)
-        theta[:, 0, 0] = torch.where(flip, -w / width, w / width)
-        theta[:, 0, 2] = (2 * left + w) / width - 1
-        theta[:, 1, 1] = h / height
-        theta[:, 1, 2] = (2 * top + h) / height - 1
-        grid = F.affine_grid(theta, [n, c, self.size, self.size], align_corners=False)
-        out = F.grid_sample(
-            images.float(), grid, mode="bilinear", padding_mode="border", align_corners=False
-        )
-        return out.round_().clamp_(0, 255).to(torch.uint8)

@@ -22,14 +22,9 @@ import numpy as np
 import torch
 
 from accel_train.data.sft import tokenizer_fingerprint
+from accel_train.data.shard_reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
+from accel_train.data.shard_set import check_shards, open_shard_set
 from accel_train.data.splits import Splits
-from accel_train.data.streaming import (
-    StreamingEvalSplit,
-    StreamingSource,
-    StreamingTrainSplit,
-    check_shards,
-    open_shard_set,
-)
 from accel_train.data.tokens import check_token_ids, window_splits
 from accel_train.errors import UserError
 from accel_train.models.hf import load_tokenizer

@@ -23,16 +23,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from accel_train.data.shard_reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
+from accel_train.data.shard_set import META, check_shards, open_shard_set, read_meta
 from accel_train.data.splits import Splits
-from accel_train.data.streaming import (
-    META,
-    StreamingEvalSplit,
-    StreamingSource,
-    StreamingTrainSplit,
-    check_shards,
-    open_shard_set,
-    read_meta,
-)
 from accel_train.data.tokenizer import Tokenizer, tokenizer_description, tokenizer_from_meta
 from accel_train.data.tokens import check_token_ids, token_folder, window_splits
 from accel_train.errors import UserError
