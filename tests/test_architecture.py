@@ -37,6 +37,7 @@ LAYERS = [
         "accel_train.precision",
         "accel_train.parallel",
         "accel_train.strategies",
+        "accel_train.checkpoint_formats",
         "accel_train.async_save",
         "accel_train.loggers",
         "accel_train.console",

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from accel_train.checkpoint import load_checkpoint, load_sharded, load_sharded_meta
+from accel_train.checkpoint_formats import format_of
 from accel_train.config.run_config import typed
 from accel_train.errors import UserError
 from accel_train.models import build_model
@@ -29,10 +29,8 @@ class RunCheckpoint:
 
     def __init__(self, path: Path, key: str = "ckpt_path", redo: str = ""):
         self.path, self.key = path, key
-        self.sharded = path.is_dir()  # FSDP / TP / pipeline: torch.distributed.checkpoint
-        self.state: dict[str, Any] = (
-            load_sharded_meta(path, key=key) if self.sharded else load_checkpoint(path, key=key)
-        )
+        self.format = format_of(path)  # one file, or a sharded .dcp directory (FSDP, TP...)
+        self.state: dict[str, Any] = self.format.read(path, key=key)
         advice = f" {redo}" if redo else ""
         try:
             self.cfg: DictConfig = typed(self.state["config"])
@@ -54,7 +52,8 @@ class RunCheckpoint:
     ) -> nn.Module:
         """The run's model (adapters included) with the checkpoint's weights, in eval mode.
         `before_load`: a change the weights were saved after (QAT's prepare step); `weights`: a
-        change of the saved state dict (pruning's masks made permanent); `fit_error`: the
+        change of a saved state dict held in the state (pruning's masks made permanent; a
+        sharded checkpoint's are loaded into the model as saved); `fit_error`: the
         caller's own message when the weights do not fit, `build_error` when the model cannot
         be built."""
         try:
@@ -67,16 +66,15 @@ class RunCheckpoint:
         model = model.to(device or torch.device("cpu"), dtype=dtype)
         if before_load is not None:
             before_load(model)
-        if self.sharded:
-            load_sharded(model, None, self.path)
-        else:
-            saved = self.state["model"]
-            self._load(model, weights(saved) if weights else saved, fit_error)
+        state = self.state
+        if weights is not None and self.format.state_holds_weights:
+            state = {**state, "model": weights(state["model"])}
+        self._load(model, state, fit_error)
         return model.eval()
 
-    def _load(self, model: nn.Module, saved: dict, fit_error) -> None:
+    def _load(self, model: nn.Module, state: dict, fit_error) -> None:
         try:
-            model.load_state_dict(saved)
+            self.format.load_model(model, self.path, state)
         except RuntimeError as err:  # missing/unexpected keys, size mismatches
             if fit_error is not None:
                 raise fit_error(err) from None

@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from accel_train.checkpoint_formats import format_named
 from accel_train.errors import UserError
 from accel_train.parallel import DistEnv
 from accel_train.precision import Precision
@@ -104,8 +105,13 @@ class Strategy:
 
     # ---- the loop ---------------------------------------------------------------------------
 
+    def checkpoint_format(self, distributed: bool) -> str:
+        """The name of the format this strategy's checkpoints are written in
+        (checkpoint_formats/): a sharded directory when the model is spread over processes."""
+        return "dcp" if self.sharded_checkpoints and distributed else "file"
+
     def checkpoint_suffix(self, distributed: bool) -> str:
-        return ".dcp" if self.sharded_checkpoints and distributed else ".pt"
+        return format_named(self.checkpoint_format(distributed)).suffix
 
     def grad_spread(self, env: DistEnv) -> int:
         """How many processes hold each data-parallel rank's loss (the TP group)."""

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
 
-from accel_train import checkpoint as ckpt_io
-from accel_train.async_save import AsyncSaver, copy_all_but, step_only_storages
+from accel_train.async_save import AsyncSaver
+from accel_train.checkpoint_formats import format_named, format_of
 from accel_train.loggers import MetricsLogger
 from accel_train.parallel import DistEnv
 from accel_train.strategies import Strategy
@@ -42,9 +42,11 @@ class Checkpointer:
     ):
         """`state()`: everything but the model and optimizer (progress, RNG, techniques...)."""
         self.env, self.ckpt_dir, self.metrics, self._state = env, ckpt_dir, metrics, state
-        # Sharded strategies write torch.distributed.checkpoint directories; others one file.
+        # The strategy names the format (checkpoint_formats/): one file, or a sharded
+        # torch.distributed.checkpoint directory; `sharded`: the run's own model is sharded.
+        self.format = format_named(strategy.checkpoint_format(env.distributed))
+        self.suffix = self.format.suffix
         self.sharded = strategy.sharded_checkpoints and env.distributed
-        self.suffix = strategy.checkpoint_suffix(env.distributed)
         self.flat_optimizer = self.sharded and strategy.optimizer_state_by_name
         # checkpoint.async_save: the background writer; sharded saves get a process group of
         # their own, created here on every rank.
@@ -61,52 +63,30 @@ class Checkpointer:
     def path(self, name: str) -> Path:
         return self.ckpt_dir / f"{name}{self.suffix}"
 
-    def state(self, module: nn.Module, optimizer) -> dict[str, Any]:
-        """The whole checkpoint of a single-file save (a sharded one's model and optimizer go
-        through DCP)."""
-        full = (
-            {}
-            if self.sharded
-            else {"model": module.state_dict(), "optimizer": optimizer.state_dict()}
-        )
-        return {"format": ckpt_io.FORMAT_VERSION, **full, **self._state()}
-
     def save(self, name: str, module, optimizer, step: int, epoch: int, then=None) -> None:
-        """Write checkpoint `name` (then call `then` on rank 0, once it is complete). The time
-        the loop is blocked is logged as checkpoint/blocked_s: the whole write, or with
-        checkpoint.async_save this call (the wait for the previous save, the copy of what the
-        forward pass may change) plus the wait for the background copy at the next change of
-        the weights (wait_before_weights_change)."""
+        """Write checkpoint `name` in the run's format (then call `then` on rank 0, once it is
+        complete). The time the loop is blocked is logged as checkpoint/blocked_s: the whole
+        write, or with checkpoint.async_save this call (the wait for the previous save, the
+        copy of what the forward pass may change) plus the wait for the background copy at the
+        next change of the weights (wait_before_weights_change)."""
         # HOST SYNC (checkpoint): state_dict() copies device tensors to the file.
         start = time.perf_counter()
-        path, saver = self.path(name), self.saver
+        saver = self.saver
         row = {"event": "checkpoint", "name": name}
         if saver is not None:
             self.wait_before_weights_change()  # the previous save's row first
             row["checkpoint/waited_s"] = saver.wait()  # at most one save in flight
             saver.begin()
-        if self.sharded:
-            ckpt_io.save_sharded(
-                module,
-                optimizer,
-                copy_all_but(self.state(module, optimizer)),  # the small rest; DCP the shards
-                path,
-                self.env.is_main,
-                flat_optimizer=self.flat_optimizer,
-                saver=saver,
-                then=then,
-            )
-        elif saver is not None:
-            if self.env.is_main:
-                later = step_only_storages(module, optimizer)
-                state = copy_all_but(self.state(module, optimizer), later)
-                saver.save_file(state, lambda staged: _write_then(staged, path, then))
-        else:
-            if self.env.is_main:
-                ckpt_io.atomic_save(self.state(module, optimizer), path)
-            self.env.barrier()
-        if saver is None and then is not None:
-            then()
+        self.format.save(
+            module,
+            optimizer,
+            self._state(),
+            self.path(name),
+            self.env,
+            saver=saver,
+            then=then,
+            flat_optimizer=self.flat_optimizer,
+        )
         # An event row: two saves at one step (a top-k file and last) are two facts, not one
         # metric logged twice, and a resume's rewind keeps them.
         row["checkpoint/blocked_s"] = time.perf_counter() - start
@@ -137,10 +117,8 @@ class Checkpointer:
 
     def load_weights(self, module: nn.Module, path: Path) -> None:
         """The model's weights from one of this run's checkpoints (the test pass's best)."""
-        if path.is_dir():
-            ckpt_io.load_sharded(module, None, path)
-        else:
-            module.load_state_dict(ckpt_io.load_checkpoint(path)["model"])
+        fmt = format_of(path)
+        fmt.load_model(module, path, fmt.read(path, key="ckpt_path"))
 
     def close(self) -> None:
         """A save still in flight completes (the run failed elsewhere: its error is the one
@@ -151,10 +129,3 @@ class Checkpointer:
             self.saver.close()
         except Exception as err:  # noqa: BLE001 - the run's own error is the one raised
             log.warning("the last asynchronous checkpoint save failed too: %s", err)
-
-
-def _write_then(state: dict[str, Any], path: Path, then) -> None:
-    """The background half of an asynchronous single-file save (rank 0)."""
-    ckpt_io.atomic_save(state, path)
-    if then is not None:
-        then()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from accel_train import checkpoint as ckpt_io
+from accel_train.checkpoint_formats import CHECKPOINT_FORMATS, format_of
 
 
 def find_checkpoint(wanted: str | None, ckpt_dir: Path, suffix: str) -> Path | None:
@@ -26,12 +26,12 @@ def find_checkpoint(wanted: str | None, ckpt_dir: Path, suffix: str) -> Path | N
     if wanted != "auto":
         return Path(wanted)
 
-    def written(p: Path) -> Path:  # a .dcp directory is complete once its meta.pt is there
-        return p / "meta.pt" if p.suffix == ".dcp" else p
+    def written(p: Path) -> Path:  # e.g. a .dcp directory is complete once its meta.pt is
+        return format_of(p).complete(p)
 
-    other = ".dcp" if suffix == ".pt" else ".pt"
+    others = [f.suffix for f in CHECKPOINT_FORMATS.values() if f.suffix != suffix]
     found = [
-        ckpt_dir / f"last{s}" for s in (suffix, other) if written(ckpt_dir / f"last{s}").is_file()
+        ckpt_dir / f"last{s}" for s in (suffix, *others) if written(ckpt_dir / f"last{s}").is_file()
     ]
     if not found:
         return None
@@ -43,7 +43,8 @@ _read: dict[tuple, dict[str, Any]] = {}  # at most one entry: the run's checkpoi
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """Everything but the sharded weights (those load into the module later)."""
-    file = path / "meta.pt" if path.is_dir() else path
+    fmt = format_of(path)
+    file = fmt.complete(path)
     try:
         st = file.stat()
         key = (str(file.resolve()), st.st_size, st.st_mtime_ns)
@@ -51,10 +52,7 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         key = None  # missing: the load below says so in one paragraph
     if key is not None and key in _read:
         return _read[key]
-    if path.is_dir():
-        state = ckpt_io.load_sharded_meta(path, key="resume")
-    else:
-        state = ckpt_io.load_checkpoint(path, key="resume")
+    state = fmt.read(path, key="resume")
     if key is not None:
         _read.clear()
         _read[key] = state

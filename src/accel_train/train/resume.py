@@ -49,6 +49,7 @@ from typing import Any, Protocol
 from omegaconf import DictConfig
 
 from accel_train import checkpoint as ckpt_io
+from accel_train.checkpoint_formats import format_of
 from accel_train.config.run_config import to_container
 from accel_train.errors import UserError
 from accel_train.optim import base_learning_rates, build_scheduler, cut_short
@@ -274,19 +275,17 @@ def _load_weights_and_optimizer(loop: Loop, path: Path, state: dict, changed: se
     onecycle = loop.cfg.scheduler.name == "onecycle"
     if "scheduler.name" in changed and state["config"]["scheduler"]["name"] == "onecycle":
         keys += ["betas", "momentum"]  # OneCycle cycled them; the new schedule does not
+    fmt = format_of(path)
     try:
-        if path.is_dir():  # a sharded checkpoint, loadable at any world size
-            ckpt_io.load_sharded(loop.module, loop.optimizer, path)
-            _apply(loop.optimizer.param_groups, fresh, keys, onecycle)
-        elif loop.checkpointer.sharded:  # a single file (single, DDP) cut into this run's shards
-            _apply(state["optimizer"]["param_groups"], fresh, keys, onecycle)
-            ckpt_io.load_full_into_sharded(loop.module, loop.optimizer, state)
-        else:
-            loop.module.load_state_dict(state["model"])
+        if fmt.state_holds_weights:
             # Into the saved groups before loading: the optimizer places its state by them
             # (e.g. `fused` puts the step counters on the device).
             _apply(state["optimizer"]["param_groups"], fresh, keys, onecycle)
-            loop.optimizer.load_state_dict(state["optimizer"])
+        # (A sharded checkpoint loads at any world size; a single file into a sharded run is
+        # cut into its shards.)
+        fmt.load_training(loop.module, loop.optimizer, path, state, loop.checkpointer.sharded)
+        if not fmt.state_holds_weights:
+            _apply(loop.optimizer.param_groups, fresh, keys, onecycle)
     except UserError:
         raise
     except (RuntimeError, ValueError, KeyError) as err:
