@@ -25,7 +25,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from accel_train import cli
 from accel_train.commands import report
-from accel_train.config.checks import OBJECTIVES
+from accel_train.config.facts import OBJECTIVES
 from accel_train.errors import UserError
 from accel_train.launchers import kubernetes, launch, ray_train, slurm, torchrun
 from accel_train.train.found import forget as forget_checkpoint

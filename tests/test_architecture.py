@@ -46,7 +46,12 @@ LAYERS = [
         "accel_train.tasks",
     ],
     ["accel_train.techniques", "accel_train.run_checkpoint"],
-    ["accel_train.train", "accel_train.export", "accel_train.export_hf"],
+    [
+        "accel_train.train",
+        "accel_train.export",
+        "accel_train.export_hf",
+        "accel_train.command_checks",
+    ],
     ["accel_train.launchers", "accel_train.worker", "accel_train.node"],
     ["accel_train.commands"],
     ["accel_train.cli"],

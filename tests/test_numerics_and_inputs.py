@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 
 from accel_train.checkpoint import load_checkpoint
 from accel_train.config import CONFIG_DIR, checks
-from accel_train.config.checks import check_data_sizes, validate
+from accel_train.config.checks import validate
 from accel_train.config.run_config import resolve
 from accel_train.data.builtin import _load_torchvision, hints_for, synthetic_splits
 from accel_train.errors import UserError
@@ -43,6 +43,7 @@ from accel_train.parallel import process_group
 from accel_train.tasks import TaskContext
 from accel_train.techniques import Technique
 from accel_train.train.build import build_components
+from accel_train.train.data_checks import check_data_sizes
 from accel_train.train.evaluate import _check_eval_config, _write_result
 from accel_train.train.loop import Loop
 

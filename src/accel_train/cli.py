@@ -23,11 +23,11 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from accel_train.command_checks import check_export_config
 from accel_train.commands import sweep_summary
 from accel_train.commands.outputs import interrupts_exit
 from accel_train.config import CONFIG_DIR, hydra_compose, hydra_errors
 from accel_train.config.aliases import alias_overrides, apply_process_wide, eval_argv
-from accel_train.config.checks import check_export_config
 from accel_train.config.free_text import take_free_text
 from accel_train.config.hydra_errors import refuse_unknown_keys, report_config_errors
 from accel_train.config.schema import (

@@ -30,7 +30,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from accel_train.config.checks import EXPORT_FORMATS, check_export_config, task_class
+from accel_train.command_checks import EXPORT_FORMATS, check_export_config
+from accel_train.config.facts import task_class
 from accel_train.data.build import build_splits
 from accel_train.data.builtin import hints_for
 from accel_train.data.loaders import build_loader

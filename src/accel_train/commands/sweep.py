@@ -35,7 +35,8 @@ from accel_train.commands.sweep_summary import (
     one_line,
     read_json,
 )
-from accel_train.config.checks import OBJECTIVES, validate
+from accel_train.config.checks import validate
+from accel_train.config.facts import OBJECTIVES
 from accel_train.config.hydra_errors import as_user_error
 from accel_train.config.run_config import flatten, resolve, to_container
 from accel_train.errors import UserError

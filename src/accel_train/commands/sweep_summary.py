@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from accel_train.config import CONFIG_DIR
-from accel_train.config.checks import OBJECTIVES
+from accel_train.config.facts import OBJECTIVES
 from accel_train.config.hydra_errors import as_user_error, check_dir_resolves
 from accel_train.errors import UserError
 

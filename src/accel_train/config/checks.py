@@ -1,19 +1,18 @@
-"""Checks of a composed config that types alone cannot express: each raises a UserError that
-names the key and the fix."""
+"""Checks of a composed training config that types alone cannot express: each raises a UserError
+that names the key and the fix. `validate` runs them all, in the order of CHECKS, before any
+process starts. (What the real data makes pointless is checked by the build:
+accel_train.train.data_checks; accel-export's and accel-eval's keys: accel_train.command_checks.)"""
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import logging
-import math
-import os
-import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from accel_train.config.combinations import check_strategy_transforms
+from accel_train.config.facts import OBJECTIVES, parse_target, task_class, validation_metrics
 from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS
 from accel_train.errors import UserError
 
@@ -21,8 +20,9 @@ log = logging.getLogger("accel_train")
 _warned: set[str] = set()
 
 
-def _warn(text: str) -> None:
-    """Each warning once per process (a sweep job validates its config twice)."""
+def warn_once(text: str) -> None:
+    """Each warning once per process (a sweep job validates its config twice; the build's data
+    checks warn through it too)."""
     if text not in _warned:
         _warned.add(text)
         log.warning(text)
@@ -86,18 +86,6 @@ def check_loggers(cfg: DictConfig) -> None:
         )
 
 
-# summary.json keys a sweep may optimise (`objective`), with the direction that is better.
-OBJECTIVES: dict[str, str] = {
-    "best_val_acc": "maximize",
-    "final_val_acc": "maximize",
-    "final_val_loss": "minimize",
-    "test_acc": "maximize",
-    "train_samples_per_s": "maximize",
-    "wall_s": "minimize",
-    # accel-report's time to trainer.target (or stop_at); null in a run that did not reach it
-    "time_to_target_s": "minimize",
-}
-
 # key: (minimum, what the key means) for integers that must be at least that.
 MINIMUMS: dict[str, tuple[int, str]] = {
     "loader.batch_size": (1, "samples per device per micro-batch"),
@@ -126,129 +114,6 @@ MINIMUMS: dict[str, tuple[int, str]] = {
 
 # A gradient norm clipped below this leaves (plain SGD) steps that barely move the weights.
 TINY_CLIP = 1e-3
-
-
-def validate(cfg: DictConfig) -> None:
-    """Raises UserError naming the key and the fix."""
-    if cfg.strategy.name == "dp":
-        raise UserError(
-            "strategy=dp (torch.nn.DataParallel) is not supported: it drives all GPUs from one "
-            "Python process, scatters inputs and gathers outputs through GPU 0 every step, and is "
-            "slower than DistributedDataParallel even on a single node (PyTorch's docs say so). "
-            "Use `strategy=ddp launcher.nproc_per_node=auto` (one process per GPU)."
-        )
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        key = missing[0]
-        raise UserError(
-            f"{key} is required (it is ??? in the config) but was not given. Set it on the "
-            f"command line, e.g. `{key}=...`"
-            + (" (the dotted path of your class or function)." if key.endswith("_target_") else ".")
-        )
-    for group in NAMED_GROUPS:
-        allowed = tuple(OPTION_SCHEMAS[group])
-        if not isinstance(cfg[group], DictConfig) or "name" not in cfg[group]:
-            # A user's own YAML in the group (hydra.searchpath) with a `_target_` of its own.
-            raise UserError(
-                f"{group}: the chosen {group} option sets no {group}.name. accel-train builds "
-                f"the {group} itself, picked by name ({', '.join(allowed)}), so an option of "
-                f"your own in the {group} group starts from one of those and changes its keys: "
-                f"`defaults: [{allowed[0]}, _self_]` at its top. (Classes of your own by "
-                "`_target_` go under model, dataset, loss and callbacks.)"
-            )
-        if cfg[group].name not in allowed:
-            raise UserError(
-                f"{group}.name={cfg[group].name!r} is not one of {', '.join(allowed)}. "
-                f"Pick a {group} option, e.g. `{group}={allowed[0]}`."
-            )
-    check_loggers(cfg)
-    for key, allowed in CHOICES.items():
-        value = OmegaConf.select(cfg, key)
-        if value not in allowed:
-            raise UserError(f"{key}={value!r} is not one of {', '.join(allowed)}.")
-    for key, (minimum, meaning) in MINIMUMS.items():
-        value = OmegaConf.select(cfg, key, default=minimum)
-        if isinstance(value, int | float) and value < minimum:
-            fix = f"`{key}={max(minimum, 1)}`"
-            raise UserError(f"{key}={value} must be >= {minimum} ({meaning}). Set e.g. {fix}.")
-    for group in ("model", "dataset", "loss"):
-        if not isinstance(cfg[group], DictConfig) or "_target_" not in cfg[group]:
-            raise UserError(
-                f"{group} has no _target_: every {group} option names the class or factory that "
-                f"builds it. Pick an option (`{group}=custom {group}._target_=my_pkg.module.Name`)."
-            )
-    check_strategy_transforms(cfg)
-    check_memory_techniques(cfg)
-    check_task(cfg)
-    t = cfg.trainer
-    if t.max_epochs < 1 and t.max_steps < 1:
-        raise UserError(
-            f"trainer.max_epochs={t.max_epochs} and trainer.max_steps={t.max_steps}: nothing to "
-            "train. Set `trainer.max_epochs=1` or more, or `trainer.max_steps=1` or more."
-        )
-    if t.gradient_clip_val < 0:
-        raise UserError(
-            f"trainer.gradient_clip_val={t.gradient_clip_val} must be >= 0 (0 turns clipping off)."
-        )
-    if cfg.optimizer.lr <= 0:
-        raise UserError(f"optimizer.lr={cfg.optimizer.lr} must be > 0, e.g. `optimizer.lr=1e-3`.")
-    check_optimizer(cfg)
-    check_scheduler(cfg)
-    check_compression(cfg)
-    check_pointless(cfg)
-    check_loop_intervals(cfg)
-    if cfg.loader.name == "torch" and cfg.loader.prefetch_factor < 1:
-        raise UserError("loader.prefetch_factor must be >= 1 (batches loaded ahead per worker).")
-    context = cfg.loader.get("multiprocessing_context")
-    if context is not None and context not in ("fork", "spawn", "forkserver"):
-        raise UserError(
-            f"loader.multiprocessing_context={context!r} is not a start method: use fork, spawn, "
-            "forkserver or null (Python's default)."
-        )
-    if not 0 <= cfg.dataset.get("val_fraction", 0.1) < 1:
-        raise UserError(
-            f"dataset.val_fraction={cfg.dataset.val_fraction} must be in [0, 1): the share of the "
-            "training data held out for validation, e.g. `dataset.val_fraction=0.1`."
-        )
-    if cfg.objective not in OBJECTIVES:
-        raise UserError(
-            f"objective={cfg.objective!r} is not a summary.json metric: pick one of "
-            f"{', '.join(OBJECTIVES)} (e.g. `objective=best_val_acc`)."
-        )
-    # A checkpoint is a .pt file, or (FSDP) a .dcp directory holding meta.pt.
-    if cfg.resume not in (None, "auto") and not (
-        Path(cfg.resume).is_file() or (Path(cfg.resume) / "meta.pt").is_file()
-    ):
-        raise UserError(
-            f"resume={cfg.resume!r}: no such checkpoint. Give a path to a .pt file (or an FSDP "
-            ".dcp directory) written by accel-train, or `resume=auto` to continue from the run "
-            "directory's last checkpoint."
-        )
-
-
-# The metrics every classification validation logs (the default task); any task's own come from
-# validation_metrics(cfg).
-VALIDATION_METRICS = {"val/acc": "max", "val/loss": "min"}
-
-
-def declared_class(target: str):
-    """The class (or function) a dotted path names, imported but not built; None when it cannot
-    be imported here (the build reports that, naming the key)."""
-    module, _, attr = str(target).rpartition(".")
-    try:
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.insert(0, os.getcwd())  # as accel_train.targets.locate does
-        return getattr(importlib.import_module(module), attr, None)
-    except Exception:  # noqa: BLE001 - any import failure: reported by the build, not here
-        return None
-
-
-def task_class(cfg: DictConfig):
-    """The task option's class, imported (not built); None when not importable here."""
-    task = cfg.get("task")
-    if not isinstance(task, DictConfig) or "_target_" not in task:
-        return None
-    return declared_class(task._target_)
 
 
 def check_task(cfg: DictConfig) -> None:
@@ -299,56 +164,8 @@ def check_task(cfg: DictConfig) -> None:
         raise UserError(needs[0])
 
 
-def validation_metrics(cfg: DictConfig) -> dict[str, str]:
-    """What validation logs -> min or max: the task's metrics and the ones user callbacks
-    declare (`val_metrics`), read as plain data from their classes (nothing is built)."""
-    task = cfg.get("task")
-    modes = {"loss": "min"}
-    if isinstance(task, DictConfig) and "_target_" in task:
-        cls = declared_class(task._target_)
-        declare = getattr(cls, "metric_modes", None)
-        if callable(declare):
-            modes = dict(declare(task))
-        else:  # a task class of the user's own without the declaration
-            modes.update({str(k): str(v) for k, v in (task.get("metrics") or {}).items()})
-    else:
-        modes = {"loss": "min", "acc": "max"}
-    known = {f"val/{name}": mode for name, mode in modes.items()}
-    for node in (cfg.get("callbacks") or {}).values():
-        cls = declared_class(node._target_) if "_target_" in node else None
-        for name in getattr(cls, "val_metrics", ()) or ():
-            known.setdefault(name, "max")
-    return known
-
-
-_COMPARISONS = (">=", "<=", ">", "<")
-
-
-def limited_batches(limit: int | float, batches: int) -> int:
-    """`trainer.limit_*_batches` applied to `batches`: an int is a count (0: all), a float in
-    (0, 1] a fraction of them (at least one), as in Lightning."""
-    if isinstance(limit, float):
-        return max(1, int(limit * batches))
-    return min(batches, limit) if limit else batches
-
-
 def _is_fraction(value) -> bool:
     return isinstance(value, float) and 0 < value <= 1
-
-
-def parse_target(text: str, key: str = "trainer.stop_at") -> tuple[str, str, float]:
-    """`trainer.stop_at` or `trainer.target`, e.g. 'val/acc>=0.985' -> ('val/acc', '>=', 0.985)."""
-    for op in _COMPARISONS:
-        metric, found, value = str(text).partition(op)
-        if found:
-            try:
-                return metric.strip(), op, float(value)
-            except ValueError:
-                break
-    raise UserError(
-        f"{key}={text!r} is not METRIC OP VALUE: write e.g. "
-        f"`{key}='val/acc>=0.985'` or `{key}='val/loss<=0.05'` (quoted)."
-    )
 
 
 def check_loop_intervals(cfg: DictConfig) -> None:
@@ -516,13 +333,6 @@ def check_compression(cfg: DictConfig) -> None:
                 "prune.method=structured with prune.scope=global: torch.nn.utils.prune ranks "
                 "channels only within a layer (ln_structured). Set `prune.scope=layer`."
             )
-        if cfg.strategy.name in ("fsdp", "pipeline"):
-            raise UserError(
-                f"prune with strategy={cfg.strategy.name} is not supported: torch.nn.utils.prune "
-                "keeps a full mask per weight and ranks the weights of the whole model, while "
-                f"{cfg.strategy.name} spreads the weights over the ranks. Use `strategy=ddp` (or "
-                "single), or `prune.amount=0`."
-            )
     if sb.keep != 1:
         if not 0 < sb.keep < 1:
             raise UserError(
@@ -567,7 +377,7 @@ def check_scheduler(cfg: DictConfig) -> None:
                 f"{sched.gamma} after scheduler.step_size steps. Use e.g. `scheduler.gamma=0.1`."
             )
         if sched.gamma > 1:
-            _warn(
+            warn_once(
                 f"scheduler.gamma={sched.gamma} > 1: the step schedule raises the learning rate "
                 f"every {sched.step_size} steps (it usually decays it: gamma < 1)"
             )
@@ -575,16 +385,16 @@ def check_scheduler(cfg: DictConfig) -> None:
 
 def check_pointless(cfg: DictConfig) -> None:
     """Settings that make a run pointless (refused) or probably not what was meant (warned),
-    from the config alone; the ones that need the data sizes are in check_data_sizes."""
+    from the config alone; the ones that need the data sizes are in train/data_checks.py."""
     t, ds, loss = cfg.trainer, cfg.dataset, cfg.loss
     if 0 < t.gradient_clip_val < TINY_CLIP:
-        _warn(
+        warn_once(
             f"trainer.gradient_clip_val={t.gradient_clip_val:g} clips every gradient to a tiny "
             "norm: SGD steps barely move the weights (Adam rescales them back). Typical values "
             "are 0.5-5."
         )
     if 0 < t.max_epochs < t.val_every_n_epochs and t.max_steps < 1:
-        _warn(
+        warn_once(
             f"trainer.val_every_n_epochs={t.val_every_n_epochs} > trainer.max_epochs="
             f"{t.max_epochs}: validation runs only once, after the last epoch (best.pt is that "
             "epoch's weights)"
@@ -615,171 +425,169 @@ def check_pointless(cfg: DictConfig) -> None:
         )
     eps = cfg.optimizer.get("eps")
     if eps == 0:
-        _warn(
+        warn_once(
             "optimizer.eps=0: Adam divides by sqrt(v) + eps, so a parameter whose gradient is "
             "exactly 0 gets 0/0 = NaN. Keep a small eps (1e-8)."
         )
 
 
-def check_data_sizes(
-    cfg: DictConfig,
-    *,
-    num_train: int,
-    num_val: int,
-    world_size: int,
-    total_steps: int,
-    max_epochs: int,
-    warn: bool = True,
-) -> int:
-    """The checks that need the data sizes (call once the splits are built): refuse what makes
-    the run pointless, warn about what is probably not meant. `warn=False` on all but one
-    process keeps the warnings to one copy. Returns how many samples one validation scores
-    (the task checks that against what it needs: a classifier, one per class)."""
-    t, lc = cfg.trainer, cfg.loader
-    warnings: list[str] = []
-    per_rank = num_train // world_size
-    full, rest = divmod(per_rank, lc.batch_size)
-    batches = full + (1 if rest and not lc.drop_last else 0)
-    if isinstance(t.limit_train_batches, int) and t.limit_train_batches > batches:
-        warnings.append(
-            f"trainer.limit_train_batches={t.limit_train_batches} has no effect: an epoch has "
-            f"only {batches} batches ({num_train} training samples / loader.batch_size="
-            f"{lc.batch_size} x {world_size} process(es))"
-        )
-    eval_bs = lc.eval_batch_size or lc.batch_size
-    val_batches = math.ceil(math.ceil(num_val / world_size) / eval_bs)
-    if isinstance(t.limit_val_batches, int) and t.limit_val_batches > val_batches:
-        warnings.append(
-            f"trainer.limit_val_batches={t.limit_val_batches} has no effect: validation has "
-            f"only {val_batches} batches ({num_val} samples)"
-        )
-    limited = limited_batches(t.limit_train_batches, batches)
-    if t.accumulate_grad_batches > limited:
-        warnings.append(
-            f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} is more than the "
-            f"{limited} batches of an epoch: each optimizer step accumulates the whole epoch, "
-            "a smaller global batch than the one logged at start-up"
-        )
-    scored = min(num_val, limited_batches(t.limit_val_batches, val_batches) * eval_bs * world_size)
-    warned = 0 < t.max_epochs < t.val_every_n_epochs and t.max_steps < 1  # by check_pointless
-    if t.val_every_n_epochs > max_epochs > 0 and not warned:
-        warnings.append(
-            f"trainer.val_every_n_epochs={t.val_every_n_epochs} but the run has {max_epochs} "
-            "epoch(s): validation runs only once, after the last step"
-        )
-    if t.log_every_n_steps > total_steps:
-        warnings.append(
-            f"trainer.log_every_n_steps={t.log_every_n_steps} is more than the run's "
-            f"{total_steps} optimizer steps: no train/loss is logged (and a non-finite loss is "
-            "caught only at validation and checkpoint saves). Use e.g. `trainer.log_every_n_steps="
-            f"{max(1, total_steps // 10)}`"
-        )
-    if t.ckpt_every_n_steps > total_steps:
-        warnings.append(
-            f"trainer.ckpt_every_n_steps={t.ckpt_every_n_steps} is more than the run's "
-            f"{total_steps} optimizer steps: last.pt is saved at epoch ends only"
-        )
-    sched = cfg.scheduler
-    if sched.name == "step" and sched.warmup_steps + sched.step_size >= total_steps:
-        warnings.append(
-            f"scheduler.step_size={sched.step_size}: the run's {total_steps} optimizer steps "
-            "end before the first decay (a constant lr)"
-        )
-    if warn:
-        for text in warnings:
-            _warn(text)
-    return scored
+# ---- validate: the checks above and the small ones below, run in order ----------------------
 
 
-# accel-export: format -> the artifact's suffix (beside the checkpoint: checkpoints/best.onnx).
-# format -> the artifact's suffix (hf: a Hugging Face folder, see export_hf.py).
-EXPORT_FORMATS = {
-    "torch_export": ".pt2",
-    "onnx": ".onnx",
-    "torchscript": ".torchscript.pt",
-    "hf": "-hf",
-}
-EXPORT_QUANTIZE = ("none", "int8")
-
-
-def check_export_config(ecfg: DictConfig) -> None:
-    """accel-export's own keys, before anything (torch included) is loaded."""
-    formats, quantize = EXPORT_FORMATS, EXPORT_QUANTIZE
-    if OmegaConf.is_missing(ecfg, "ckpt_path") or not ecfg.ckpt_path:
+def check_strategy_supported(cfg: DictConfig) -> None:
+    if cfg.strategy.name == "dp":
         raise UserError(
-            "ckpt_path is required: the checkpoint to export, e.g. "
-            "`accel-export ckpt_path=outputs/<run>/checkpoints/best.pt format=onnx`."
-        )
-    if ecfg.format not in formats:
-        raise UserError(
-            f"format={ecfg.format!r} is not one of {', '.join(formats)}. E.g. `format=onnx` "
-            "(ONNX Runtime) or `format=torch_export` (torch.export.load / AOTInductor)."
-        )
-    if ecfg.quantize not in quantize:
-        raise UserError(
-            f"quantize={ecfg.quantize!r} is not one of {', '.join(quantize)}. "
-            "`quantize=int8` is ONNX Runtime static quantization (with format=onnx)."
-        )
-    if ecfg.quantize == "int8" and ecfg.format != "onnx":
-        raise UserError(
-            f"quantize=int8 is ONNX Runtime static quantization and needs format=onnx, not "
-            f"format={ecfg.format}. Use `format=onnx quantize=int8` (or train with quant=qat "
-            "for an int8 torch.export artifact)."
-        )
-    if ecfg.batch_size < 0 or ecfg.verify_samples < 0 or ecfg.calib_batches < 1:
-        raise UserError(
-            f"batch_size={ecfg.batch_size} and verify_samples={ecfg.verify_samples} must be "
-            f">= 0 and calib_batches={ecfg.calib_batches} >= 1."
-        )
-    if not 0.0 <= ecfg.min_agreement <= 1.0:
-        raise UserError(f"min_agreement={ecfg.min_agreement} is a fraction in [0, 1], e.g. 0.999.")
-    ckpt_path = Path(ecfg.ckpt_path).expanduser()
-    if ckpt_path.is_dir() and not (ckpt_path / "meta.pt").is_file():
-        raise UserError(
-            f"ckpt_path={ckpt_path} is a directory, not a checkpoint: give a .pt file written "
-            "by accel-train (e.g. outputs/<run>/checkpoints/best.pt) or an FSDP .dcp directory "
-            "(which holds meta.pt)."
-        )
-    if ecfg.out_path and ecfg.format == "hf":  # a folder: export_hf decides what it replaces
-        refuse_checkpoint_target(str(ecfg.ckpt_path), str(ecfg.out_path), "exports/my-model")
-    elif ecfg.out_path:
-        check_export_target(str(ecfg.ckpt_path), str(ecfg.out_path), bool(ecfg.overwrite))
-
-
-def _is_run_checkpoint(path: Path) -> bool:
-    """A name accel-train's checkpoints take in a run's checkpoints/ folder (last.pt, best.pt,
-    epoch=3-step=120.pt, last.dcp); exported artifacts there end in .pt2, .onnx or
-    .torchscript.pt."""
-    if path.parent.name != "checkpoints" or path.name.endswith(EXPORT_FORMATS["torchscript"]):
-        return False
-    return path.suffix in (".pt", ".dcp")
-
-
-def refuse_checkpoint_target(ckpt_path: str, out_path: str, example: str) -> None:
-    """An output path (accel-export's artifact, accel-eval's result) is never the checkpoint
-    being read nor any run's checkpoint: best.pt would be lost, and a last.pt replaced by
-    something else makes resume=auto refuse the run."""
-    out = Path(out_path).expanduser().resolve()
-    same = out == Path(ckpt_path).expanduser().resolve()
-    if same or _is_run_checkpoint(out):
-        what = "the checkpoint being read" if same else "a run's checkpoint"
-        raise UserError(
-            f"out_path={out_path} is {what}: writing there would replace it, whatever "
-            f"`overwrite` says. Write elsewhere, e.g. `out_path={example}`, or leave out_path "
-            "out (the output then goes beside the checkpoint under a name of its own)."
+            "strategy=dp (torch.nn.DataParallel) is not supported: it drives all GPUs from one "
+            "Python process, scatters inputs and gathers outputs through GPU 0 every step, and is "
+            "slower than DistributedDataParallel even on a single node (PyTorch's docs say so). "
+            "Use `strategy=ddp launcher.nproc_per_node=auto` (one process per GPU)."
         )
 
 
-def check_export_target(ckpt_path: str, out_path: str, overwrite: bool) -> None:
-    """An explicit out_path never replaces a checkpoint, and an existing file only with
-    overwrite=true."""
-    refuse_checkpoint_target(ckpt_path, out_path, "exports/model.onnx")
-    out = Path(out_path).expanduser()
-    card = out.with_name(out.name + ".json")
-    existing = [str(p) for p in (out, card) if p.exists()]
-    if existing and not overwrite:
+def check_required_keys(cfg: DictConfig) -> None:
+    """Keys left ??? in the config (a `_target_` of the user's own, say)."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        key = missing[0]
         raise UserError(
-            f"out_path={out_path}: {' and '.join(existing)} "
-            f"{'exist' if len(existing) > 1 else 'exists'} already (the artifact and its card). "
-            "Choose another `out_path`, or replace them with `overwrite=true`."
+            f"{key} is required (it is ??? in the config) but was not given. Set it on the "
+            f"command line, e.g. `{key}=...`"
+            + (" (the dotted path of your class or function)." if key.endswith("_target_") else ".")
         )
+
+
+def check_named_groups(cfg: DictConfig) -> None:
+    """Each NAMED_GROUPS option names one of the options accel-train builds itself."""
+    for group in NAMED_GROUPS:
+        allowed = tuple(OPTION_SCHEMAS[group])
+        if not isinstance(cfg[group], DictConfig) or "name" not in cfg[group]:
+            # A user's own YAML in the group (hydra.searchpath) with a `_target_` of its own.
+            raise UserError(
+                f"{group}: the chosen {group} option sets no {group}.name. accel-train builds "
+                f"the {group} itself, picked by name ({', '.join(allowed)}), so an option of "
+                f"your own in the {group} group starts from one of those and changes its keys: "
+                f"`defaults: [{allowed[0]}, _self_]` at its top. (Classes of your own by "
+                "`_target_` go under model, dataset, loss and callbacks.)"
+            )
+        if cfg[group].name not in allowed:
+            raise UserError(
+                f"{group}.name={cfg[group].name!r} is not one of {', '.join(allowed)}. "
+                f"Pick a {group} option, e.g. `{group}={allowed[0]}`."
+            )
+
+
+def check_choices(cfg: DictConfig) -> None:
+    for key, allowed in CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value not in allowed:
+            raise UserError(f"{key}={value!r} is not one of {', '.join(allowed)}.")
+
+
+def check_minimums(cfg: DictConfig) -> None:
+    for key, (minimum, meaning) in MINIMUMS.items():
+        value = OmegaConf.select(cfg, key, default=minimum)
+        if isinstance(value, int | float) and value < minimum:
+            fix = f"`{key}={max(minimum, 1)}`"
+            raise UserError(f"{key}={value} must be >= {minimum} ({meaning}). Set e.g. {fix}.")
+
+
+def check_targets(cfg: DictConfig) -> None:
+    """The groups built by `_target_` name what builds them."""
+    for group in ("model", "dataset", "loss"):
+        if not isinstance(cfg[group], DictConfig) or "_target_" not in cfg[group]:
+            raise UserError(
+                f"{group} has no _target_: every {group} option names the class or factory that "
+                f"builds it. Pick an option (`{group}=custom {group}._target_=my_pkg.module.Name`)."
+            )
+
+
+def check_run_length(cfg: DictConfig) -> None:
+    t = cfg.trainer
+    if t.max_epochs < 1 and t.max_steps < 1:
+        raise UserError(
+            f"trainer.max_epochs={t.max_epochs} and trainer.max_steps={t.max_steps}: nothing to "
+            "train. Set `trainer.max_epochs=1` or more, or `trainer.max_steps=1` or more."
+        )
+
+
+def check_step_size(cfg: DictConfig) -> None:
+    """The gradient clip and the learning rate."""
+    t = cfg.trainer
+    if t.gradient_clip_val < 0:
+        raise UserError(
+            f"trainer.gradient_clip_val={t.gradient_clip_val} must be >= 0 (0 turns clipping off)."
+        )
+    if cfg.optimizer.lr <= 0:
+        raise UserError(f"optimizer.lr={cfg.optimizer.lr} must be > 0, e.g. `optimizer.lr=1e-3`.")
+
+
+def check_loader(cfg: DictConfig) -> None:
+    if cfg.loader.name == "torch" and cfg.loader.prefetch_factor < 1:
+        raise UserError("loader.prefetch_factor must be >= 1 (batches loaded ahead per worker).")
+    context = cfg.loader.get("multiprocessing_context")
+    if context is not None and context not in ("fork", "spawn", "forkserver"):
+        raise UserError(
+            f"loader.multiprocessing_context={context!r} is not a start method: use fork, spawn, "
+            "forkserver or null (Python's default)."
+        )
+
+
+def check_val_fraction(cfg: DictConfig) -> None:
+    if not 0 <= cfg.dataset.get("val_fraction", 0.1) < 1:
+        raise UserError(
+            f"dataset.val_fraction={cfg.dataset.val_fraction} must be in [0, 1): the share of the "
+            "training data held out for validation, e.g. `dataset.val_fraction=0.1`."
+        )
+
+
+def check_objective(cfg: DictConfig) -> None:
+    if cfg.objective not in OBJECTIVES:
+        raise UserError(
+            f"objective={cfg.objective!r} is not a summary.json metric: pick one of "
+            f"{', '.join(OBJECTIVES)} (e.g. `objective=best_val_acc`)."
+        )
+
+
+def check_resume(cfg: DictConfig) -> None:
+    # A checkpoint is a .pt file, or (FSDP) a .dcp directory holding meta.pt.
+    if cfg.resume not in (None, "auto") and not (
+        Path(cfg.resume).is_file() or (Path(cfg.resume) / "meta.pt").is_file()
+    ):
+        raise UserError(
+            f"resume={cfg.resume!r}: no such checkpoint. Give a path to a .pt file (or an FSDP "
+            ".dcp directory) written by accel-train, or `resume=auto` to continue from the run "
+            "directory's last checkpoint."
+        )
+
+
+# In this order: when a config breaks several rules, the first check's error is the one shown
+# (the tests match it), so a check that needs keys another one vets comes after that one.
+CHECKS = (
+    check_strategy_supported,
+    check_required_keys,
+    check_named_groups,
+    check_loggers,
+    check_choices,
+    check_minimums,
+    check_targets,
+    check_strategy_transforms,
+    check_memory_techniques,
+    check_task,
+    check_run_length,
+    check_step_size,
+    check_optimizer,
+    check_scheduler,
+    check_compression,
+    check_pointless,
+    check_loop_intervals,
+    check_loader,
+    check_val_fraction,
+    check_objective,
+    check_resume,
+)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raises UserError naming the key and the fix (the first of CHECKS that fails)."""
+    for check in CHECKS:
+        check(cfg)

@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
-from accel_train.config.checks import limited_batches
+from accel_train.config.facts import limited_batches
 from accel_train.data.batch import to_device
 from accel_train.data.build import check_labels
 from accel_train.data.splits import ImageSet

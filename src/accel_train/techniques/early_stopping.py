@@ -16,7 +16,7 @@ import operator
 import time
 from typing import Any
 
-from accel_train.config.checks import parse_target
+from accel_train.config.facts import parse_target
 from accel_train.techniques import Technique
 
 log = logging.getLogger("accel_train")

@@ -15,7 +15,6 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from accel_train.config.checks import check_data_sizes
 from accel_train.data.build import build_splits
 from accel_train.data.loaders import build_loader
 from accel_train.data.splits import ImageSet, Splits
@@ -43,6 +42,7 @@ from accel_train.techniques.prune import Prune
 from accel_train.techniques.qat import QAT
 from accel_train.techniques.selective_backprop import SelectiveBackprop
 from accel_train.techniques.speed import SpeedMetrics
+from accel_train.train.data_checks import check_data_sizes
 from accel_train.train.evaluate import sample_batch
 
 

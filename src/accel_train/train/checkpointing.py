@@ -31,7 +31,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from accel_train.config.checks import validation_metrics
+from accel_train.config.facts import validation_metrics
 from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
@@ -51,7 +51,7 @@ class Plan:
 
 def known_metrics(cfg: DictConfig, techniques: Iterable[Any] = ()) -> list[str]:
     """The metrics validation logs: the task's and the callbacks' declared ones (plain data,
-    config/checks.validation_metrics), and any a built technique declares (`val_metrics`)."""
+    config/facts.validation_metrics), and any a built technique declares (`val_metrics`)."""
     declared = list(validation_metrics(cfg))
     names = ["val/loss", *(n for n in declared if n != "val/loss")]  # every task logs val/loss
     for technique in techniques:

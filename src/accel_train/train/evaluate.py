@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import default_collate
 
-from accel_train.config.checks import refuse_checkpoint_target
+from accel_train.command_checks import refuse_checkpoint_target
 from accel_train.data.batch import to_device
 from accel_train.data.build import build_splits
 from accel_train.data.builtin import hints_for

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from accel_train import checkpoint as ckpt_io
-from accel_train.config.checks import validation_metrics
+from accel_train.config.facts import validation_metrics
 from accel_train.config.run_config import flatten, to_container, write_run_config
 from accel_train.console import Progress, start_curves_plot, summary_table
 from accel_train.data.batch import count_samples

@@ -32,7 +32,7 @@ from accel_train.commands.sweep_summary import (
     one_line,
     read_json,
 )
-from accel_train.config.checks import OBJECTIVES
+from accel_train.config.facts import OBJECTIVES
 from accel_train.errors import UserError
 from accel_train.targets import build, locate
 from hydra_plugins.accel_train_optuna._registry import LINK_DIR, LIVE

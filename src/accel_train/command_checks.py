@@ -1,0 +1,103 @@
+"""The argument checks of accel-export and accel-eval: their own keys, checked by the CLI
+before anything (torch included) is loaded, and the output paths they refuse to write."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from accel_train.errors import UserError
+
+# accel-export: format -> the artifact's suffix (beside the checkpoint: checkpoints/best.onnx).
+# format -> the artifact's suffix (hf: a Hugging Face folder, see export_hf.py).
+EXPORT_FORMATS = {
+    "torch_export": ".pt2",
+    "onnx": ".onnx",
+    "torchscript": ".torchscript.pt",
+    "hf": "-hf",
+}
+EXPORT_QUANTIZE = ("none", "int8")
+
+
+def check_export_config(ecfg: DictConfig) -> None:
+    """accel-export's own keys, before anything (torch included) is loaded."""
+    formats, quantize = EXPORT_FORMATS, EXPORT_QUANTIZE
+    if OmegaConf.is_missing(ecfg, "ckpt_path") or not ecfg.ckpt_path:
+        raise UserError(
+            "ckpt_path is required: the checkpoint to export, e.g. "
+            "`accel-export ckpt_path=outputs/<run>/checkpoints/best.pt format=onnx`."
+        )
+    if ecfg.format not in formats:
+        raise UserError(
+            f"format={ecfg.format!r} is not one of {', '.join(formats)}. E.g. `format=onnx` "
+            "(ONNX Runtime) or `format=torch_export` (torch.export.load / AOTInductor)."
+        )
+    if ecfg.quantize not in quantize:
+        raise UserError(
+            f"quantize={ecfg.quantize!r} is not one of {', '.join(quantize)}. "
+            "`quantize=int8` is ONNX Runtime static quantization (with format=onnx)."
+        )
+    if ecfg.quantize == "int8" and ecfg.format != "onnx":
+        raise UserError(
+            f"quantize=int8 is ONNX Runtime static quantization and needs format=onnx, not "
+            f"format={ecfg.format}. Use `format=onnx quantize=int8` (or train with quant=qat "
+            "for an int8 torch.export artifact)."
+        )
+    if ecfg.batch_size < 0 or ecfg.verify_samples < 0 or ecfg.calib_batches < 1:
+        raise UserError(
+            f"batch_size={ecfg.batch_size} and verify_samples={ecfg.verify_samples} must be "
+            f">= 0 and calib_batches={ecfg.calib_batches} >= 1."
+        )
+    if not 0.0 <= ecfg.min_agreement <= 1.0:
+        raise UserError(f"min_agreement={ecfg.min_agreement} is a fraction in [0, 1], e.g. 0.999.")
+    ckpt_path = Path(ecfg.ckpt_path).expanduser()
+    if ckpt_path.is_dir() and not (ckpt_path / "meta.pt").is_file():
+        raise UserError(
+            f"ckpt_path={ckpt_path} is a directory, not a checkpoint: give a .pt file written "
+            "by accel-train (e.g. outputs/<run>/checkpoints/best.pt) or an FSDP .dcp directory "
+            "(which holds meta.pt)."
+        )
+    if ecfg.out_path and ecfg.format == "hf":  # a folder: export_hf decides what it replaces
+        refuse_checkpoint_target(str(ecfg.ckpt_path), str(ecfg.out_path), "exports/my-model")
+    elif ecfg.out_path:
+        check_export_target(str(ecfg.ckpt_path), str(ecfg.out_path), bool(ecfg.overwrite))
+
+
+def _is_run_checkpoint(path: Path) -> bool:
+    """A name accel-train's checkpoints take in a run's checkpoints/ folder (last.pt, best.pt,
+    epoch=3-step=120.pt, last.dcp); exported artifacts there end in .pt2, .onnx or
+    .torchscript.pt."""
+    if path.parent.name != "checkpoints" or path.name.endswith(EXPORT_FORMATS["torchscript"]):
+        return False
+    return path.suffix in (".pt", ".dcp")
+
+
+def refuse_checkpoint_target(ckpt_path: str, out_path: str, example: str) -> None:
+    """An output path (accel-export's artifact, accel-eval's result) is never the checkpoint
+    being read nor any run's checkpoint: best.pt would be lost, and a last.pt replaced by
+    something else makes resume=auto refuse the run."""
+    out = Path(out_path).expanduser().resolve()
+    same = out == Path(ckpt_path).expanduser().resolve()
+    if same or _is_run_checkpoint(out):
+        what = "the checkpoint being read" if same else "a run's checkpoint"
+        raise UserError(
+            f"out_path={out_path} is {what}: writing there would replace it, whatever "
+            f"`overwrite` says. Write elsewhere, e.g. `out_path={example}`, or leave out_path "
+            "out (the output then goes beside the checkpoint under a name of its own)."
+        )
+
+
+def check_export_target(ckpt_path: str, out_path: str, overwrite: bool) -> None:
+    """An explicit out_path never replaces a checkpoint, and an existing file only with
+    overwrite=true."""
+    refuse_checkpoint_target(ckpt_path, out_path, "exports/model.onnx")
+    out = Path(out_path).expanduser()
+    card = out.with_name(out.name + ".json")
+    existing = [str(p) for p in (out, card) if p.exists()]
+    if existing and not overwrite:
+        raise UserError(
+            f"out_path={out_path}: {' and '.join(existing)} "
+            f"{'exist' if len(existing) > 1 else 'exists'} already (the artifact and its card). "
+            "Choose another `out_path`, or replace them with `overwrite=true`."
+        )

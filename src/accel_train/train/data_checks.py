@@ -1,0 +1,83 @@
+"""The checks of a config against the real data, run by the build once the splits exist: what
+the data sizes make pointless is warned about here (the config alone is checked in
+accel_train.config.checks, before any process starts)."""
+
+from __future__ import annotations
+
+import math
+
+from omegaconf import DictConfig
+
+from accel_train.config.checks import warn_once
+from accel_train.config.facts import limited_batches
+
+
+def check_data_sizes(
+    cfg: DictConfig,
+    *,
+    num_train: int,
+    num_val: int,
+    world_size: int,
+    total_steps: int,
+    max_epochs: int,
+    warn: bool = True,
+) -> int:
+    """The checks that need the data sizes (call once the splits are built): refuse what makes
+    the run pointless, warn about what is probably not meant. `warn=False` on all but one
+    process keeps the warnings to one copy. Returns how many samples one validation scores
+    (the task checks that against what it needs: a classifier, one per class)."""
+    t, lc = cfg.trainer, cfg.loader
+    warnings: list[str] = []
+    per_rank = num_train // world_size
+    full, rest = divmod(per_rank, lc.batch_size)
+    batches = full + (1 if rest and not lc.drop_last else 0)
+    if isinstance(t.limit_train_batches, int) and t.limit_train_batches > batches:
+        warnings.append(
+            f"trainer.limit_train_batches={t.limit_train_batches} has no effect: an epoch has "
+            f"only {batches} batches ({num_train} training samples / loader.batch_size="
+            f"{lc.batch_size} x {world_size} process(es))"
+        )
+    eval_bs = lc.eval_batch_size or lc.batch_size
+    val_batches = math.ceil(math.ceil(num_val / world_size) / eval_bs)
+    if isinstance(t.limit_val_batches, int) and t.limit_val_batches > val_batches:
+        warnings.append(
+            f"trainer.limit_val_batches={t.limit_val_batches} has no effect: validation has "
+            f"only {val_batches} batches ({num_val} samples)"
+        )
+    limited = limited_batches(t.limit_train_batches, batches)
+    if t.accumulate_grad_batches > limited:
+        warnings.append(
+            f"trainer.accumulate_grad_batches={t.accumulate_grad_batches} is more than the "
+            f"{limited} batches of an epoch: each optimizer step accumulates the whole epoch, "
+            "a smaller global batch than the one logged at start-up"
+        )
+    scored = min(num_val, limited_batches(t.limit_val_batches, val_batches) * eval_bs * world_size)
+    # warned about already by config.checks.check_pointless:
+    warned = 0 < t.max_epochs < t.val_every_n_epochs and t.max_steps < 1
+    if t.val_every_n_epochs > max_epochs > 0 and not warned:
+        warnings.append(
+            f"trainer.val_every_n_epochs={t.val_every_n_epochs} but the run has {max_epochs} "
+            "epoch(s): validation runs only once, after the last step"
+        )
+    if t.log_every_n_steps > total_steps:
+        warnings.append(
+            f"trainer.log_every_n_steps={t.log_every_n_steps} is more than the run's "
+            f"{total_steps} optimizer steps: no train/loss is logged (and a non-finite loss is "
+            "caught only at validation and checkpoint saves). Use e.g. `trainer.log_every_n_steps="
+            f"{max(1, total_steps // 10)}`"
+        )
+    if t.ckpt_every_n_steps > total_steps:
+        warnings.append(
+            f"trainer.ckpt_every_n_steps={t.ckpt_every_n_steps} is more than the run's "
+            f"{total_steps} optimizer steps: last.pt is saved at epoch ends only"
+        )
+    sched = cfg.scheduler
+    if sched.name == "step" and sched.warmup_steps + sched.step_size >= total_steps:
+        warnings.append(
+            f"scheduler.step_size={sched.step_size}: the run's {total_steps} optimizer steps "
+            "end before the first decay (a constant lr)"
+        )
+    if warn:
+        for text in warnings:
+            warn_once(text)
+    return scored
