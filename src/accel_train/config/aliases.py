@@ -114,6 +114,7 @@ CALLBACK_GROUPS = {
     ],
 }
 TRACKERS = ("mlflow", "wandb")  # in many_loggers when installed
+_ANOMALY = "accel_train.techniques.anomaly.DetectAnomaly"  # trainer.detect_anomaly=true
 
 
 @dataclass
@@ -143,6 +144,8 @@ def _installed(module: str) -> bool:
 
 
 def alias_overrides(argv: list[str]) -> Aliased:
+    """`argv` with lightning-hydra-template's spellings rewritten as ours (the module docstring
+    lists them); the rest is kept as given."""
     out = Aliased(argv=[])
     train, ckpt = True, None
     for arg in argv:
@@ -150,87 +153,127 @@ def alias_overrides(argv: list[str]) -> Aliased:
         if arg.startswith("-") or not eq:
             out.argv.append(arg)  # a flag (-m, --cfg job), or the value of one
             continue
-        new: list[str] | None = None
-        if key == "debug" and value in DEBUGS:
-            new = list(DEBUGS[value])
-        elif key == "debug" and value == "limit":
-            new = list(DEBUG_LIMIT)
-        elif key in ("experiment", "debug"):
-            new = [f"+{arg}"]
-        elif key == "trainer.accelerator":
-            if value not in ACCELERATORS:
-                raise UserError(
-                    f"trainer.accelerator={value}: accel-train trains on CUDA GPUs or the CPU: "
-                    "`trainer.device=cuda`, `cpu` or `auto` (trainer.accelerator=gpu|cpu|auto)."
-                )
-            new = [f"trainer.device={ACCELERATORS[value]}"]
-        elif key == "trainer.precision" and value in PRECISIONS:
-            new = [f"precision={PRECISIONS[value]}"]
-        elif key == "trainer.fast_dev_run" and _bool(key, value):
-            new = ["+debug=fast_dev_run"]
-        elif key == "trainer" and value == "mps":
-            raise UserError(
-                "trainer=mps: accel-train trains on CUDA GPUs or the CPU (Apple's MPS is not "
-                "supported). Use `trainer=cpu` (or `trainer.device=cpu`)."
-            )
-        elif key in RENAMED:
-            new = [f"{RENAMED[key]}={value}"]
-            if key == "ckpt_path":
-                ckpt = value
-        elif key == "train":
+        if key == "train":  # no override: it picks between training and testing
             train, new = _bool(key, value), []
-        elif key == "trainer" and value in TRAINERS:
-            new = list(TRAINERS[value])
-        elif key == "trainer.detect_anomaly":
-            on = _bool(key, value)
-            new = [f"+callbacks.detect_anomaly._target_={_ANOMALY}"] if on else []
-        elif key == "callbacks" and value in CALLBACK_GROUPS:
-            new = list(CALLBACK_GROUPS[value])
-        elif key.startswith("callbacks.") and key.split(".")[1] in CALLBACK_KEYS:
-            _, lht, rest = key.split(".", 2) if key.count(".") >= 2 else (*key.split("."), "")
-            if not rest:
-                raise UserError(
-                    f"{key}: set its keys one by one, e.g. `callbacks.{lht}.patience=3` "
-                    f"(= `{CALLBACK_KEYS[lht]}.patience=3`)."
-                )
-            new = [f"{CALLBACK_KEYS[lht]}.{rest}={value}"]
-        elif key == "logger" and value == "many_loggers":
-            loggers = ["csv", "tensorboard", *(t for t in TRACKERS if _installed(t))]
-            new = [f"logger=[{','.join(loggers)}]"]
-        elif key == "logger" and "aim" in re.split(r"[\[\],\s]+", value):
-            raise UserError(
-                "logger=aim: Aim is not one of accel-train's loggers (csv, tensorboard, mlflow, "
-                "wandb). Log with `logger=tensorboard` (or mlflow) and let Aim read the runs: "
-                "`pip install aim`, then `aim init` and `aim convert tensorboard --logdir "
-                "outputs/` (or `aim convert mlflow`), and `aim up` to browse them."
-            )
-        elif key == "extras.print_config":
-            new = [] if _bool(key, value) else ["trainer.progress=none"]
-        elif key == "extras.ignore_warnings":
-            out.ignore_warnings, new = _bool(key, value), []
-        elif key == "extras.enforce_tags":
-            out.enforce_tags, new = _bool(key, value), []
+        else:
+            new = _rewritten(key, value, out)
+        if key == "ckpt_path":
+            ckpt = value
         if new is None:
             out.argv.append(arg)
         else:
             out.argv.extend(new)
             out.renamed.append(f"{arg} -> {' '.join(new) or '(our default)'}")
     if not train:
-        if ckpt is None:
-            raise UserError(
-                "train=false tests a checkpoint without training (lightning-hydra-template's "
-                "spelling): give it, `train=false ckpt_path=outputs/<run>/checkpoints/best.pt`, "
-                "or run `accel-eval ckpt_path=...`."
-            )
-        if "trainer.test_after_fit=false" in out.argv or any(
-            a == f"trainer.test_after_fit={v}" for v in _FALSE for a in out.argv
-        ):
-            raise UserError("train=false with test=false: nothing to do. Drop one of them.")
-        out.test_only = ckpt
+        out.test_only = _checkpoint_to_test(ckpt, out.argv)
     return out
 
 
-_ANOMALY = "accel_train.techniques.anomaly.DetectAnomaly"
+def _rewritten(key: str, value: str, out: Aliased) -> list[str] | None:
+    """Our overrides for one LHT `key=value`; None when it is ours already. The spellings'
+    keys do not overlap, except that RENAMED's callbacks.model_checkpoint key comes before the
+    callbacks.model_checkpoint.K rule."""
+    for spelling in (_debug, _trainer, _renamed, _callbacks, _logger):
+        new = spelling(key, value)
+        if new is not None:
+            return new
+    return _extras(key, value, out)
+
+
+def _debug(key: str, value: str) -> list[str] | None:
+    if key == "debug" and value in DEBUGS:
+        return list(DEBUGS[value])
+    if key == "debug" and value == "limit":
+        return list(DEBUG_LIMIT)
+    if key in ("experiment", "debug"):
+        return [f"+{key}={value}"]
+    return None
+
+
+def _trainer(key: str, value: str) -> list[str] | None:
+    """Lightning's Trainer arguments and LHT's trainer configs."""
+    if key == "trainer.accelerator":
+        if value not in ACCELERATORS:
+            raise UserError(
+                f"trainer.accelerator={value}: accel-train trains on CUDA GPUs or the CPU: "
+                "`trainer.device=cuda`, `cpu` or `auto` (trainer.accelerator=gpu|cpu|auto)."
+            )
+        return [f"trainer.device={ACCELERATORS[value]}"]
+    if key == "trainer.precision" and value in PRECISIONS:
+        return [f"precision={PRECISIONS[value]}"]
+    if key == "trainer.fast_dev_run":
+        return ["+debug=fast_dev_run"] if _bool(key, value) else None
+    if key == "trainer" and value == "mps":
+        raise UserError(
+            "trainer=mps: accel-train trains on CUDA GPUs or the CPU (Apple's MPS is not "
+            "supported). Use `trainer=cpu` (or `trainer.device=cpu`)."
+        )
+    if key == "trainer" and value in TRAINERS:
+        return list(TRAINERS[value])
+    if key == "trainer.detect_anomaly":
+        return [f"+callbacks.detect_anomaly._target_={_ANOMALY}"] if _bool(key, value) else []
+    return None
+
+
+def _renamed(key: str, value: str) -> list[str] | None:
+    return [f"{RENAMED[key]}={value}"] if key in RENAMED else None
+
+
+def _callbacks(key: str, value: str) -> list[str] | None:
+    """LHT's callback groups, and the keys of its two callbacks that we have as our own."""
+    if key == "callbacks" and value in CALLBACK_GROUPS:
+        return list(CALLBACK_GROUPS[value])
+    if key.startswith("callbacks.") and key.split(".")[1] in CALLBACK_KEYS:
+        _, lht, rest = key.split(".", 2) if key.count(".") >= 2 else (*key.split("."), "")
+        if not rest:
+            raise UserError(
+                f"{key}: set its keys one by one, e.g. `callbacks.{lht}.patience=3` "
+                f"(= `{CALLBACK_KEYS[lht]}.patience=3`)."
+            )
+        return [f"{CALLBACK_KEYS[lht]}.{rest}={value}"]
+    return None
+
+
+def _logger(key: str, value: str) -> list[str] | None:
+    if key == "logger" and value == "many_loggers":
+        loggers = ["csv", "tensorboard", *(t for t in TRACKERS if _installed(t))]
+        return [f"logger=[{','.join(loggers)}]"]
+    if key == "logger" and "aim" in re.split(r"[\[\],\s]+", value):
+        raise UserError(
+            "logger=aim: Aim is not one of accel-train's loggers (csv, tensorboard, mlflow, "
+            "wandb). Log with `logger=tensorboard` (or mlflow) and let Aim read the runs: "
+            "`pip install aim`, then `aim init` and `aim convert tensorboard --logdir "
+            "outputs/` (or `aim convert mlflow`), and `aim up` to browse them."
+        )
+    return None
+
+
+def _extras(key: str, value: str, out: Aliased) -> list[str] | None:
+    """LHT's `extras`: what the CLI does besides composing (kept in `out`)."""
+    if key == "extras.print_config":
+        return [] if _bool(key, value) else ["trainer.progress=none"]
+    if key == "extras.ignore_warnings":
+        out.ignore_warnings = _bool(key, value)
+        return []
+    if key == "extras.enforce_tags":
+        out.enforce_tags = _bool(key, value)
+        return []
+    return None
+
+
+def _checkpoint_to_test(ckpt: str | None, argv: list[str]) -> str:
+    """train=false: the checkpoint to test instead of training (it needs one, and a test)."""
+    if ckpt is None:
+        raise UserError(
+            "train=false tests a checkpoint without training (lightning-hydra-template's "
+            "spelling): give it, `train=false ckpt_path=outputs/<run>/checkpoints/best.pt`, "
+            "or run `accel-eval ckpt_path=...`."
+        )
+    if "trainer.test_after_fit=false" in argv or any(
+        a == f"trainer.test_after_fit={v}" for v in _FALSE for a in argv
+    ):
+        raise UserError("train=false with test=false: nothing to do. Drop one of them.")
+    return ckpt
 
 
 def apply_process_wide(aliased: Aliased) -> None:
