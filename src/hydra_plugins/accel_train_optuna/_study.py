@@ -15,6 +15,7 @@ import json
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,59 @@ METRIC_DIRECTIONS = {"val/acc": "maximize", "val/loss": "minimize"}
 RESULTS_FILE = "optimization_results.yaml"
 
 
+@dataclass
+class _Search:
+    """One search's settings, read and checked once, and its open study."""
+
+    sweeper: Any
+    settings: dict[str, Any]
+    n_trials: int
+    n_jobs: int
+    objectives: list[str]
+    space: SearchSpace
+    grid_size: int | None
+    monitor: Columns
+    pruner: Any
+    metric: str | None
+    custom: Any
+    study_name: str
+    storage: Any
+    study: Any
+    sweep_dir: Path
+    fixed: list[str]  # every trial's overrides (the pruning callback)
+
+
 def run_search(sweeper: Any, arguments: list[str]) -> list[JobReturn]:
+    search = _prepare(sweeper, arguments)
+    todo = _trials_to_run(search)
+    outcomes: list[tuple[int, TrialState, str | None]] = []  # this invocation's trials
+    returns: list[JobReturn] = []
+    LIVE[search.study_name] = search.study
+    try:
+        while todo > 0:
+            ask = search.study.ask
+            batch = [ask(search.space.distributions) for _ in range(min(search.n_jobs, todo))]
+            todo -= len(batch)
+            returns.extend(_run_batch(search, batch, outcomes))
+            _stop_if_failing(search, outcomes, todo)
+    finally:
+        LIVE.pop(search.study_name, None)
+    _write_results(
+        search.study, search.sweep_dir, search.storage, search.objectives, search.monitor
+    )
+    if outcomes and all(state == TrialState.FAIL for _, state, _ in outcomes):
+        # The CLI writes the summary and lists each trial's reason in one paragraph, then this.
+        raise UserError(
+            f"every one of its {len(outcomes)} trials failed, so the search found nothing; "
+            "failed trials do not count towards hydra.sweeper.n_trials, so the same command "
+            "again retries them"
+        )
+    return returns
+
+
+def _prepare(sweeper: Any, arguments: list[str]) -> _Search:
+    """The settings checked in order (the first wrong one is reported), then the study opened
+    (or resumed) and the sweep dir made."""
     cfg: DictConfig = sweeper.config
     s = {k: _plain(v) for k, v in sweeper.settings.items()}
     if s.get("search_space") is not None:
@@ -91,64 +144,74 @@ def run_search(sweeper: Any, arguments: list[str]) -> list[JobReturn]:
         study.sampler, _ = _sampler({**s["sampler"], "seed": seed + earlier}, space)
     sweep_dir = Path(str(cfg.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    fixed = [*space.fixed, *([PRUNING_CALLBACK] if pruner is not None else [])]
+    return _Search(
+        sweeper=sweeper, settings=s, n_trials=n_trials, n_jobs=n_jobs, objectives=objectives,
+        space=space, grid_size=grid_size, monitor=monitor, pruner=pruner, metric=metric,
+        custom=custom, study_name=study_name, storage=storage, study=study,
+        sweep_dir=sweep_dir, fixed=fixed,
+    )  # fmt: skip
 
-    kept = _finished(study)
-    todo = n_trials - kept
-    if grid_size is not None:
-        todo = min(todo, grid_size - kept)  # the grid has no more distinct trials than that
+
+def _trials_to_run(search: _Search) -> int:
+    """How many trials this invocation asks for (a resumed study holds some already); logged."""
+    kept = _finished(search.study)
+    todo = search.n_trials - kept
+    if search.grid_size is not None:
+        todo = min(todo, search.grid_size - kept)  # the grid has no more distinct trials
+    name, storage = search.study_name, search.storage
     where = f"in {storage}" if storage else "in memory"
     if kept:
         log.info(
             "study %r %s holds %d finished trials: %d more to reach n_trials=%d",
-            study_name, where, kept, max(todo, 0), n_trials,
+            name, where, kept, max(todo, 0), search.n_trials,
         )  # fmt: skip
     else:
-        log.info("study %r %s: %d trials, %d per batch", study_name, where, todo, n_jobs)
+        log.info("study %r %s: %d trials, %d per batch", name, where, todo, search.n_jobs)
+    return todo
 
-    fixed = [*space.fixed, *([PRUNING_CALLBACK] if pruner is not None else [])]
-    outcomes: list[tuple[int, TrialState, str | None]] = []  # this invocation's trials
-    returns: list[JobReturn] = []
-    LIVE[study_name] = study
+
+def _run_batch(
+    search: _Search, batch: list[Trial], outcomes: list[tuple[int, TrialState, str | None]]
+) -> list[JobReturn]:
+    """Launches a batch of trials and tells the study each one's outcome (kept in `outcomes`)."""
+    s, study, cfg = search.settings, search.study, search.sweeper.config
+    told: set[int] = set()
     try:
-        while todo > 0:
-            batch = [study.ask(space.distributions) for _ in range(min(n_jobs, todo))]
-            todo -= len(batch)
-            told: set[int] = set()
-            try:
-                overrides = [_overrides(t, space, fixed, custom, cfg) for t in batch]
-                for number, trial in zip(_job_numbers(batch), batch):
-                    _write_link(sweep_dir, number, trial, study_name, storage, s, metric)
-                rets = _launch(sweeper, batch, overrides)
-                for trial, ret in zip(batch, rets):
-                    outcomes.append(_tell(study, trial, ret, objectives))
-                    told.add(trial.number)
-                returns.extend(rets)
-            finally:  # an error or Ctrl-C: the batch's other trials do not stay "running"
-                for trial in batch:
-                    if trial.number not in told:
-                        _fail_if_running(study, trial, "the sweep stopped before it ended")
-            failed = sum(state == TrialState.FAIL for _, state, _ in outcomes)
-            rate = float(s.get("max_failure_rate", 1.0))
-            if failed / len(outcomes) > rate and todo > 0:
-                _write_results(study, sweep_dir, storage, objectives, monitor)
-                # The CLI writes the sweep summary and reports the failed trials' reasons in
-                # one paragraph, then this (accel_train.cli._sweep_failure).
-                raise UserError(
-                    f"Optuna stopped the search after {len(outcomes)} trials, {failed} of them "
-                    f"failed: more than hydra.sweeper.max_failure_rate={rate}. Failed trials do "
-                    "not count towards hydra.sweeper.n_trials: the same command again retries"
-                )
-    finally:
-        LIVE.pop(study_name, None)
-    _write_results(study, sweep_dir, storage, objectives, monitor)
-    if outcomes and all(state == TrialState.FAIL for _, state, _ in outcomes):
-        # The CLI writes the summary and lists each trial's reason in one paragraph, then this.
-        raise UserError(
-            f"every one of its {len(outcomes)} trials failed, so the search found nothing; "
-            "failed trials do not count towards hydra.sweeper.n_trials, so the same command "
-            "again retries them"
+        overrides = [_overrides(t, search.space, search.fixed, search.custom, cfg) for t in batch]
+        for number, trial in zip(_job_numbers(batch), batch):
+            _write_link(
+                search.sweep_dir, number, trial, search.study_name, search.storage, s,
+                search.metric,
+            )  # fmt: skip
+        rets = _launch(search.sweeper, batch, overrides)
+        for trial, ret in zip(batch, rets):
+            outcomes.append(_tell(study, trial, ret, search.objectives))
+            told.add(trial.number)
+        return rets
+    finally:  # an error or Ctrl-C: the batch's other trials do not stay "running"
+        for trial in batch:
+            if trial.number not in told:
+                _fail_if_running(study, trial, "the sweep stopped before it ended")
+
+
+def _stop_if_failing(
+    search: _Search, outcomes: list[tuple[int, TrialState, str | None]], todo: int
+) -> None:
+    """hydra.sweeper.max_failure_rate: the search stops once more of its trials failed."""
+    failed = sum(state == TrialState.FAIL for _, state, _ in outcomes)
+    rate = float(search.settings.get("max_failure_rate", 1.0))
+    if failed / len(outcomes) > rate and todo > 0:
+        _write_results(
+            search.study, search.sweep_dir, search.storage, search.objectives, search.monitor
         )
-    return returns
+        # The CLI writes the sweep summary and reports the failed trials' reasons in
+        # one paragraph, then this (accel_train.cli._sweep_failure).
+        raise UserError(
+            f"Optuna stopped the search after {len(outcomes)} trials, {failed} of them "
+            f"failed: more than hydra.sweeper.max_failure_rate={rate}. Failed trials do "
+            "not count towards hydra.sweeper.n_trials: the same command again retries"
+        )
 
 
 # ---- the settings ----------------------------------------------------------------------
