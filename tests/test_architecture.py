@@ -1,5 +1,6 @@
-"""The design rules the code must keep: imports go one way (each package is imported in a fresh
-interpreter and must not load a package above it), no function-local imports hiding cycles,
+"""The design rules the code must keep: imports go one way across the whole of src/, the Hydra
+plugins included (each layer is imported in a fresh interpreter and must not load a module above
+it, and the import graph has no cycle), no function-local imports hiding cycles,
 one schema per option (a local run's config has no SLURM keys), and a training step that never
 waits for the device outside the logging step."""
 
@@ -22,9 +23,14 @@ from accel_train.train.build import build_components
 from accel_train.train.loop import Loop
 
 SRC = Path(accel_train.__file__).parent
+# Every package of the repository's src/: accel_train and the Hydra plugins, which Hydra finds in
+# the hydra_plugins namespace. The plugins import accel_train, never the reverse.
+PACKAGES = [SRC, SRC.parent / "hydra_plugins"]
+OURS = tuple(p.name for p in PACKAGES)
 
-# Lower layers never import higher ones: cli -> commands -> launchers -> train -> techniques ->
-# components -> config -> errors. Components (data, models, ...) sit side by side on one layer.
+# Lower layers never import higher ones: cli -> hydra_plugins -> commands -> launchers -> train ->
+# techniques -> components -> config -> errors. Components (data, models, ...) sit side by side on
+# one layer. (cli imports no plugin either: Hydra finds the plugins by its own scan.)
 LAYERS = [
     ["accel_train.errors"],
     ["accel_train.config", "accel_train.environment"],
@@ -54,6 +60,7 @@ LAYERS = [
     ],
     ["accel_train.launchers", "accel_train.worker", "accel_train.node"],
     ["accel_train.commands"],
+    ["hydra_plugins"],
     ["accel_train.cli"],
 ]
 
@@ -65,65 +72,122 @@ def _layer(module: str) -> int:
     raise AssertionError(f"{module} is in no layer of LAYERS: add it")
 
 
+def _module(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _files() -> dict[str, Path]:
+    """Every module of src/ (but the bare `accel_train` package) -> its file."""
+    files = {}
+    for package in PACKAGES:
+        for path in sorted(package.rglob("*.py")):
+            if _module(path) != "accel_train":
+                files[_module(path)] = path
+    return files
+
+
 def _modules() -> list[str]:
-    names = []
-    for path in sorted(SRC.rglob("*.py")):
-        parts = path.relative_to(SRC.parent).with_suffix("").parts
-        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return names
+    return list(_files())
 
 
 def test_every_module_has_a_layer():
+    assert any(m.startswith("hydra_plugins.") for m in _modules())  # the plugins are read
     for name in _modules():
-        if name != "accel_train":
-            _layer(name)
+        _layer(name)
 
 
 def _imports(path: Path) -> list[str]:
-    """The accel_train modules a file imports (any depth in the file)."""
+    """The modules of src/ a file imports (any depth in the file)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("accel_train"):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(OURS):
             found += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
-            found += [a.name for a in node.names if a.name.startswith("accel_train")]
-    return [m for m in found if m in set(_modules()) and m != "accel_train"]
+            found += [a.name for a in node.names if a.name.startswith(OURS)]
+    modules = set(_modules())
+    return [m for m in found if m in modules]
 
 
 def test_imports_go_one_way_in_the_source():
     """No module imports a module of a higher layer (cli's deferred imports go downward too)."""
     violations = []
-    for path in sorted(SRC.rglob("*.py")):
-        parts = path.relative_to(SRC.parent).with_suffix("").parts
-        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        if module == "accel_train":
-            continue
+    for module, path in _files().items():
         for imported in _imports(path):
             if _layer(imported) > _layer(module):
                 violations.append(f"{module} imports {imported}")
     assert not violations, "\n".join(violations)
 
 
+def test_accel_train_imports_no_plugin():
+    """The plugins depend on accel_train, never the reverse: what both need (the sweeper's
+    config node) lives in accel_train.config and the plugin imports it."""
+    found = [
+        f"{module} imports {imported}"
+        for module, path in _files().items()
+        if module.startswith("accel_train.")
+        for imported in _imports(path)
+        if imported.startswith("hydra_plugins.")
+    ]
+    assert not found, "\n".join(found)
+
+
+def _cycle(graph: dict[str, list[str]]) -> list[str]:
+    """One import cycle of `graph` (module -> the modules it imports), or [] when none."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str]:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done:
+            return []
+        path.append(module)
+        for imported in graph[module]:
+            cycle = visit(imported)
+            if cycle:
+                return cycle
+        path.pop()
+        done.add(module)
+        return []
+
+    for module in graph:
+        cycle = visit(module)
+        if cycle:
+            return cycle
+    return []
+
+
+def test_no_import_cycle():
+    """The module import graph of the whole src/, plugins included, has no cycle (a cycle
+    through a package's __init__ counts too)."""
+    assert _cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]
+    graph = {m: [i for i in _imports(path) if i != m] for m, path in _files().items()}
+    assert _cycle(graph) == [], " -> ".join(_cycle(graph))
+
+
 @pytest.mark.parametrize("level", range(len(LAYERS) - 1))
 def test_a_layer_loads_nothing_above_it(level):
     """Every module of a layer, imported in a fresh interpreter, loads nothing from above."""
-    mine = [m for m in _modules() if m != "accel_train" and _layer(m) == level]
+    mine = [m for m in _modules() if _layer(m) == level]
     script = (
         "import importlib, json, sys\n"
         "for mod in sys.argv[1:]: importlib.import_module(mod)\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('accel_train.'))))\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", script, *mine], capture_output=True, text=True, check=True
     )
-    above = [m for m in json.loads(out.stdout) if _layer(m) > level]
+    ours = set(_modules())  # (hydra_plugins also holds other projects' plugins)
+    above = [m for m in json.loads(out.stdout) if m in ours and _layer(m) > level]
     assert not above, f"layer {level} ({', '.join(mine)}) loads {above}"
 
 
 def test_no_function_local_imports_of_accel_train():
-    """Only cli.py defers imports (of lower layers, for start-up speed; see its docstring)."""
+    """Only cli.py defers imports (of lower layers, for start-up speed; see its docstring).
+    (The plugins defer their own `_`-modules, which Hydra's plugin scan must not import.)"""
     found = []
-    for path in sorted(SRC.rglob("*.py")):
+    for path in _files().values():
         if path.name == "cli.py" and path.parent == SRC:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
@@ -133,11 +197,11 @@ def test_no_function_local_imports_of_accel_train():
                 if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith(
                     "accel_train"
                 ):
-                    found.append(f"{path.relative_to(SRC)}:{inner.lineno}")
+                    found.append(f"{path.relative_to(SRC.parent)}:{inner.lineno}")
                 if isinstance(inner, ast.Import) and any(
                     a.name.startswith("accel_train") for a in inner.names
                 ):
-                    found.append(f"{path.relative_to(SRC)}:{inner.lineno}")
+                    found.append(f"{path.relative_to(SRC.parent)}:{inner.lineno}")
     assert not found, found
 
 

@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from omegaconf import MISSING
 
-from hydra_plugins.accel_train_optuna import config as optuna_sweeper_config
+from accel_train.config.sweeper import register_optuna_sweeper
 
 # ---- model: a class or factory by _target_; the data shape is passed where accepted -------
 
@@ -834,7 +834,7 @@ def register_configs() -> None:
             node=SubmititSlurmConfig,
             provider="accel_train",
         )
-    # hydra/sweeper=optuna: ours (hydra_plugins/accel_train_optuna), also over the node of an
-    # old hydra-optuna-sweeper still installed beside it (stored after the plugin scan).
+    # hydra/sweeper=optuna: ours (config/sweeper.py), also over the node of an old
+    # hydra-optuna-sweeper still installed beside it (stored after the plugin scan).
     Plugins.instance()
-    optuna_sweeper_config.register()
+    register_optuna_sweeper()

@@ -15,7 +15,7 @@ class OptunaSweeper(Sweeper):
     """Optuna's ask/tell loop over Hydra jobs: see hydra_plugins/accel_train_optuna."""
 
     def __init__(self, **settings: Any) -> None:
-        # The keys of config.OptunaSweeperConf, validated by Hydra against it.
+        # The keys of accel_train.config.sweeper.OptunaSweeperConf, validated by Hydra against it.
         self.settings = settings
         self.config: DictConfig | None = None
         self.launcher = None
