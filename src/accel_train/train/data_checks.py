@@ -27,18 +27,33 @@ def check_data_sizes(
     process keeps the warnings to one copy. Returns how many samples one validation scores
     (the task checks that against what it needs: a classifier, one per class)."""
     t, lc = cfg.trainer, cfg.loader
-    warnings: list[str] = []
     per_rank = num_train // world_size
     full, rest = divmod(per_rank, lc.batch_size)
     batches = full + (1 if rest and not lc.drop_last else 0)
+    eval_bs = lc.eval_batch_size or lc.batch_size
+    val_batches = math.ceil(math.ceil(num_val / world_size) / eval_bs)
+    warnings = [
+        *_batch_warnings(cfg, batches, val_batches, num_train, num_val, world_size),
+        *_interval_warnings(cfg, total_steps, max_epochs),
+    ]
+    if warn:
+        for text in warnings:
+            warn_once(text)
+    return min(num_val, limited_batches(t.limit_val_batches, val_batches) * eval_bs * world_size)
+
+
+def _batch_warnings(
+    cfg: DictConfig, batches: int, val_batches: int, num_train: int, num_val: int, world_size: int
+) -> list[str]:
+    """Batch limits and an accumulation that the epochs' sizes make moot."""
+    t, lc = cfg.trainer, cfg.loader
+    warnings = []
     if isinstance(t.limit_train_batches, int) and t.limit_train_batches > batches:
         warnings.append(
             f"trainer.limit_train_batches={t.limit_train_batches} has no effect: an epoch has "
             f"only {batches} batches ({num_train} training samples / loader.batch_size="
             f"{lc.batch_size} x {world_size} process(es))"
         )
-    eval_bs = lc.eval_batch_size or lc.batch_size
-    val_batches = math.ceil(math.ceil(num_val / world_size) / eval_bs)
     if isinstance(t.limit_val_batches, int) and t.limit_val_batches > val_batches:
         warnings.append(
             f"trainer.limit_val_batches={t.limit_val_batches} has no effect: validation has "
@@ -51,7 +66,13 @@ def check_data_sizes(
             f"{limited} batches of an epoch: each optimizer step accumulates the whole epoch, "
             "a smaller global batch than the one logged at start-up"
         )
-    scored = min(num_val, limited_batches(t.limit_val_batches, val_batches) * eval_bs * world_size)
+    return warnings
+
+
+def _interval_warnings(cfg: DictConfig, total_steps: int, max_epochs: int) -> list[str]:
+    """Validation, logging, checkpoint and lr-decay intervals longer than the run."""
+    t, sched = cfg.trainer, cfg.scheduler
+    warnings = []
     # warned about already by config.checks.check_pointless:
     warned = 0 < t.max_epochs < t.val_every_n_epochs and t.max_steps < 1
     if t.val_every_n_epochs > max_epochs > 0 and not warned:
@@ -71,13 +92,9 @@ def check_data_sizes(
             f"trainer.ckpt_every_n_steps={t.ckpt_every_n_steps} is more than the run's "
             f"{total_steps} optimizer steps: last.pt is saved at epoch ends only"
         )
-    sched = cfg.scheduler
     if sched.name == "step" and sched.warmup_steps + sched.step_size >= total_steps:
         warnings.append(
             f"scheduler.step_size={sched.step_size}: the run's {total_steps} optimizer steps "
             "end before the first decay (a constant lr)"
         )
-    if warn:
-        for text in warnings:
-            warn_once(text)
-    return scored
+    return warnings
