@@ -11,7 +11,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train.config.combinations import check_strategy_transforms
+from accel_train.config.combinations import (
+    STRATEGY_NEEDS_TASK,
+    STRATEGY_REFUSED,
+    check_strategy_transforms,
+)
 from accel_train.config.facts import OBJECTIVES, parse_target, task_class, validation_metrics
 from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS
 from accel_train.errors import UserError
@@ -137,12 +141,9 @@ def check_task(cfg: DictConfig) -> None:
             "to the teacher's (a softened KL divergence), and this task's model outputs no class "
             "logits (only task=classification does). Turn it off with `distill.teacher=null`."
         )
-    if cfg.strategy.name == "pipeline" and not getattr(cls, "pipeline", False):
-        needs.append(
-            f"strategy=pipeline with task={name}: the pipeline schedule computes the loss on its "
-            "last stage as loss(model(inputs), targets), which only task=classification "
-            "provides. Use `strategy=ddp` or `strategy=fsdp`."
-        )
+    capability, why = STRATEGY_NEEDS_TASK.get(cfg.strategy.name, (None, ""))
+    if capability is not None and not getattr(cls, capability, False):
+        needs.append(why.format(task=name))
     loss = cfg.get("loss")
     if (
         not getattr(cls, "uses_loss_group", False)
@@ -435,13 +436,9 @@ def check_pointless(cfg: DictConfig) -> None:
 
 
 def check_strategy_supported(cfg: DictConfig) -> None:
-    if cfg.strategy.name == "dp":
-        raise UserError(
-            "strategy=dp (torch.nn.DataParallel) is not supported: it drives all GPUs from one "
-            "Python process, scatters inputs and gathers outputs through GPU 0 every step, and is "
-            "slower than DistributedDataParallel even on a single node (PyTorch's docs say so). "
-            "Use `strategy=ddp launcher.nproc_per_node=auto` (one process per GPU)."
-        )
+    why = STRATEGY_REFUSED.get(cfg.strategy.name)
+    if why is not None:
+        raise UserError(why)
 
 
 def check_required_keys(cfg: DictConfig) -> None:

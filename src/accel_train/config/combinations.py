@@ -115,11 +115,47 @@ OPTIMIZER_REFUSED: dict[tuple[str, str], str] = {
 }
 
 
+# Strategies refused outright, whatever else the config says.
+STRATEGY_REFUSED: dict[str, str] = {
+    "dp": (
+        "strategy=dp (torch.nn.DataParallel) is not supported: it drives all GPUs from one "
+        "Python process, scatters inputs and gathers outputs through GPU 0 every step, and is "
+        "slower than DistributedDataParallel even on a single node (PyTorch's docs say so). "
+        "Use `strategy=ddp launcher.nproc_per_node=auto` (one process per GPU)."
+    ),
+}
+
+# strategy -> (the capability its task must declare, why; {task} is the task's name).
+STRATEGY_NEEDS_TASK: dict[str, tuple[str, str]] = {
+    "pipeline": (
+        "pipeline",
+        "strategy=pipeline with task={task}: the pipeline schedule computes the loss on its "
+        "last stage as loss(model(inputs), targets), which only task=classification "
+        "provides. Use `strategy=ddp` or `strategy=fsdp`.",
+    ),
+}
+
+# strategy -> (its key that, above 1, gives it another strategy's limits; that strategy's row):
+# FSDP x TP (`strategy=fsdp strategy.tp=N`) has tensor parallelism's limits too.
+ROW_WITH: dict[str, tuple[str, str]] = {"fsdp": ("tp", "tp")}
+
+# (strategy row, precision.name) -> why the pair is refused.
+PRECISION_REFUSED: dict[tuple[str, str], str] = {
+    ("tp", "fp16"): (
+        "precision=fp16 with tensor parallelism (strategy=tp, or strategy.tp under fsdp) is "
+        "not supported: its GradScaler would unscale and check a mix of whole and sharded "
+        "(DTensor) gradients, which accel-train does not test. Use `precision=bf16` (no "
+        "scaler) or `precision=fp32`."
+    ),
+}
+
+
 def strategy_key(cfg: DictConfig) -> str:
-    """The strategy's row in REFUSED: FSDP x TP has tensor parallelism's limits too."""
+    """The strategy's row in the tables above (ROW_WITH)."""
     name = cfg.strategy.name
-    if name == "fsdp" and int(cfg.strategy.get("tp", 1)) > 1:
-        return "tp"
+    key, row = ROW_WITH.get(name, (None, name))
+    if key is not None and int(cfg.strategy.get(key, 1)) > 1:
+        return row
     return name
 
 
@@ -134,10 +170,6 @@ def check_strategy_transforms(cfg: DictConfig) -> None:
         why = REFUSED.get((strategy, transform))
         if why is not None and on(cfg):
             raise UserError(why)
-    if strategy == "tp" and cfg.precision.name == "fp16":
-        raise UserError(
-            "precision=fp16 with tensor parallelism (strategy=tp, or strategy.tp under fsdp) is "
-            "not supported: its GradScaler would unscale and check a mix of whole and sharded "
-            "(DTensor) gradients, which accel-train does not test. Use `precision=bf16` (no "
-            "scaler) or `precision=fp32`."
-        )
+    why = PRECISION_REFUSED.get((strategy, cfg.precision.name))
+    if why is not None:
+        raise UserError(why)
