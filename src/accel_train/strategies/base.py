@@ -8,7 +8,8 @@ the loop, resume and the techniques ask. None of them asks a strategy its name.
     in the loop                                forward_backward (when the strategy owns it: the
                                                pipeline schedule), before_optimizer_step,
                                                clip_grad_norm_, logged_samples, grad_spread
-    checkpoints                                sharded (a .dcp directory) or one file
+    checkpoints                                checkpoint_format (checkpoint_formats/: a .dcp
+                                               directory or one file), optimizer_state_by_name
     techniques                                 shards_parameters, replicates_buffers
 
 A strategy's layout (`layout(world)`) names the degrees of the run's one DeviceMesh (mesh.py).
