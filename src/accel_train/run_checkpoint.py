@@ -85,12 +85,3 @@ class RunCheckpoint:
                 "code changed since the checkpoint was written, or does data_dir hold a data "
                 "set of another shape?"
             ) from None
-
-
-def open_run_checkpoint(
-    path: Path, key: str = "ckpt_path", **model_args
-) -> tuple[nn.Module, RunCheckpoint]:
-    """The run's model with the checkpoint's weights (RunCheckpoint.model's arguments), and the
-    opened checkpoint (its config, its state), in one call."""
-    opened = RunCheckpoint(path, key)
-    return opened.model(**model_args), opened

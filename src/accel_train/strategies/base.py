@@ -7,7 +7,7 @@ the loop, resume and the techniques ask. None of them asks a strategy its name.
                                                wrap(module, env, sample, precision)
     in the loop                                forward_backward (when the strategy owns it: the
                                                pipeline schedule), before_optimizer_step,
-                                               clip_grad_norm_, logged_samples, grad_spread
+                                               clip_grad_norm_, logged_samples, spread
     checkpoints                                checkpoint_format (checkpoint_formats/: a .dcp
                                                directory or one file), optimizer_state_by_name
     techniques                                 shards_parameters, replicates_buffers
@@ -60,7 +60,9 @@ class Strategy:
     def __init__(self, run_cfg: DictConfig):
         self.run_cfg = run_cfg  # the run's whole config
         self.cfg = run_cfg.strategy  # its `strategy` group
-        self.spread = 1  # the TP degree this process trains at (set by `wrap`)
+        # Processes holding each data-parallel rank's loss (the TP group), as this process
+        # trains: set by a tensor-parallel strategy's `wrap`.
+        self.spread = 1
 
     # ---- the layout -------------------------------------------------------------------------
 
@@ -113,10 +115,6 @@ class Strategy:
 
     def checkpoint_suffix(self, distributed: bool) -> str:
         return format_named(self.checkpoint_format(distributed)).suffix
-
-    def grad_spread(self, env: DistEnv) -> int:
-        """How many processes hold each data-parallel rank's loss (the TP group)."""
-        return self.tp_degree(env.world_size) if env.distributed else 1
 
     def owns_forward_backward(self, env: DistEnv) -> bool:
         """The strategy runs forward and backward itself (a pipeline schedule, the loss on its

@@ -41,7 +41,7 @@ class FSDP(Strategy):
         return MeshLayout(dp_shard=world // tp, tp=tp, keep=("dp_shard",))
 
     def wrap(self, module: nn.Module, env: DistEnv, sample: Any, precision: Precision) -> Wrapped:
-        self.spread = self.grad_spread(env)
+        self.spread = self.tp_degree(env.world_size) if env.distributed else 1
         if not env.distributed:
             return Wrapped(module, module, module)
         sc, mesh = self.cfg, self.mesh(env)

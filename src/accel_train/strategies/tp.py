@@ -48,7 +48,7 @@ class TensorParallel(Strategy):
         return MeshLayout(dp_shard=world // tp, tp=tp)
 
     def wrap(self, module: nn.Module, env: DistEnv, sample: Any, precision: Precision) -> Wrapped:
-        self.spread = self.grad_spread(env)
+        self.spread = self.tp_degree(env.world_size) if env.distributed else 1
         if not env.distributed:
             return Wrapped(module, module, module)
         model = apply_tp(module, self.mesh(env)["tp"], self.cfg)

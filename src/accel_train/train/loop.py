@@ -127,7 +127,7 @@ class Loop:
         self.owns_step = self.strategy.owns_forward_backward(env)
         _, self.data_world = self.strategy.data_coords(env)
         # Tensor parallelism: the processes of a TP group hold the same batch (and loss).
-        self.tp = self.strategy.grad_spread(env)
+        self.tp = self.strategy.spread
         self.log_every = log_interval(cfg.trainer.log_every_n_steps, parts.steps_per_epoch)
         # The normaliser: a step that returns (loss_sum, n_items) has its items counted on the
         # device; at the accumulation boundary the gradient is divided once by the items of the
