@@ -62,10 +62,11 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         _onnx_modules()  # a missing extra fails before anything is loaded
     opened = RunCheckpoint(ckpt_path, redo="Export it with the version that wrote it.")
     cfg = opened.cfg
-    text = _is_text_model(cfg)
+    task = task_class(cfg)
+    text = _generates_text(task)
     quant = cfg.quant if "quant" in cfg and not OmegaConf.is_missing(cfg, "quant") else None
     is_qat = quant is not None and quant.name == "qat"
-    _refuse_unexportable(cfg, ckpt_path, ecfg, text, is_qat)
+    _refuse_unexportable(cfg, ckpt_path, ecfg, task, is_qat)
     if ecfg.data_dir:
         cfg.paths.data_dir = ecfg.data_dir
     if ecfg.batch_size:
@@ -126,18 +127,17 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     return card
 
 
-def _is_text_model(cfg: DictConfig) -> bool:
+def _generates_text(task: type | None) -> bool:
     """A text model (token ids in, next-token logits out) is verified by its next-token argmax
     at two sequence lengths; its artifact takes any length up to the trained context."""
-    task = task_class(cfg)
     return task is not None and getattr(task, "generates_text", False)
 
 
 def _refuse_unexportable(
-    cfg: DictConfig, ckpt_path: Path, ecfg: DictConfig, text: bool, is_qat: bool
+    cfg: DictConfig, ckpt_path: Path, ecfg: DictConfig, task: type | None, is_qat: bool
 ) -> None:
     """What accel-export cannot verify or write for this checkpoint, before any data loads."""
-    quantize, fmt, task = ecfg.quantize, ecfg.format, task_class(cfg)
+    quantize, fmt, text = ecfg.quantize, ecfg.format, _generates_text(task)
     if text and quantize == "int8":
         raise UserError(
             f"ckpt_path={ckpt_path} is a language model (task={cfg.task.get('name')}): "

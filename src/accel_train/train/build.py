@@ -205,24 +205,7 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
     transform = BatchTransform(
         cfg.dataset, splits, env.device, precision.param_dtype, seed=t.seed, rank=env.rank
     )
-    module = build_model(cfg.model, splits.data_args, precision.param_dtype)
-    module = module.to(env.device, dtype=precision.param_dtype)
-    # As the model will see them: a device augment (e.g. image_folder's crop) changes the size.
-    augment = splits.device_augment is not None
-    sample = sample_batch(splits, env.device)
-    ctx = TaskContext(
-        cfg,
-        env.device,
-        splits.data_args,
-        transform,
-        module,
-        sample,
-        augment,
-        val_samples,
-        warn=env.is_main,
-    )
-    task.setup(ctx)
-    batch = ctx.prepared(task)
+    module, batch = model_for_task(cfg, env, splits, task, transform, precision, val_samples)
     build_ctx = BuildContext(cfg, env, transform, task.inputs(batch), task, batch, strategy)
     wrapped = apply_transforms(module, techniques, build_ctx, strategy, precision)
     optimizer, scheduler = optimizer_and_schedule(
@@ -248,6 +231,36 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
         global_batch=global_batch,
         strategy=strategy,
     )
+
+
+def model_for_task(
+    cfg: DictConfig,
+    env: DistEnv,
+    splits: Splits,
+    task: Task,
+    transform: BatchTransform,
+    precision: Precision,
+    val_samples: int,
+) -> tuple[nn.Module, Any]:
+    """The bare model on the device, with the task set up on it; and two real training samples
+    prepared by the task (what the model transforms are checked and traced on)."""
+    module = build_model(cfg.model, splits.data_args, precision.param_dtype)
+    module = module.to(env.device, dtype=precision.param_dtype)
+    # As the model will see them: a device augment (e.g. image_folder's crop) changes the size.
+    augment = splits.device_augment is not None
+    ctx = TaskContext(
+        cfg,
+        env.device,
+        splits.data_args,
+        transform,
+        module,
+        sample_batch(splits, env.device),
+        augment,
+        val_samples,
+        warn=env.is_main,
+    )
+    task.setup(ctx)
+    return module, ctx.prepared(task)
 
 
 def build_data(cfg: DictConfig, env: DistEnv, task: Task) -> tuple[Splits, Any, Any]:
