@@ -414,13 +414,12 @@ def test_bad_inputs_are_one_paragraph(case, folders, run_cli, tmp_path):
     assert expect in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
-def test_lora_on_the_builtin_gpt_from_its_own_checkpoint(run_cli, tmp_path):
-    """Pretrain a tiny GPT, then adapt it with model.weights + lora.rank: the adapters alone are
-    checkpointed (every Linear but the output head adapted), and accel-sample reads them."""
+def _tiny_gpt_on_code(run_cli, tmp_path) -> list[str]:
+    """A token folder of small Python functions in tmp_path, and a one-layer GPT's overrides."""
     text = "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(200))
     (tmp_path / "input.txt").write_text(text)
     check_ok(run_cli(["tokenize", "input=input.txt", "out=tokens"], prog="accel-data"))
-    gpt = [
+    return [
         "task=language_model",
         "model=gpt",
         "model.n_layer=1",
@@ -436,6 +435,12 @@ def test_lora_on_the_builtin_gpt_from_its_own_checkpoint(run_cli, tmp_path):
         "trainer.progress=none",
         "logger=none",
     ]
+
+
+def test_lora_on_the_builtin_gpt_from_its_own_checkpoint(run_cli, tmp_path):
+    """Pretrain a tiny GPT, then adapt it with model.weights + lora.rank: the adapters alone are
+    checkpointed (every Linear but the output head adapted), and accel-sample reads them."""
+    gpt = _tiny_gpt_on_code(run_cli, tmp_path)
     check_ok(run_cli([*gpt, f"hydra.run.dir={tmp_path / 'base'}"]))
     base = tmp_path / "base" / "checkpoints" / "last.pt"
     proc = run_cli(
@@ -467,24 +472,8 @@ def test_a_lora_run_exports_with_its_adapters_merged(fmt, run_cli, tmp_path):
     adapters are attached, loaded and merged before the export, and the artifact is verified
     against the adapted model (the export once built the model without its adapters and
     refused the weights)."""
-    text = "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(120))
-    (tmp_path / "input.txt").write_text(text)
-    check_ok(run_cli(["tokenize", "input=input.txt", "out=tokens"], prog="accel-data"))
     gpt = [
-        "task=language_model",
-        "model=gpt",
-        "model.n_layer=1",
-        "model.n_head=2",
-        "model.n_embd=16",
-        "model.block_size=16",
-        "dataset=tokens",
-        f"dataset.path={tmp_path / 'tokens'}",
-        "dataset.windows_per_epoch=16",
-        "dataset.eval_windows=4",
-        "loader.batch_size=8",
-        "trainer.max_epochs=1",
-        "trainer.progress=none",
-        "logger=none",
+        *_tiny_gpt_on_code(run_cli, tmp_path),
         "lora.rank=2",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
