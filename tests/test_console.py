@@ -44,7 +44,7 @@ def test_default_cadence_logs_train_loss_and_acc_in_epoch_0(run_cli, tmp_path):
     assert "tune_malloc: True" in (run_dir / "config_tree.txt").read_text()
     # Validation lines number epochs as the training lines do (0-based).
     assert "epoch 0 step" in out and "epoch 1 step" in out and "epoch 2 step" not in out
-    assert "run summary" in proc.stdout and "best val/acc" in proc.stdout
+    assert "run summary" in proc.stdout and "best.pt val/acc" in proc.stdout
     done = [line for line in out.splitlines() if "done:" in line]
     assert done and all(line.split("]")[0].startswith("[") for line in done)
     has_plot = importlib.util.find_spec("matplotlib") is not None

@@ -158,10 +158,13 @@ def summary_table(summary: dict[str, Any], ckpt_dir: Path, monitor: str) -> Tabl
         return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
     best = summary.get("best_score")
-    if best is not None and monitor != "val/acc":
-        table.add_row(f"best {monitor}", num(best))
-    if summary.get("best_val_acc") is not None:  # a task that logs accuracy
-        table.add_row("best val/acc", num(summary.get("best_val_acc")))
+    if best is not None:  # the score best.pt was chosen by (the `done:` line's)
+        table.add_row(f"best.pt {monitor}", num(best))
+    acc = summary.get("best_val_acc")
+    if acc is not None and not (monitor == "val/acc" and acc == best):
+        # Higher than best.pt's when checkpoint.every_n_epochs ranks only some epochs.
+        table.add_row("highest val/acc (any validation)", num(acc))
+    if acc is not None:  # a task that logs accuracy
         table.add_row(
             "final val/acc, val/loss",
             f"{num(summary.get('final_val_acc'))}, {num(summary.get('final_val_loss'))}",
@@ -190,15 +193,27 @@ def summary_table(summary: dict[str, Any], ckpt_dir: Path, monitor: str) -> Tabl
         )
     table.add_row("steps, epochs", f"{summary.get('steps')}, {summary.get('epochs')}")
     table.add_row("time", f"{summary.get('wall_s', 0.0):.1f} s")
-    table.add_row("train samples/s", f"{summary.get('train_samples_per_s', 0.0):,.0f}")
+    if summary.get("train_tokens_per_s"):  # a language model: tokens/s is the number read
+        table.add_row("train tokens/s", f"{summary['train_tokens_per_s']:,.0f}")
+    else:
+        table.add_row("train samples/s", f"{summary.get('train_samples_per_s', 0.0):,.0f}")
     files = sorted(p.name for p in ckpt_dir.glob("*") if not p.name.startswith("."))
-    table.add_row("checkpoints", f"{ckpt_dir}/ ({', '.join(files) or 'none kept'})")
+    table.add_row("checkpoints", ", ".join(files) or "none kept")
     return table
+
+
+def print_summary(console: Console, summary: dict[str, Any], ckpt_dir: Path, monitor: str) -> None:
+    """The table, then the checkpoint folder on a line of its own, never wrapped or cut: the
+    path accel-export, accel-sample and accel-eval take (a table cell would fold it)."""
+    console.print(summary_table(summary, ckpt_dir, monitor))
+    console.print(f"checkpoints: {ckpt_dir}/", soft_wrap=True, highlight=False, markup=False)
 
 
 _said_no_matplotlib = False
 
-CURVES = ("train/loss", "val/loss", "train/acc", "val/acc")
+CURVES = ("train/loss", "val/loss", "train/acc", "val/acc", "val/ppl")
+# The second panel: accuracy (a classifier), else perplexity (a language model), else none.
+SECOND_PANEL = ("acc", "ppl")
 
 
 def start_curves_plot(run_dir: Path) -> Callable[[], Path | None]:
@@ -257,9 +272,11 @@ def _draw_curves(series: dict[str, tuple[list[int], list[float]]], path: Path) -
     # matplotlib's object API, not pyplot: no global figure registry shared across threads.
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 4))
-    ax_loss, ax_acc = fig.subplots(1, 2)
-    for ax, kind in ((ax_loss, "loss"), (ax_acc, "acc")):
+    kinds = ["loss"]
+    kinds += [k for k in SECOND_PANEL if any(key.endswith("/" + k) for key in series)][:1]
+    fig = Figure(figsize=(5 * len(kinds), 4))
+    axes = fig.subplots(1, len(kinds), squeeze=False)[0]
+    for ax, kind in zip(axes, kinds, strict=True):
         for split in ("train", "val"):
             key = f"{split}/{kind}"
             if key in series:
@@ -268,8 +285,7 @@ def _draw_curves(series: dict[str, tuple[list[int], list[float]]], path: Path) -
         ax.set_xlabel("optimizer step")
         ax.set_title(kind)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:  # (a task without this metric draws none)
-            ax.legend()
+        ax.legend()
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
     fig.savefig(tmp, dpi=100)

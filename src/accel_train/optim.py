@@ -150,27 +150,18 @@ def fusable(params: list) -> bool:
     )
 
 
-def cut_short(limit_train_batches) -> bool:
-    """Whether trainer.limit_train_batches shortens every epoch (1.0, a fraction of all, and 0
-    do not)."""
-    return bool(limit_train_batches) and not (
-        isinstance(limit_train_batches, float) and limit_train_batches >= 1.0
-    )
-
-
 def build_scheduler(
     optimizer,
     sched_cfg: DictConfig,
     total_steps: int,
     lr_scale: float = 1.0,
     start_step: int = 0,
-    cut_short: bool = False,
 ):
     """A torch scheduler (or None for a constant lr), with an optional linear warmup in front.
 
-    `cut_short`: trainer.limit_train_batches shortens the run (a smoke run: +debug=fast_dev_run,
-    debug=limit), so a warm-up sized for the full run is shortened to fit, with one log line,
-    rather than refused (Lightning's fast_dev_run runs its batch whatever the schedule).
+    A warm-up as long as the run (a recipe's, on a run shortened for a quick try) is cut to a
+    tenth of the run with one warning line (Lightning's fast_dev_run runs its batch whatever the
+    schedule).
 
     `start_step` > 0 builds the schedule for `total_steps` and fast-forwards it to that step
     (what a resume does when the run's length or schedule changed): the optimizer's param groups
@@ -179,7 +170,7 @@ def build_scheduler(
     in closed form, so the lr at every later step is bit-identical to that of a run planned for
     `total_steps` from the start (torch's chainable formulas depend on the order of the steps).
     """
-    scheduler = _build_scheduler(optimizer, sched_cfg, total_steps, lr_scale, cut_short)
+    scheduler = _build_scheduler(optimizer, sched_cfg, total_steps, lr_scale)
     if scheduler is not None and start_step > 0:
         with warnings.catch_warnings():
             # No optimizer step precedes these: torch would warn that the first lr is skipped.
@@ -189,9 +180,7 @@ def build_scheduler(
     return scheduler
 
 
-def _build_scheduler(
-    optimizer, sched_cfg: DictConfig, total_steps: int, lr_scale: float, cut_short: bool
-):
+def _build_scheduler(optimizer, sched_cfg: DictConfig, total_steps: int, lr_scale: float):
     warmup = sched_cfg.warmup_steps
     if sched_cfg.name == "onecycle":
         if warmup:
@@ -206,19 +195,17 @@ def _build_scheduler(
             pct_start=sched_cfg.pct_start,
         )
     if warmup >= total_steps and warmup > 0:
-        if not cut_short:
-            raise UserError(
-                f"scheduler.warmup_steps={warmup} is not below the run's {total_steps} optimizer "
-                "steps. Lower it or train longer."
-            )
-        log.info(
-            "scheduler.warmup_steps=%d shortened to %d: trainer.limit_train_batches cuts this "
-            "run to %d optimizer step(s)",
-            warmup,
-            total_steps - 1,
-            total_steps,
-        )
-        warmup = total_steps - 1
+        # A recipe's warm-up on a run shortened for a quick try (trainer.max_steps, fewer
+        # epochs, limit_train_batches): cut to a tenth of the run, as HF's Trainer would go
+        # ahead. Two contradicting numbers the user gave are refused before this
+        # (config/option_checks.py: check_warmup).
+        short = total_steps // 10
+        log.warning(
+            "scheduler.warmup_steps=%d shortened to %d: this run has only %d optimizer step(s) "
+            "(a warm-up of a tenth of them)",
+            warmup, short, total_steps,
+        )  # fmt: skip
+        warmup = short
     after = total_steps - warmup
     if sched_cfg.name == "step":
         main = lr_scheduler.StepLR(optimizer, step_size=sched_cfg.step_size, gamma=sched_cfg.gamma)

@@ -17,6 +17,12 @@ from accel_train.config.combinations import (
     check_strategy_transforms,
 )
 from accel_train.config.facts import OBJECTIVES, parse_target, task_class, validation_metrics
+from accel_train.config.option_checks import (
+    check_gpt_options,
+    check_lora,
+    check_muon,
+    check_warmup,
+)
 from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS
 from accel_train.errors import UserError
 
@@ -573,7 +579,11 @@ CHECKS = (
     check_run_length,
     check_step_size,
     check_optimizer,
+    check_muon,
+    check_lora,
+    check_gpt_options,
     check_scheduler,
+    check_warmup,
     check_compression,
     check_pointless,
     check_loop_intervals,

@@ -50,7 +50,7 @@ class MlpConfig(ModelConfig):
 
 @dataclass
 class Resnet18Config(ModelConfig):
-    pass
+    stem: str = "auto"
 
 
 @dataclass

@@ -33,12 +33,9 @@ def build_splits(
     dict, nested) and only the splits' sizes are checked. `task`: the run's task config, checked
     against the one task the data can feed (Splits.only_task), if any."""
     own = (*DATASET_COMMON_KEYS, "val_fraction", "seed")  # passed when the target names them
-    made = build(
-        ds,
-        "dataset",
-        optional={"data_dir": data_dir, **{k: ds[k] for k in own if k in ds}},
-        exclude=own,
-    )
+    # ...and set: a key left null (num_classes) leaves the target's own default in place
+    given = {k: ds[k] for k in own if ds.get(k) is not None}
+    made = build(ds, "dataset", optional={"data_dir": data_dir, **given}, exclude=own)
     if isinstance(made, Splits):
         splits = made
         check_task_fits(splits, ds, task, labelled)

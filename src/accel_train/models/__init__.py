@@ -69,14 +69,30 @@ def mlp(
     return nn.Sequential(*layers)
 
 
-def resnet18(*, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+STEMS = ("auto", "small", "imagenet")
+
+
+def resnet18(
+    *, in_channels: int, image_size: int, num_classes: int, stem: str = "auto"
+) -> nn.Module:
     import torchvision  # 3 s to import: only when this model is used
 
+    if stem not in STEMS:
+        raise UserError(f"model.stem={stem}: must be one of {', '.join(STEMS)}.")
     model = torchvision.models.resnet18(weights=None, num_classes=num_classes)
-    if image_size <= 64:
+    if stem == "small" or (stem == "auto" and image_size <= 64):
         # The ImageNet stem (7x7 stride 2 + max-pool) would shrink a 32x32 image to 8x8 at once.
         model.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()
+        why = f"dataset.image_size={image_size} <= 64" if stem == "auto" else "model.stem=small"
+        log.info("model=resnet18: the small-image stem (3x3 stride-1 conv1, no max-pool): %s", why)
+        # Read by model.weights when a file does not fit (models/weights.py).
+        model.weights_hint = (
+            f"model=resnet18 built its small-image stem (a 3x3 stride-1 conv1, no max-pool) "
+            f"because {why}, and ImageNet weights (torchvision's resnet18-*.pth) have the "
+            "ImageNet stem (7x7 stride 2): set `model.stem=imagenet`, or a "
+            "`dataset.image_size` above 64 (224 is what they were trained at)."
+        )
     elif in_channels != 3:
         model.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
     return model

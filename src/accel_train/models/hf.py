@@ -27,6 +27,14 @@ from torch import nn
 from accel_train.errors import UserError
 
 HEADS = ("causal_lm", "sequence_classification")
+# Encoders that transformers builds as a "causal LM" only when config.is_decoder is true; with it
+# false (as a masked-LM folder has it) they attend both ways: the loss would see the answer.
+ENCODERS_AS_DECODERS = (
+    "bert", "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie",
+    "megatron-bert", "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "roformer",
+    "xlm-roberta", "xlm-roberta-xl", "xmod",
+)  # fmt: skip
+
 LAYOUT = (
     "a folder in the Hugging Face layout: config.json, the weights as model.safetensors (or "
     "model-*.safetensors with model.safetensors.index.json) and the tokenizer's files "
@@ -83,7 +91,8 @@ def _check_weights(folder: Path, key: str) -> None:
         raise UserError(
             f"{key}={folder}: its weights are {pickled[0]}, a pickle, and loading a pickle can run "
             "code stored in it, so accel-train reads safetensors only. Convert them once where "
-            'you trust the file: `python -c "from transformers import AutoModel as M; '
+            'you trust the file (AutoModelForCausalLM keeps the output head): `python -c "from '
+            "transformers import AutoModelForCausalLM as M; "
             f"M.from_pretrained('{folder}').save_pretrained('{folder}-st')\"` and use the new "
             "folder."
         )
@@ -91,6 +100,38 @@ def _check_weights(folder: Path, key: str) -> None:
         f"{key}={folder}: no weights (*.safetensors) in the folder. Give {LAYOUT}, or "
         "`model.pretrained=false` to train the architecture from fresh weights."
     )
+
+
+def _check_causal(config, path: str) -> None:
+    """head=causal_lm trains next-token prediction: a model that sees the tokens after each
+    position (an encoder, an encoder-decoder) would learn to copy them. Refused by its type."""
+    kind = getattr(config, "model_type", "?")
+    named = ", ".join(getattr(config, "architectures", None) or []) or f"model_type={kind}"
+    bidirectional = kind in ENCODERS_AS_DECODERS and not getattr(config, "is_decoder", False)
+    if bidirectional or getattr(config, "is_encoder_decoder", False):
+        what = "an encoder-decoder (seq2seq)" if not bidirectional else "a bidirectional encoder"
+        raise UserError(
+            f"model.path={path}: its config.json describes {named}, {what} model, not a causal "
+            "language model: each position would see the tokens it is asked to predict. "
+            "model=hf trains decoder-only models (Llama, Qwen, Mistral, GPT-2, ...) with "
+            "task=language_model; for a classifier on this encoder use `model.head="
+            "sequence_classification task=classification`."
+        )
+
+
+def _check_head(info: dict, config, path: str) -> None:
+    """Weights the folder lacks would start from random values: a causal LM without its
+    output head (a folder saved from AutoModel) predicts noise, with no warning otherwise."""
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        tied = getattr(config, "tie_word_embeddings", False)
+        raise UserError(
+            f"model.path={path}: the folder's weights lack {', '.join(missing[:3])}"
+            f"{' ...' if len(missing) > 3 else ''} (tie_word_embeddings={tied}), which would "
+            "start from random values. A folder saved from transformers' AutoModel has no "
+            "output head: save the model with AutoModelForCausalLM (it keeps lm_head), or "
+            "`model.pretrained=false` to train the architecture from fresh weights."
+        )
 
 
 class HFModel(nn.Module):
@@ -182,6 +223,8 @@ def hf_model(
         ) from None
     kwargs: dict = {"attn_implementation": attn_implementation}
     auto = tf.AutoModelForCausalLM
+    if head == "causal_lm":
+        _check_causal(config, path)
     if head == "sequence_classification":
         if num_classes < 2:
             raise UserError(
@@ -195,9 +238,12 @@ def hf_model(
     try:
         if pretrained:
             _check_weights(folder, "model.path")
-            hf = auto.from_pretrained(
-                folder, config=config, dtype=dtype, use_safetensors=True, **common, **kwargs
-            )
+            hf, info = auto.from_pretrained(
+                folder, config=config, dtype=dtype, use_safetensors=True, output_loading_info=True,
+                **common, **kwargs,
+            )  # fmt: skip
+            if head == "causal_lm":
+                _check_head(info, config, path)
         else:
             hf = auto.from_config(config, dtype=dtype, **kwargs).to(dtype)
     except UserError:

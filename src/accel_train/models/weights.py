@@ -90,9 +90,12 @@ def load_weights(model: nn.Module, path: str) -> None:
         ]
         raise UserError(
             f"model.weights={path}: the file does not fit model={model.__class__.__name__} as "
-            f"built for this data; {'; '.join(parts)}. Give the weights of the same architecture "
-            "(only the last Linear layer, the classification head, may differ in shape: it is "
-            "then trained from fresh weights)."
+            f"built for this data; {'; '.join(parts)}. "
+            + (
+                getattr(model, "weights_hint", None)  # a model's own word on why (resnet18's stem)
+                or "Give the weights of the same architecture (only the last Linear layer, the "
+                "classification head, may differ in shape: it is then trained from fresh weights)."
+            )
         )
     if replaced:
         log.info(

@@ -170,6 +170,11 @@ class Task:
         """The model's forward as this task calls it, nothing recorded (FLOP counting)."""
         return model(self.inputs(batch))
 
+    def tokens_in(self, batch: Any) -> int:
+        """The tokens a prepared batch trains on, from its shapes (no host sync); 0 for a task
+        whose samples are not token rows. A language model's throughput is read in tokens/s."""
+        return 0
+
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
         """One training micro-batch under autocast: the mean loss, or (loss_sum, n_items)."""
         raise NotImplementedError

@@ -158,6 +158,9 @@ class LanguageModel(Task):
     def forward(self, model: nn.Module, batch: Any) -> Any:
         return call(model, batch[0])
 
+    def tokens_in(self, batch: Any) -> int:
+        return batch[1].numel()  # the targets' (batch, time): a shape, no host sync
+
     def step(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batch
         logits = call(model, x)

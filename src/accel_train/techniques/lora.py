@@ -44,8 +44,13 @@ from accel_train.techniques import PREPARE, BuildContext, Technique
 log = logging.getLogger("accel_train")
 
 FINGERPRINT = "lora_base_fingerprint"
-BASE_DTYPES = (None, "nf4", "int8")
 NF4_BLOCK = 64  # weights per NF4 scale (QLoRA's)
+
+
+def _adaptable(module: nn.Module) -> bool:
+    """A Linear, or transformers' Conv1D (GPT-2's layers: a Linear whose weight is stored
+    transposed), which PEFT adapts with fan_in_fan_out."""
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 def target_modules(model: nn.Module, patterns: list[str]) -> list[str]:
@@ -53,7 +58,7 @@ def target_modules(model: nn.Module, patterns: list[str]) -> list[str]:
     `q_proj`, or globs), else every Linear but the output layer (the last one: a causal LM's
     vocabulary projection, a classifier's head), which PEFT's `all-linear` leaves out too:
     adapting it costs much and helps little."""
-    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n]
+    linears = [n for n, m in model.named_modules() if _adaptable(m) and n]
     if not patterns:
         return linears[:-1]
     chosen = [n for n in linears if any(_matches(n, str(p)) for p in patterns)]
@@ -65,6 +70,20 @@ def target_modules(model: nn.Module, patterns: list[str]) -> list[str]:
             "for every Linear but the output head."
         )
     return chosen
+
+
+def _check_rank(model: nn.Module, names: list[str], rank: int) -> None:
+    """A rank above a layer's smaller side adds more parameters than the layer has, and adapts
+    nothing a full update would not: refused, naming the layer, before PEFT allocates it."""
+    for name in names:
+        side = min(model.get_submodule(name).weight.shape)
+        if rank > side:
+            raise UserError(
+                f"lora.rank={rank} is larger than layer {name}'s smaller side ({side}): a "
+                "low-rank update cannot have a rank above that (it would hold more parameters "
+                f"than the layer). Use a rank well below it, e.g. `lora.rank={min(16, side)}`, "
+                "or leave that layer out with lora.target."
+            )
 
 
 def _matches(name: str, pattern: str) -> bool:
@@ -86,8 +105,9 @@ def base_fingerprint(model: nn.Module) -> torch.Tensor:
     return torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8).clone()
 
 
-def _quantize_base(model: nn.Module, names: list[str], dtype: str) -> int:
-    """The targeted layers' base weights as NF4 or int8 (torchao); returns the bytes saved."""
+def _quantize_base(model: nn.Module, names: list[str], dtype: str) -> tuple[int, dict[str, str]]:
+    """The targeted layers' base weights as NF4 or int8 (torchao). Returns the bytes saved and
+    the layers left as they were, each with the reason."""
     try:  # the quant extra; only for a quantized base
         from torchao.quantization import Int8WeightOnlyConfig, quantize_, to_nf4
     except ImportError:
@@ -95,22 +115,46 @@ def _quantize_base(model: nn.Module, names: list[str], dtype: str) -> int:
             f"lora.base_dtype={dtype} stores the base weights with torchao, and torchao is not "
             'installed: `pip install "accel-train[quant]"`.'
         ) from None
-    saved = 0
+    saved, kept = 0, {}
     for name in names:
         layer = model.get_submodule(name)
         w = layer.weight
+        if not isinstance(layer, nn.Linear):
+            kept[name] = f"a {type(layer).__name__}, not a Linear"
+            continue
         if dtype == "int8":  # int8 values plus a scale per output row
             quantize_(layer, Int8WeightOnlyConfig())  # the layer's weight, in place
             saved += w.numel() * (w.element_size() - 1) - w.shape[0] * w.element_size()
             continue
         blocks = w.numel() // NF4_BLOCK
-        if w.numel() % NF4_BLOCK or blocks == 0:
-            continue  # NF4's blocks must divide the weight: this one stays as it is
+        if w.numel() % NF4_BLOCK or blocks == 0:  # NF4's blocks must divide the weight
+            kept[name] = f"{w.numel()} weights, not a multiple of {NF4_BLOCK}"
+            continue
         scaler_block = next(b for b in (256, 128, 64, 32, 16, 8, 4, 2, 1) if blocks % b == 0)
         q = to_nf4(w.detach(), block_size=NF4_BLOCK, scaler_block_size=scaler_block)
         saved += w.numel() * w.element_size() - w.numel() // 2
         layer.weight = nn.Parameter(q, requires_grad=False)
-    return saved
+    return saved, kept
+
+
+def _report_quantized(names: list[str], kept: dict[str, str], dtype: str) -> None:
+    """Which layers a quantized base covers, and why the others stay as they are; none at all
+    is refused: the run would save no memory and say it was QLoRA."""
+    if len(kept) == len(names):
+        first = next(iter(kept.items()))
+        raise UserError(
+            f"lora.base_dtype={dtype} quantizes none of the {len(names)} adapted layers (e.g. "
+            f"{first[0]}: {first[1]}), so the base would stay in full precision. Use "
+            "`lora.base_dtype=int8`, adapt Linear layers whose weights divide into blocks of "
+            f"{NF4_BLOCK} (lora.target), or drop lora.base_dtype."
+        )
+    if kept:
+        shown = "; ".join(f"{n} ({why})" for n, why in list(kept.items())[:4])
+        more = f"; and {len(kept) - 4} more" if len(kept) > 4 else ""
+        log.warning(
+            "lora: base stored as %s in %d of %d adapted layers; left in the run's precision: %s%s",
+            dtype, len(names) - len(kept), len(names), shown, more,
+        )  # fmt: skip
 
 
 def _dense(weight: torch.Tensor) -> torch.Tensor:
@@ -134,11 +178,6 @@ def base_is_reloadable(model_cfg: DictConfig) -> bool:
 def apply_lora(model: nn.Module, cfg: DictConfig, keep_base: bool = False) -> nn.Module:
     """Adapters on `model` in place (see the module docstring); returns it. `keep_base`: the
     checkpoints hold the frozen base too (it is not read from a file)."""
-    if cfg.base_dtype not in BASE_DTYPES:
-        raise UserError(
-            f"lora.base_dtype={cfg.base_dtype}: must be null (the run's precision), nf4 "
-            "(QLoRA: 4-bit NormalFloat base weights) or int8 (8-bit base weights)."
-        )
     if cfg.base_dtype and keep_base:
         raise UserError(
             f"lora.base_dtype={cfg.base_dtype} quantizes a pretrained base that the run reads "
@@ -161,13 +200,19 @@ def apply_lora(model: nn.Module, cfg: DictConfig, keep_base: bool = False) -> nn
     names = [n for n in names if n != head]
     if head:  # (a fresh head is trained, so not part of the base's fingerprint)
         model.get_submodule(head).requires_grad_(True)
+    _check_rank(model, names, int(cfg.rank))
     fingerprint = base_fingerprint(model)
-    saved = _quantize_base(model, names, cfg.base_dtype) if cfg.base_dtype else 0
+    saved = 0
+    if cfg.base_dtype:
+        saved, kept = _quantize_base(model, names, cfg.base_dtype)
+        _report_quantized(names, kept, cfg.base_dtype)
     config = LoraConfig(
         r=int(cfg.rank),
         lora_alpha=float(cfg.alpha),
         lora_dropout=float(cfg.dropout),
         target_modules=names,
+        # GPT-2's Conv1D layers store the weight transposed (PEFT's fan_in_fan_out)
+        fan_in_fan_out=any(type(model.get_submodule(n)).__name__ == "Conv1D" for n in names),
     )
     with warnings.catch_warnings():  # an int8 base's "cannot merge": merge_lora merges it
         warnings.filterwarnings("ignore", message=".*get_apply_tensor_subclass")

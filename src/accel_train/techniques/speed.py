@@ -2,7 +2,8 @@
 
 At each logging step (metrics.jsonl, TensorBoard, the progress line) and in summary.json:
 
-- `train/samples_per_s`: training samples per second, all processes.
+- `train/samples_per_s`: training samples per second, all processes; `train/tokens_per_s` too
+  for a task whose samples are token rows (Task.tokens_in: a language model).
 - `train/step_s`: wall seconds per optimizer step over the logging interval.
 - `train/data_wait_share`: the share of that time the loop spent waiting for its next batch
   (timed on the host around the loader's `next()`; the loop adds it up in `loop.data_wait_s`).
@@ -18,7 +19,8 @@ At each logging step (metrics.jsonl, TensorBoard, the progress line) and in summ
 
 Validation time is left out of the intervals; checkpoint saves are not (they are the run's cost).
 The first logging interval holds the warm-up (torch.compile, cuDNN autotuning, the allocator
-growing): the summary's steady figures (`samples_per_s`, `step_s`, `tflops`, `mfu`) leave it
+growing): the summary's steady figures (`samples_per_s`, `tokens_per_s`, `step_s`, `tflops`,
+`mfu`) leave it
 out and report it as `warmup_s`. The times are read at logging steps, which already wait for the
 device, so on CUDA they are exact over an interval though not per step.
 """
@@ -99,11 +101,12 @@ class SpeedMetrics(Technique):
         self.peak_flops_override = peak_flops
         self.flops_per_sample: float | None = None
         self.peak: float | None = None
-        self._last: tuple[float, int, float, float] | None = None  # (time, step, wait, samples)
+        # (time, step, wait, samples, tokens) at the interval's start
+        self._last: tuple[float, int, float, float, float] | None = None
         self._first_log = True
         self._paused_at = 0.0
         self.warmup_s = 0.0
-        self.steady_s = self.steady_samples = 0.0
+        self.steady_s = self.steady_samples = self.steady_tokens = 0.0
         self.steady_steps = 0
         self.steady_wait_s = 0.0
 
@@ -121,7 +124,11 @@ class SpeedMetrics(Technique):
         return model
 
     def on_fit_start(self, loop: Any) -> None:
-        self._last = (time.perf_counter(), loop.step, loop.data_wait_s, loop.samples_seen)
+        self._last = self._now(loop)
+
+    @staticmethod
+    def _now(loop: Any) -> tuple[float, int, float, float, float]:
+        return time.perf_counter(), loop.step, loop.data_wait_s, loop.samples_seen, loop.tokens_seen
 
     def on_validation_start(self, loop: Any) -> None:
         self._paused_at = time.perf_counter()
@@ -129,18 +136,20 @@ class SpeedMetrics(Technique):
     def on_validation_end(self, loop: Any, metrics: dict[str, float]) -> None:
         # Validation inside a logging interval is not training time: shift the interval's start.
         if self._last is not None:
-            then, step, wait, samples = self._last
-            self._last = (then + time.perf_counter() - self._paused_at, step, wait, samples)
+            then, *rest = self._last
+            self._last = (then + time.perf_counter() - self._paused_at, *rest)
 
     def on_log(self, loop: Any, metrics: dict[str, float]) -> None:
-        now = time.perf_counter()
-        then, step, wait, samples = self._last
-        self._last = (now, loop.step, loop.data_wait_s, loop.samples_seen)
+        then, step, wait, samples, tokens = self._last
+        self._last = self._now(loop)
+        now = self._last[0]
         seconds, steps = now - then, loop.step - step
         if seconds <= 0 or steps <= 0:
             return
         samples_per_s = (loop.samples_seen - samples) / seconds
         metrics["train/samples_per_s"] = samples_per_s
+        if loop.tokens_seen:
+            metrics["train/tokens_per_s"] = (loop.tokens_seen - tokens) / seconds
         metrics["train/step_s"] = seconds / steps
         metrics["train/data_wait_share"] = (loop.data_wait_s - wait) / seconds
         metrics["train/peak_mem_mb"] = peak_memory_mb(loop.env.device)
@@ -156,6 +165,7 @@ class SpeedMetrics(Technique):
         self.steady_s += seconds
         self.steady_steps += steps
         self.steady_samples += loop.samples_seen - samples
+        self.steady_tokens += loop.tokens_seen - tokens
         self.steady_wait_s += loop.data_wait_s - wait
 
     def summary(self, loop: Any) -> dict[str, Any]:
@@ -171,6 +181,8 @@ class SpeedMetrics(Technique):
                 "step_s": self.steady_s / self.steady_steps,
                 "data_wait_share": self.steady_wait_s / self.steady_s,
             }
+            if self.steady_tokens:
+                fields["tokens_per_s"] = self.steady_tokens / self.steady_s
             if self.flops_per_sample:
                 achieved = samples_per_s * self.flops_per_sample
                 fields["tflops"] = achieved / 1e12

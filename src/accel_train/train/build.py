@@ -21,7 +21,7 @@ from accel_train.data.splits import ImageSet, Splits
 from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError
 from accel_train.models import build_model
-from accel_train.optim import build_optimizer, build_scheduler, cut_short, scaled_lr
+from accel_train.optim import build_optimizer, build_scheduler, scaled_lr
 from accel_train.parallel import DistEnv
 from accel_train.precision import Precision, resolve_precision
 from accel_train.strategies import Strategy, Wrapped, strategy_for
@@ -306,7 +306,6 @@ def optimizer_and_schedule(
         cfg.scheduler,
         total_steps,
         lr / cfg.optimizer.lr,
-        cut_short=cut_short(cfg.trainer.limit_train_batches),
     )
     return optimizer, scheduler
 

@@ -38,7 +38,7 @@ from omegaconf import DictConfig
 from accel_train import checkpoint as ckpt_io
 from accel_train.config.facts import validation_metrics
 from accel_train.config.run_config import flatten, to_container, write_run_config
-from accel_train.console import Progress, start_curves_plot, summary_table
+from accel_train.console import Progress, print_summary, start_curves_plot
 from accel_train.data.batch import count_samples
 from accel_train.errors import UserError
 from accel_train.loggers import MetricsLogger
@@ -151,6 +151,7 @@ class Loop:
         # Host-side counters the speed metrics read at logging steps (techniques/speed.py).
         self.data_wait_s = 0.0  # seconds spent waiting for the next training batch
         self.samples_seen = 0  # training samples, all processes
+        self.tokens_seen = 0  # training tokens, all processes (a task of token rows: tokens_in)
         # The best value of every validation metric with a declared mode (summary.json's
         # best_val_<name>: best_val_acc for a classifier, best_val_loss for any task).
         self.val_modes = {k[4:]: v for k, v in validation_metrics(cfg).items()}
@@ -229,8 +230,8 @@ class Loop:
                 plotted()
         self.metrics.close()
         if self.env.is_main and self.cfg.trainer.progress != "none":
-            table = summary_table(summary, self.ckpt_dir, self.checkpoints.monitor)
-            self.progress.console().print(table)  # the end of a run on the console
+            # the end of a run on the console
+            print_summary(self.progress.console(), summary, self.ckpt_dir, self.checkpoints.monitor)
         return summary
 
     def _train(self) -> tuple[float, int]:
@@ -290,6 +291,7 @@ class Loop:
                 loss_items.add_(items)
             samples += n
             self.samples_seen += n * self.data_world
+            self.tokens_seen += self.task.tokens_in(batch) * self.data_world
             self.progress.advance()
             if not boundary:
                 continue
@@ -442,8 +444,11 @@ class Loop:
         self.metrics.log(metrics, self.step, self.epoch)
         shown = {"loss": metrics["train/loss"], **task_metrics}  # the task's own: acc, mae, ...
         shown["lr"] = metrics["train/lr"]
-        if "train/samples_per_s" in metrics:
+        if "train/tokens_per_s" in metrics:  # what language-model users read
+            shown["tokens/s"] = round(metrics["train/tokens_per_s"])
+        elif "train/samples_per_s" in metrics:
             shown["samples/s"] = round(metrics["train/samples_per_s"])
+        if "train/samples_per_s" in metrics:
             shown["data"] = f"{metrics['train/data_wait_share']:.0%}"
             shown["mem"] = f"{metrics['train/peak_mem_mb']:.0f}MB"
         if "train/mfu" in metrics:

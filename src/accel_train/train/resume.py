@@ -52,7 +52,7 @@ from accel_train import checkpoint as ckpt_io
 from accel_train.checkpoint_formats import format_of
 from accel_train.config.run_config import to_container
 from accel_train.errors import UserError
-from accel_train.optim import base_learning_rates, build_scheduler, cut_short
+from accel_train.optim import base_learning_rates, build_scheduler
 from accel_train.strategies import strategy_for
 from accel_train.train.checkpointing import best_score, link_or_copy
 from accel_train.train.found import find_checkpoint, forget, read_checkpoint
@@ -338,7 +338,6 @@ def _restore_schedule(loop: Loop, state: dict, changed: set[str]) -> Any:
         parts.total_steps,
         lr_scale,
         start_step=p["step"],
-        cut_short=cut_short(loop.cfg.trainer.limit_train_batches),
     )
     if loop.env.is_main:
         log.info(

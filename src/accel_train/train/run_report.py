@@ -67,6 +67,10 @@ def write_summary(
         "epochs": loop.epoch,
         "steps": loop.step,
         "train_samples_per_s": samples_per_s,
+        # A language model's tokens/s over the same time (the tokens per sample seen).
+        "train_tokens_per_s": (
+            samples_per_s * loop.tokens_seen / loop.samples_seen if loop.tokens_seen else None
+        ),
         "wall_s": wall_s,
         "precision": loop.precision.describe(),
         "device": str(loop.env.device),
@@ -89,14 +93,15 @@ def write_summary(
             if k != "test_ckpt" and k != "test_loss"
         )
         best = loop.checkpoints.best
+        tokens = summary["train_tokens_per_s"]
         log.info(
-            "done: %d steps, %d epochs, best %s %s%s, %.0f samples/s, %.1f s",
+            "done: %d steps, %d epochs, best.pt %s %s%s, %s, %.1f s",
             loop.step,
             loop.epoch,
             loop.checkpoints.monitor,
             f"{best:.4f}" if best is not None else "-",
             test_text,
-            samples_per_s,
+            f"{tokens:.0f} tokens/s" if tokens else f"{samples_per_s:.0f} samples/s",
             wall_s,
         )
     return summary
