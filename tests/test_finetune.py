@@ -366,7 +366,7 @@ def test_bad_inputs_are_one_paragraph(case, folders, run_cli, tmp_path):
         "bad_record": ":2:",
         "empty_file": "holds no records",
         "no_template": "need a chat template",
-        "pickle_weights": "safetensors",
+        "pickle_weights": "import AutoModelForCausalLM as M",
         "bad_target": "lora.target",
         "pack_gpt": "dataset.pack=false",
         "quantized_fresh_base": "model.weights=<file>",
