@@ -45,6 +45,7 @@ LAYERS = [
         "accel_train.strategies",
         "accel_train.checkpoint_formats",
         "accel_train.async_save",
+        "accel_train.state_copy",
         "accel_train.loggers",
         "accel_train.console",
         "accel_train.checkpoint",
@@ -197,8 +198,15 @@ def test_a_layer_loads_nothing_above_it(level):
     assert not above, f"layer {level} ({', '.join(mine)}) loads {above}"
 
 
+# What a function may import late besides cli.py's deferrals: the modules only a worker needs,
+# which every command's start-up (a refused config, a submitted job, the torchrun parent) would
+# otherwise pay: the loop and DTensor's tensor parallelism, ~1.4 s of imports on a 2-core CPU.
+WORKER_ONLY = ("accel_train.train.loop", "accel_train.strategies.tensor_parallel")
+
+
 def test_no_function_local_imports_of_accel_train():
-    """Only cli.py defers imports (of lower layers, for start-up speed; see its docstring).
+    """Only cli.py defers imports (of lower layers, for start-up speed; see its docstring), and
+    WORKER_ONLY's modules are imported where a worker starts to use them.
     (The plugins defer their own `_`-modules, which Hydra's plugin scan must not import.)"""
     found = []
     for path in _files().values():
@@ -208,15 +216,27 @@ def test_no_function_local_imports_of_accel_train():
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             for inner in ast.walk(node):
-                if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith(
-                    "accel_train"
-                ):
+                module = inner.module if isinstance(inner, ast.ImportFrom) else None
+                if module and module.startswith("accel_train") and module not in WORKER_ONLY:
                     found.append(f"{path.relative_to(SRC.parent)}:{inner.lineno}")
                 if isinstance(inner, ast.Import) and any(
                     a.name.startswith("accel_train") for a in inner.names
                 ):
                     found.append(f"{path.relative_to(SRC.parent)}:{inner.lineno}")
     assert not found, found
+
+
+def test_start_up_leaves_the_workers_imports_to_the_workers():
+    """Every command's parent process (a refused config, a submitted job, torchrun's parent)
+    imports neither the loop nor DTensor, FSDP or torch.distributed.checkpoint."""
+    heavy = [*WORKER_ONLY, "torch.distributed.tensor", "torch.distributed.fsdp",
+             "torch.distributed.checkpoint"]  # fmt: skip
+    code = (
+        "import sys, json, accel_train.cli, accel_train.launchers.launch\n"
+        f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
 
 
 def test_an_option_holds_only_its_own_keys(compose_cfg, tmp_path):

@@ -11,8 +11,8 @@ from typing import Any
 from torch import nn
 
 from accel_train import checkpoint as ckpt_io
-from accel_train.async_save import copy_all_but
 from accel_train.checkpoint_formats.base import CheckpointFormat
+from accel_train.state_copy import copy_all_but
 
 
 class Sharded(CheckpointFormat):

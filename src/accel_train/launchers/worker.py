@@ -22,10 +22,13 @@ from accel_train.config.run_config import load_run_config
 from accel_train.errors import UserError, report_user_errors
 from accel_train.launchers.lock import hold_run_dir
 from accel_train.launchers.slurm_job import DEFAULT_MAX_REQUEUES, requeue_or_stop
-from accel_train.train.loop import run_training
 
 
 def run_worker(cfg: DictConfig) -> dict[str, Any]:
+    # deferred: the loop's imports (DTensor, the tasks, the techniques: ~1 s) are the workers'
+    # to pay, not every command's start-up (a refused config, a submitted job)
+    from accel_train.train.loop import run_training
+
     summary = run_training(cfg)
     if summary.get("status") == "preempted" and os.environ.get("RANK", "0") == "0":
         allowed = cfg.launcher.get("max_requeues", DEFAULT_MAX_REQUEUES)

@@ -15,14 +15,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import fully_shard
 
 from accel_train.errors import UserError
 from accel_train.parallel import DistEnv
 from accel_train.precision import Precision
 from accel_train.strategies.base import Strategy, Wrapped
 from accel_train.strategies.mesh import MeshLayout
-from accel_train.strategies.tensor_parallel import apply_tp, clip_grad_norm_
 from accel_train.strategies.tp import check_tp_divides
 
 
@@ -44,6 +42,12 @@ class FSDP(Strategy):
         self.spread = self.tp_degree(env.world_size) if env.distributed else 1
         if not env.distributed:
             return Wrapped(module, module, module)
+        # deferred, as tensor_parallel's: torch.distributed.fsdp and DTensor are a second of
+        # imports that every command's start-up (which builds this object) would pay
+        from torch.distributed.fsdp import fully_shard
+
+        from accel_train.strategies.tensor_parallel import apply_tp
+
         sc, mesh = self.cfg, self.mesh(env)
         if self.tp_degree(env.world_size) > 1:
             apply_tp(module, mesh["tp"], sc)
@@ -55,6 +59,8 @@ class FSDP(Strategy):
 
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
         if self.spread > 1:  # gradients on two meshes (FSDP x TP's _StridedShard)
+            from accel_train.strategies.tensor_parallel import clip_grad_norm_  # (see wrap)
+
             return clip_grad_norm_(parameters, max_norm)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 

@@ -12,7 +12,6 @@ from accel_train.parallel import DistEnv
 from accel_train.precision import Precision
 from accel_train.strategies.base import Strategy, Wrapped
 from accel_train.strategies.mesh import MeshLayout
-from accel_train.strategies.tensor_parallel import apply_tp, clip_grad_norm_
 
 
 def check_tp_divides(tp: int, world: int) -> None:
@@ -51,10 +50,16 @@ class TensorParallel(Strategy):
         self.spread = self.tp_degree(env.world_size) if env.distributed else 1
         if not env.distributed:
             return Wrapped(module, module, module)
+        # deferred: DTensor's modules are a second of imports that every command's start-up
+        # (which builds this object to check the world size) would pay
+        from accel_train.strategies.tensor_parallel import apply_tp
+
         model = apply_tp(module, self.mesh(env)["tp"], self.cfg)
         return Wrapped(model, model, model)
 
     def clip_grad_norm_(self, parameters, max_norm: float):
         if self.spread > 1:  # whole and sharded (DTensor) gradients, on several meshes
+            from accel_train.strategies.tensor_parallel import clip_grad_norm_  # (see wrap)
+
             return clip_grad_norm_(parameters, max_norm)
         return super().clip_grad_norm_(parameters, max_norm)
