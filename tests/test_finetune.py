@@ -305,6 +305,20 @@ def test_accel_eval_scores_instruction_records(folders, reference, run_cli, tmp_
     assert result["test/loss"] > 0 and result["test/ppl"] > 1
 
 
+def test_accel_eval_scores_a_run_without_test_records(folders, reference, run_cli):
+    """The fine-tuning page's own lines: the validation split (split=val: its loss is the run's
+    last val/loss), or a file of records given on accel-eval's command line (data_path)."""
+    ckpt = f"ckpt_path={reference / 'checkpoints' / 'last.pt'}"
+    check_ok(run_cli([ckpt, "split=val"], prog="accel-eval"))
+    result = json.loads((reference / "eval_last_val.json").read_text())
+    final = json.loads((reference / "summary.json").read_text())["final_val_loss"]
+    assert result["split"] == "val" and result["val/loss"] == pytest.approx(final, rel=1e-4)
+    check_ok(run_cli([ckpt, f"data_path={folders['pc']}"], prog="accel-eval"))
+    result = json.loads((reference / "eval_last.json").read_text())
+    assert result["data_path"] == str(folders["pc"]) and result["test/ppl"] > 1
+    assert 0 < result["num_samples"] <= 24  # rows: the 24 records, packed
+
+
 def test_resnet18_weights_replaced_head_and_frozen_stem(run_cli, tmp_path):
     import torchvision
 

@@ -653,6 +653,8 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     ckpt_path: str = MISSING
+    split: str = "test"
+    data_path: str | None = None
     out_path: str | None = None
     data_dir: str | None = None
     batch_size: int = 0

@@ -53,6 +53,7 @@ def score(model, loader, task: Task, precision: Precision, env: DistEnv) -> dict
 
 # accel-eval's own keys, as its messages name them.
 EVAL_DEVICES = ("auto", "cpu", "cuda")
+SPLITS = ("test", "val", "train")
 
 
 def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
@@ -65,19 +66,23 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         cfg.paths.data_dir = ecfg.data_dir
     if ecfg.batch_size:
         cfg.loader.eval_batch_size = ecfg.batch_size
+    if ecfg.data_path:
+        _score_file(ecfg, cfg)
+    split = ecfg.split
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=device)
 
     task = build_task(cfg)
     with hints_for("accel-eval"):  # data errors name `data_dir=`, not paths.data_dir
         splits = build_splits(cfg.dataset, cfg.paths.data_dir, task.labelled_data)
-    if splits.test is None:
+    data = getattr(splits, split)
+    if data is None:
         raise UserError(_no_test_split(ckpt_path, cfg, splits))
     model = opened.model(splits.data_args, precision.param_dtype, device)
     if cfg.trainer.channels_last:
         model = model.to(memory_format=torch.channels_last)
     loader = build_loader(
-        splits.test,
+        data,
         cfg.loader,
         train=False,
         device=device,
@@ -96,17 +101,18 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         "ckpt_path": str(ckpt_path),
         "dataset": cfg.dataset.get("name", "custom"),
         "task": cfg.task.get("name") or str(cfg.task._target_),
-        "split": "test",
-        "num_samples": len(splits.test),
-        **{f"test/{name}": value for name, value in scored.items()},
+        "split": split,
+        **({"data_path": str(ecfg.data_path)} if ecfg.data_path else {}),
+        "num_samples": len(data),
+        **{f"{split}/{name}": value for name, value in scored.items()},
         "step": state["progress"]["step"],
         "epoch": state["progress"]["epoch"],
         "precision": precision.describe(),
     }
-    out = Path(ecfg.out_path) if ecfg.out_path else _default_out(ckpt_path)
+    out = Path(ecfg.out_path) if ecfg.out_path else _default_out(ckpt_path, split)
     # The result first: a failed write below still leaves it on the screen.
-    shown = "  ".join(f"test/{name}={value:.4f}" for name, value in scored.items())
-    log.info("%s  (%d samples)  -> %s", shown, len(splits.test), out)
+    shown = "  ".join(f"{split}/{name}={value:.4f}" for name, value in scored.items())
+    log.info("%s  (%d samples)  -> %s", shown, len(data), out)
     _write_result(result, out, given=bool(ecfg.out_path))
     return result
 
@@ -144,6 +150,16 @@ def _check_eval_config(ecfg: DictConfig) -> tuple[Path, torch.device]:
             f"batch_size={ecfg.batch_size} must be >= 0 (0 = the checkpoint's own "
             "loader.eval_batch_size), e.g. `batch_size=1024`."
         )
+    if ecfg.split not in SPLITS:
+        raise UserError(
+            f"split={ecfg.split!r} is not one of {', '.join(SPLITS)}: the split of the "
+            "checkpoint's data set to score, e.g. `split=val`."
+        )
+    if ecfg.data_path and not Path(ecfg.data_path).expanduser().is_file():
+        raise UserError(
+            f"data_path={ecfg.data_path}: no such file. Give a file of records in the "
+            "checkpoint's data format (e.g. a .jsonl of chat records for dataset=sft)."
+        )
     if ecfg.device not in EVAL_DEVICES:
         raise UserError(
             f"device={ecfg.device!r} is not one of {', '.join(EVAL_DEVICES)}. Use `device=cpu` "
@@ -175,19 +191,38 @@ def _refuse_foreign_file(out: Path) -> None:
         )
 
 
+def _score_file(ecfg: DictConfig, cfg: DictConfig) -> None:
+    """data_path=FILE: the file becomes the checkpoint's data set's test split (a data set
+    that reads its test split from a file: dataset=sft's test_path)."""
+    if "test_path" not in cfg.dataset:
+        name = cfg.dataset.get("name") or "custom"
+        raise UserError(
+            f"data_path={ecfg.data_path}: the checkpoint's data set (dataset={name}) reads no "
+            "split from a file of records (dataset=sft does), so there is nothing to put it in. "
+            "Score one of the data set's own splits instead: `split=val` (or test, train)."
+        )
+    if ecfg.split != "test":
+        raise UserError(
+            f"data_path with split={ecfg.split}: the file is scored as a test split of its own. "
+            "Drop `split=` (or drop data_path to score the checkpoint's own split)."
+        )
+    cfg.dataset.test_path = str(Path(ecfg.data_path).expanduser().absolute())
+
+
 def _no_test_split(ckpt_path: Path, cfg: DictConfig, splits) -> str:
     name = cfg.dataset.get("name") or "custom"
     held = [n for n in ("train", "val") if getattr(splits, n, None) is not None]
     fix = (
-        "Return (train, val, test) from your dataset function to score a test split"
+        "Return (train, val, test) from your dataset function to score a test split, or score "
+        "its validation split: `split=val`"
         if name == "custom"
-        else f"dataset={name} has {' and '.join(held)} splits only; the checkpoint's validation "
-        "scores (e.g. val/loss) are in its run's summary.json and metrics.jsonl, measured during "
-        "training"
+        else f"dataset={name} has {' and '.join(held)} splits only: score one of them with "
+        "`split=val`"
+        + (", or a file of records with `data_path=<file>`" if "test_path" in cfg.dataset else "")
     )
     return (
-        f"ckpt_path={ckpt_path}: accel-eval scores a test split, and the checkpoint's data set "
-        f"({name}) has none. {fix}."
+        f"ckpt_path={ckpt_path}: accel-eval scores a test split by default, and the checkpoint's "
+        f"data set ({name}) has none. {fix}."
     )
 
 
@@ -210,8 +245,9 @@ def _write_result(result: dict[str, Any], out: Path, given: bool) -> None:
         ) from None
 
 
-def _default_out(ckpt_path: Path) -> Path:
+def _default_out(ckpt_path: Path, split: str) -> Path:
     folder = ckpt_path.parent
     if folder.name == "checkpoints":
         folder = folder.parent  # the run dir
-    return folder / f"eval_{ckpt_path.name.split('.')[0]}.json"
+    suffix = "" if split == "test" else f"_{split}"  # (eval_best.json stays the test split's)
+    return folder / f"eval_{ckpt_path.name.split('.')[0]}{suffix}.json"
