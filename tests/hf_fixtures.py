@@ -1,5 +1,6 @@
-"""A tiny Llama-style causal LM and a byte-level BPE tokenizer with a chat template, built from a
-config and written with save_pretrained (tests never download), plus instruction records."""
+"""A tiny Llama-style causal LM (and a tinier GPT-2) and a byte-level BPE tokenizer with a chat
+template, built from a config and written with save_pretrained (tests never download), plus
+instruction records."""
 
 from __future__ import annotations
 
@@ -68,6 +69,29 @@ def write_tiny_llama(folder: Path, *, chat_template: str | None = CHAT_TEMPLATE,
         eos_token_id=tok.eos_token_id,
     )
     LlamaForCausalLM(cfg).save_pretrained(folder)
+    return folder
+
+
+def write_tiny_gpt2(folder: Path, positions: int = 64):
+    """A 1-layer GPT-2 (hidden 32, 2 heads) with learned positions, only `positions` of them,
+    and the chat tokenizer, in `folder`: what a prompt past the positions breaks."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = write_tokenizer(folder)
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        n_positions=positions,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    GPT2LMHeadModel(cfg).save_pretrained(folder)
     return folder
 
 

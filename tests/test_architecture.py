@@ -33,7 +33,7 @@ OURS = tuple(p.name for p in PACKAGES)
 # one layer. (cli imports no plugin either: Hydra finds the plugins by its own scan.)
 LAYERS = [
     ["accel_train.errors"],
-    ["accel_train.config", "accel_train.environment"],
+    ["accel_train.config", "accel_train.environment", "accel_train.written"],
     [
         "accel_train.targets",
         "accel_train.data",

@@ -82,6 +82,12 @@ CASES = {
     "sample-cuda": ("accel-sample", [CKPT, "device=cuda"], ["`device=cpu`"]),
     # Suggested a fix for dataset=custom only.
     "eval-no-test-split": ("accel-eval", [CKPT], ["dataset=tokens has train and val splits only"]),
+    # Said "Train it on tokens" to a run trained on tokens (issue 39).
+    "hf-export-of-a-gpt": (
+        "accel-export",
+        [CKPT, "format=hf", "out_path=gpt-hf"],
+        ["needs a model=hf checkpoint", "this one's model is gpt", "`format=torch_export`"],
+    ),
 }
 
 

@@ -148,6 +148,7 @@ def test_overwrite_replaces_a_token_folders_own_files(tmp_path, text_file):
     check_ok(tokenize(tmp_path, f"input={text_file}", "out=tok", "tokenizer=bpe", "vocab_size=300"))
     check_ok(tokenize(tmp_path, f"input={text_file}", "out=tok", "overwrite=true"))
     assert sorted(p.name for p in (tmp_path / "tok").iterdir()) == [
+        "accel_train.written.json",  # what tokenize wrote: what the next overwrite may replace
         "meta.json",
         "train.bin",
         "val.bin",

@@ -40,6 +40,7 @@ from accel_train.config.schema import (
 )
 from accel_train.environment import register_resolvers
 from accel_train.errors import UserError, report_user_errors
+from accel_train.written import remove_empty, unwritable
 
 
 def _check_config_dir() -> None:
@@ -114,43 +115,61 @@ def _wants_help(argv: list[str]) -> bool:
 
 
 class FreshRunDir(Callback):
-    """Notes whether a single run's dir exists before Hydra creates it (it runs before the run
-    dir lock, configs/hydra/default.yaml), so that a refused config can take the dir it made
-    away again: a refused run leaves no run dir behind (see _remove_fresh_run_dir)."""
+    """Before Hydra makes a single run's dir (it runs before the run dir lock,
+    configs/hydra/default.yaml): refuses what it can refuse without the dir (tags that
+    extras.enforce_tags wants, a run dir that cannot be made), and notes which folders Hydra is
+    about to create, so that a config refused later takes them away again: a refused run
+    leaves no folder behind (see _remove_fresh_run_dir). Its refusals exit from here: Hydra
+    turns an exception of a callback into a warning and goes on."""
 
+    @report_user_errors
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         global _fresh_run_dir
         hydra_errors.check_dir_resolves(config, "hydra.run.dir")
+        if _enforce_tags and not config.get("tags"):
+            _refuse_untagged()
         run_dir = OmegaConf.select(config, "hydra.run.dir")
+        if run_dir is None:
+            return
+        _check_run_dir_writable(Path(run_dir))
         nodes = str(OmegaConf.select(config, "launcher.nnodes", default=1))
         # A multi-node run's dir is shared with the other nodes' launchers: never removed.
-        if run_dir is not None and nodes == "1" and not Path(run_dir).exists():
-            log_dir = OmegaConf.select(config, "paths.log_dir", default=None)
-            _fresh_run_dir = (Path(run_dir).absolute(), Path(log_dir or run_dir).absolute())
+        if nodes == "1" and not Path(run_dir).exists():
+            made = [p for p in reversed(Path(run_dir).absolute().parents) if not p.exists()]
+            _fresh_run_dir = (Path(run_dir).absolute(), made)
 
 
-_fresh_run_dir: tuple[Path, Path] | None = None  # (the run dir, the log dir), when fresh
+def _check_run_dir_writable(run_dir: Path) -> None:
+    """Hydra's own mkdir of an unwritable run dir (/proc/..., a read-only folder) ends in a
+    traceback about its internals: refused here in one paragraph instead."""
+    reason = None if run_dir.is_dir() else unwritable(run_dir)
+    if reason is not None:
+        raise UserError(
+            f"hydra.run.dir={run_dir}: the run dir cannot be made there ({reason}). Set "
+            "`hydra.run.dir` to a writable folder (or `paths.log_dir`, under which run dirs "
+            "go by default)."
+        )
+
+
+# The run dir this process is about to create, and the folders above it it creates with it
+# (outermost first), when the run dir is new.
+_fresh_run_dir: tuple[Path, list[Path]] | None = None
 # What a run dir holds before training writes anything: Hydra's files, the lock, the config.
 _START_UP_FILES = {".lock", "config.yaml", "config_tree.txt", "train.log"}
 
 
 def _remove_fresh_run_dir() -> None:
     """After a refusal: remove the run dir this process created, if it holds only start-up
-    files, and the parents it leaves empty up to the log dir (outputs/)."""
+    files, and the folders above it that this process created and that are left empty
+    (outputs/<name>/, outputs/, or /runs/...: never one that was there before)."""
     if _fresh_run_dir is None or not _fresh_run_dir[0].is_dir():
         return
-    run_dir, log_dir = _fresh_run_dir
+    run_dir, made = _fresh_run_dir
     names = {p.name for p in run_dir.iterdir()}
     if any(n not in _START_UP_FILES and not n.startswith(".hydra") for n in names):
         return  # something else was written: keep it for the user to see
     shutil.rmtree(run_dir, ignore_errors=True)
-    parent = run_dir.parent
-    while parent == log_dir or log_dir in parent.parents:  # outputs/<name>/, outputs/ if empty
-        try:
-            parent.rmdir()
-        except OSError:
-            break
-        parent = parent.parent
+    remove_empty(made)
 
 
 _enforce_tags = False  # extras.enforce_tags=true (an alias): a run must have tags
@@ -158,7 +177,7 @@ _enforce_tags = False  # extras.enforce_tags=true (an alias): a run must have ta
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def _train(cfg: DictConfig):
-    if _enforce_tags and not cfg.get("tags"):
+    if _enforce_tags and not cfg.get("tags"):  # a sweep's job (a single run: FreshRunDir)
         report_user_errors(_refuse_untagged)()
     if sweep_summary.in_multirun():
         from accel_train.commands.sweep import run_job  # deferred: see the module docstring

@@ -8,6 +8,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from accel_train.errors import UserError
+from accel_train.written import unwritable
 
 # accel-export: format -> the artifact's suffix (beside the checkpoint: checkpoints/best.onnx).
 # format -> the artifact's suffix (hf: a Hugging Face folder, see export_hf.py).
@@ -62,6 +63,31 @@ def check_export_config(ecfg: DictConfig) -> None:
         refuse_checkpoint_target(str(ecfg.ckpt_path), str(ecfg.out_path), "exports/my-model")
     elif ecfg.out_path:
         check_export_target(str(ecfg.ckpt_path), str(ecfg.out_path), bool(ecfg.overwrite))
+    check_writable(export_path(ecfg), bool(ecfg.out_path))
+
+
+def export_path(ecfg: DictConfig) -> Path:
+    """Where accel-export writes: out_path, or beside the checkpoint (checkpoints/best.onnx,
+    checkpoints/best-hf)."""
+    if ecfg.out_path:
+        return Path(ecfg.out_path).expanduser()
+    return default_export_path(Path(ecfg.ckpt_path).expanduser(), ecfg.format)
+
+
+def default_export_path(ckpt_path: Path, fmt: str) -> Path:
+    return ckpt_path.with_name(ckpt_path.name.split(".")[0] + EXPORT_FORMATS[fmt])
+
+
+def check_writable(out: Path, given: bool) -> None:
+    """An output path nothing can be written to (read-only, /proc, no permission) is refused
+    now, before the checkpoint is read and the model exported or scored."""
+    reason = unwritable(out)
+    if reason is not None:
+        key = "out_path" if given else "out_path (by default beside the checkpoint)"
+        raise UserError(
+            f"{key}={out}: nothing can be written there ({reason}). Give a path in a writable "
+            "folder with `out_path=...`."
+        )
 
 
 def _is_run_checkpoint(path: Path) -> bool:

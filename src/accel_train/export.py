@@ -30,7 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from accel_train.command_checks import EXPORT_FORMATS, check_export_config
+from accel_train.command_checks import EXPORT_FORMATS, check_export_config, export_path
 from accel_train.config.facts import task_class
 from accel_train.data.build import build_splits
 from accel_train.data.builtin import hints_for
@@ -44,6 +44,7 @@ from accel_train.models import count_parameters
 from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.techniques import qat
 from accel_train.techniques.lora import merge_lora
+from accel_train.written import make_parents, remove_empty
 
 log = logging.getLogger("accel_train")
 
@@ -101,7 +102,7 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     test = _batches(verify_split, cfg, splits, None if text else transform, ecfg.verify_samples)
     # Two samples: torch.export specialises a dimension whose example size is 0 or 1.
     example = torch.cat([test[0][0], test[0][0]])[:2]
-    artifact = _artifact_path(ckpt_path, ecfg, FORMATS[fmt])
+    artifact = export_path(ecfg)
     t0 = time.perf_counter()
     _export(model, example, fmt, artifact, seq_dim=text)
     export_s = time.perf_counter() - t0
@@ -263,12 +264,6 @@ def _batches(split, cfg: DictConfig, splits: Splits, transform, limit: int):
 # ---- exporting and loading back ------------------------------------------------------------
 
 
-def _artifact_path(ckpt_path: Path, ecfg: DictConfig, suffix: str) -> Path:
-    if ecfg.out_path:
-        return Path(ecfg.out_path).expanduser()
-    return ckpt_path.with_name(ckpt_path.name.split(".")[0] + suffix)
-
-
 def _export(
     model: nn.Module, example: torch.Tensor, fmt: str, path: Path, seq_dim: bool = False
 ) -> None:
@@ -280,8 +275,9 @@ def _export(
         dims[1] = torch.export.Dim("seq", min=1, max=example.shape[1])
     for name in ("onnxscript", "onnx_ir"):  # the ONNX optimizer's per-pass INFO lines
         logging.getLogger(name).setLevel(logging.WARNING)
+    made: list[Path] = []
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        made = make_parents(path)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # exporters' deprecation chatter: not the user's
             if fmt == "torch_export":
@@ -304,11 +300,13 @@ def _export(
                     traced = torch.jit.trace(model, example)
                 torch.jit.save(traced, str(path))
     except OSError as err:
+        remove_empty(made)  # a failed export leaves no folder of its own behind
         raise UserError(
             f"out_path={path}: the artifact could not be written ({err.strerror or err}). "
             "Give a writable path with `out_path=...`."
         ) from None
     except Exception as err:  # the exporter could not capture the model
+        remove_empty(made)
         first = " ".join(str(err).split())[:300]
         others = ", ".join(f for f in FORMATS if f != fmt)
         raise UserError(

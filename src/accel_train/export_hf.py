@@ -2,12 +2,14 @@
 model.safetensors, the tokenizer and its chat template) that `from_pretrained` loads, with the
 LoRA adapters folded into the weights (an NF4 base dequantized first).
 
-The folder is written beside its final name and renamed into place when complete, so a failed
+The folder is written beside its final name and moved into place when complete, so a failed
 export leaves no half-written folder. Before that it is loaded back by transformers and run next
 to the checkpoint's model on seeded token ids: the max abs difference of the logits (fp32) goes
 into the card (`accel_export.json` in the folder), and an export above `MAX_ABS_DIFF` fails. An
-existing folder is replaced only with `overwrite=true` and only when it is an earlier export
-(its card is there), never a folder of other files.
+existing folder is written only with `overwrite=true` and only when it is an earlier export,
+and then only the files the export listed there are replaced (written.py): a README or anything
+else the user put in it stays. The folders the checkpoint reads (its base model, its tokenizer)
+are never written, nor a folder inside or around them, whatever `overwrite` says.
 """
 
 from __future__ import annotations
@@ -20,35 +22,75 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from accel_train.command_checks import default_export_path
 from accel_train.errors import UserError
-from accel_train.models.hf import HFModel, load_tokenizer
+from accel_train.models.hf import HFModel, hf_model, load_tokenizer
 from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.techniques.lora import merge_lora
+from accel_train.written import check_out_folder, install
 
 log = logging.getLogger("accel_train")
 
 MAX_ABS_DIFF = 1e-4  # fp32 logits of the folder vs the checkpoint's model
 CARD = "accel_export.json"
+COMMAND = "accel-export format=hf"  # who the folder's manifest says wrote it
+HF_TARGET = f"{hf_model.__module__}.{hf_model.__name__}"
+# The folders a model=hf checkpoint reads: its base model and its data's tokenizer.
+READS = ("model.path", "dataset.tokenizer")
+
+
+def _non_hf(ckpt_path: Path, cfg: DictConfig) -> UserError:
+    """format=hf on another model: what it needs, and what exports this run instead (a
+    language model's torch.export or ONNX artifact takes token ids)."""
+    name = cfg.model.get("name") or cfg.model.get("_target_")
+    return UserError(
+        f"ckpt_path={ckpt_path}: format=hf writes a Hugging Face folder (config.json, "
+        "model.safetensors, the tokenizer), which needs a model=hf checkpoint (a model loaded "
+        f"from a Hugging Face folder); this one's model is {name} ({cfg.model.get('_target_')}), "
+        "which has no such layout. Export this run with `format=torch_export` or `format=onnx`."
+    )
 
 
 def _refuse_non_hf(ckpt_path: Path, cfg: DictConfig):
     def check(model) -> None:
         if not isinstance(model, HFModel):
-            raise UserError(
-                f"ckpt_path={ckpt_path}: format=hf writes a Hugging Face folder, which needs a "
-                f"model=hf checkpoint; this one's model is {cfg.model.get('name')} "
-                f"({cfg.model._target_}). Use format=torch_export or format=onnx."
-            )
+            raise _non_hf(ckpt_path, cfg)
 
     return check
+
+
+def refuse_read_folders(out: Path, cfg: DictConfig, ckpt_path: Path, given: str) -> None:
+    """`out` is never the checkpoint, its base model or its tokenizer, nor a folder inside or
+    around one of them: the base's weights would be replaced, and with them every run and
+    LoRA checkpoint built on it (whatever `overwrite` says)."""
+    at = out.expanduser().resolve()
+    reads = [(key, str(OmegaConf.select(cfg, key))) for key in READS if OmegaConf.select(cfg, key)]
+    reads.append(("ckpt_path", str(ckpt_path)))
+    default = default_export_path(ckpt_path, "hf")
+    for key, value in reads:
+        folder = Path(value).expanduser().resolve()
+        if at == folder or at in folder.parents or folder in at.parents:
+            where = "is" if at == folder else "holds" if at in folder.parents else "is inside"
+            raise UserError(
+                f"out_path={given} {where} {key}={value}, which the checkpoint being exported "
+                "reads (its base model, tokenizer or weights): writing there would replace "
+                "them, and every run and checkpoint built on them, so it is never done, "
+                "whatever `overwrite` says. Write the export elsewhere, e.g. leave out_path "
+                f"out (the folder then goes beside the checkpoint: {default})."
+            )
 
 
 def export_hf(ecfg: DictConfig, ckpt_path: Path) -> dict[str, Any]:
     opened = RunCheckpoint(ckpt_path)
     cfg = opened.cfg
+    if str(cfg.model.get("_target_")) != HF_TARGET:  # before a model is built for nothing
+        raise _non_hf(ckpt_path, cfg)
     out = _out_folder(ecfg, ckpt_path)
+    given = str(ecfg.out_path or out)  # as the user spelled it
+    refuse_read_folders(out, cfg, ckpt_path, given)
+    check_out_folder(out, "out_path", COMMAND, bool(ecfg.overwrite), "exports/my-model", given)
     model = opened.model({}, torch.float32, before_load=_refuse_non_hf(ckpt_path, cfg))
     ids = _probe_ids(model)
     with torch.no_grad():  # the checkpoint's model as trained: adapters beside the base
@@ -78,7 +120,12 @@ def export_hf(ecfg: DictConfig, ckpt_path: Path) -> dict[str, Any]:
                 f"(more than {MAX_ABS_DIFF:g} in fp32): the export is not faithful, so nothing "
                 f"was written to {out}. Report this with the model's architecture."
             )
-        _move_into_place(partial, out)
+        install(partial, out, COMMAND, "out_path", last=CARD, shown=given)
+    except OSError as err:  # the folder checked writable, then not (a full disk, a race)
+        raise UserError(
+            f"out_path={out}: the export could not be written ({err.strerror or err}). Give a "
+            "writable folder with `out_path=...`."
+        ) from None
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     log.info("format=hf: %s (merged weights and tokenizer; logits match to %.1e)", out, diff)
@@ -87,31 +134,10 @@ def export_hf(ecfg: DictConfig, ckpt_path: Path) -> dict[str, Any]:
 
 def _out_folder(ecfg: DictConfig, ckpt_path: Path) -> Path:
     out = Path(ecfg.out_path).expanduser() if ecfg.out_path else None
-    out = out or ckpt_path.with_name(f"{ckpt_path.name.split('.')[0]}-hf")
-    if out.exists() and not (ecfg.overwrite and (out / CARD).is_file()):
-        fix = (
-            "it is not a folder this command wrote (no accel_export.json in it), so it is never "
-            "replaced"
-            if ecfg.overwrite
-            else "replace it with `overwrite=true` if it is an earlier format=hf export"
-        )
-        raise UserError(
-            f"out_path={out} already exists: {fix}. Remove it or give another out_path."
-        )
+    out = out or default_export_path(ckpt_path, "hf")
     if not out.parent.is_dir():
         raise UserError(f"out_path={out}: its parent folder {out.parent} does not exist.")
     return out
-
-
-def _move_into_place(partial: Path, out: Path) -> None:
-    """The complete folder takes the name; an earlier export there (overwrite=true) is moved
-    aside first and removed only once the new one is in place."""
-    old = out.with_name(f".{out.name}.old")
-    if out.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        out.rename(old)
-    partial.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _probe_ids(model: HFModel) -> torch.Tensor:

@@ -5,7 +5,8 @@ A command writes into `.<out>.partial-<pid>` beside `out` and moves the result i
 the end. An interrupt or a failure removes that folder at once (the commands' `except`); a
 process killed outright (SIGKILL, the machine) cannot, so every run first removes the
 leftovers of processes that are no longer alive (`remove_leftovers`). What `overwrite=true`
-may replace is each command's own decision (`refuse_foreign`): never a file it did not write.
+may replace, and how the finished folder moves into place, is written.py's: only the files the
+command listed there, never a file it did not write.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from accel_train.errors import UserError
@@ -25,7 +26,6 @@ from accel_train.errors import UserError
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:partial|old)-(?P<pid>\d+)$")
 STAGING_PREFIX = "accel-shard-"  # LitData's staging folders in $TMPDIR: accel-shard-<pid>-*
 _STAGING = re.compile(rf"^{STAGING_PREFIX}(?P<pid>\d+)-")
-_SHOWN = 5  # names listed in a refusal
 
 
 def resolved(out: Path) -> Path:
@@ -70,13 +70,6 @@ def remove_leftovers(out: Path) -> list[Path]:
     return removed
 
 
-def names(paths: Iterable[str]) -> str:
-    """At most _SHOWN names for a message, then how many more."""
-    items = sorted(paths)
-    shown = ", ".join(items[:_SHOWN])
-    return shown + (f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
-
-
 def refuse_inside(out: Path, source: Path, key: str, source_key: str) -> None:
     """`out` may be neither the source nor a folder that holds it: replacing it would remove
     the very data being read."""
@@ -87,35 +80,6 @@ def refuse_inside(out: Path, source: Path, key: str, source_key: str) -> None:
             f"writing there would replace it. Choose another `{key}` (e.g. `{key}="
             f"{source_at.name}-shards` beside it)."
         )
-
-
-def replace_folder(partial: Path, out: Path) -> None:
-    """Move the finished folder into place; an old one (overwrite=true) goes only after."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(partial, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def replace_files(partial: Path, out: Path, owned: Iterable[str], last: str) -> None:
-    """Move the files of `partial` into the existing folder `out`, one by one, and remove the
-    files of `owned` that the new set does not have; nothing else in `out` is touched. `last`
-    (the file that makes the set whole, e.g. meta.json) goes first and comes back last, so an
-    interrupted replacement is never taken for a complete one."""
-    with contextlib.suppress(FileNotFoundError):
-        (out / last).unlink()
-    new = {p.name for p in partial.iterdir()}
-    for name in sorted(new - {last}):
-        os.replace(partial / name, out / name)
-    for name in set(owned) - new:
-        with contextlib.suppress(FileNotFoundError):
-            (out / name).unlink()
-    if last in new:
-        os.replace(partial / last, out / last)
-    shutil.rmtree(partial, ignore_errors=True)
 
 
 class Interrupted(KeyboardInterrupt):

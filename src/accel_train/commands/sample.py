@@ -120,6 +120,8 @@ def _sample_chat_model(
         )
     else:
         ids = tok.encode(prompt, add_special_tokens=True) or [tok.bos_token_id or 0]
+    if hasattr(model, "generate_ids"):  # a KV cache: the prompt and the reply share positions
+        ids = _fit_positions(ids, int(getattr(model, "block_size", 0) or 0), scfg.max_new_tokens)
     start = torch.tensor([ids] * scfg.num_samples, dtype=torch.long, device=device)
     torch.manual_seed(scfg.seed)  # transformers' sampling draws from the global generator
     with precision.autocast():
@@ -138,6 +140,30 @@ def _sample_chat_model(
     # chat: the assistant's reply alone; otherwise the prompt and its continuation.
     rows = [row[len(ids) :] if scfg.chat else row for row in out]
     return _show([tok.decode(row.tolist(), skip_special_tokens=True) for row in rows], scfg)
+
+
+def _fit_positions(ids: list[int], positions: int, max_new_tokens: int) -> list[int]:
+    """The prompt's last tokens that leave room for max_new_tokens within the model's
+    positions (max_position_embeddings; 0: unknown), as nanoGPT and HF's left truncation keep
+    them: a model with learned positions fails on an index past its table."""
+    if positions < 1 or len(ids) + max_new_tokens <= positions:
+        return ids
+    if max_new_tokens >= positions:
+        raise UserError(
+            f"max_new_tokens={max_new_tokens}: the model reads at most {positions} positions "
+            "(its max_position_embeddings), the prompt's included, so the reply cannot be that "
+            f"long. Use e.g. `max_new_tokens={max(1, positions // 2)}`."
+        )
+    keep = positions - max_new_tokens
+    log.warning(
+        "prompt: %d tokens, and with max_new_tokens=%d more than the model's %d positions: "
+        "only its last %d tokens are seen.",
+        len(ids),
+        max_new_tokens,
+        positions,
+        keep,
+    )
+    return ids[-keep:]
 
 
 def _sampled(model, start: torch.Tensor, scfg: DictConfig, block_size: int) -> torch.Tensor:

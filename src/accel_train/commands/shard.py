@@ -8,9 +8,10 @@ split is held out from the training folder exactly as `dataset=image_folder` doe
 seeded by dataset.seed), so both options train on the same samples. LitData's `optimize`
 writes the chunks and their index.json; accel_train.index.json (the classes and labels) is
 written last, so a shard set without it is incomplete and is refused by `dataset=streaming`.
-A local `out` is written under a temporary name and renamed into place (commands/outputs.py);
-`overwrite=true` replaces only a shard set (a folder with accel_train.index.json), never a
-folder of other files nor the data being sharded.
+A local `out` is written under a temporary name and moved into place (commands/outputs.py);
+`overwrite=true` replaces only the files of a shard set that this command listed there
+(written.py), never a folder of other files, a file the user added to a shard set, nor the data
+being sharded.
 
 A token folder's train.bin and val.bin are written in LitData's token format
 (`optimize(..., item_loader=TokensLoader())`, as litgpt does): each split's tokens in order, cut
@@ -35,11 +36,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from accel_train.commands.outputs import (
     STAGING_PREFIX,
-    names,
     partial_path,
     refuse_inside,
     remove_leftovers,
-    replace_folder,
     resolved,
 )
 from accel_train.data.image_folder import scan_folder
@@ -60,8 +59,11 @@ from accel_train.data.tokenizer import TOKENIZER_FILE
 from accel_train.data.tokenizer import read_meta as read_token_meta
 from accel_train.data.tokens import token_count, token_folder
 from accel_train.errors import UserError
+from accel_train.written import check_out_folder, install, names
 
 log = logging.getLogger("accel_train")
+
+COMMAND = "accel-data shard"  # who a shard set's manifest says wrote it
 
 
 def read_item(entry: tuple[int, str, int]) -> dict:
@@ -317,20 +319,8 @@ def _optimize(cfg: DictConfig, fn, inputs: list, output_dir: str, mode, item_loa
 
 
 def _write_local(cfg: DictConfig, out: Path, fn, inputs: dict, meta: dict, item_loader) -> None:
-    if out.exists() and not out.is_dir():
-        raise UserError(f"out={cfg.out} is a file, not a folder: choose another `out`.")
-    held = {p.name for p in out.iterdir()} if out.is_dir() else set()
-    if held and META not in held:
-        raise UserError(
-            f"out={cfg.out} holds files that are not a shard set ({names(held)}): accel-data shard "
-            f"replaces only a shard set it wrote (a folder with {META}), so that nothing else "
-            "is lost, with `overwrite=true` or not. Choose a new or empty folder for `out`."
-        )
-    if held and not cfg.overwrite:
-        raise UserError(
-            f"out={cfg.out} holds a shard set already. Choose another folder, or replace it with "
-            "`overwrite=true`."
-        )
+    example = str(Path(str(cfg.out)) / "shards")
+    check_out_folder(out, "out", COMMAND, bool(cfg.overwrite), example, shown=str(cfg.out))
     remove_leftovers(out)
     partial = partial_path(out)
     try:
@@ -341,7 +331,7 @@ def _write_local(cfg: DictConfig, out: Path, fn, inputs: dict, meta: dict, item_
         for name, items in inputs.items():
             _optimize(cfg, fn, items, str(partial / name), None, item_loader)
         (partial / META).write_text(json.dumps(meta) + "\n")
-        replace_folder(partial, out)
+        install(partial, out, COMMAND, "out", last=META, shown=str(cfg.out))
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

@@ -6,9 +6,10 @@ to learn the vocabulary (the characters, or a byte-level BPE) and count the char
 encode. The first `1 - val_fraction` of the characters become train.bin, the rest val.bin. The
 folder is written under a temporary name and renamed into place at the end, so an interrupted or
 failed run leaves no half-written folder (a killed run's is removed by the next run:
-commands/outputs.py). An existing `out` is replaced only with `overwrite=true`, and only when it
-holds nothing but what tokenize writes (TOKENIZE_FILES): the input text, a README or any other
-file of the user's is never removed.
+commands/outputs.py). An existing `out` is written only when it is empty or, with
+`overwrite=true`, a token folder of tokenize's own, and then only the files tokenize listed there
+are replaced (written.py): the input text, a README or any other file of the user's, even one
+named train.bin or tokenizer.json, is never removed.
 """
 
 from __future__ import annotations
@@ -24,28 +25,21 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from accel_train.commands.outputs import (
-    names,
-    partial_path,
-    remove_leftovers,
-    replace_files,
-    replace_folder,
-    resolved,
-)
+from accel_train.commands.outputs import partial_path, remove_leftovers, resolved
 from accel_train.data.tokenizer import (
     META,
-    TOKENIZER_FILE,
     BpeTokenizer,
     CharTokenizer,
     token_dtype,
 )
 from accel_train.errors import UserError
+from accel_train.written import check_out_folder, install
 
 log = logging.getLogger("accel_train")
 
 CHUNK_CHARS = 1 << 22  # ~4 M characters a chunk (cut at a line end): memory stays bounded
 PROGRESS_BYTES = 8 << 20  # a progress bar for inputs from 8 MB on (on a terminal)
-TOKENIZE_FILES = ("train.bin", "val.bin", META, TOKENIZER_FILE)  # all that tokenize writes
+COMMAND = "accel-data tokenize"  # who the folder's manifest says wrote it
 
 
 def tokenize(cfg: DictConfig) -> Path:
@@ -80,10 +74,7 @@ def tokenize(cfg: DictConfig) -> Path:
             if isinstance(tokenizer, BpeTokenizer):
                 tokenizer.save(partial)
             (partial / META).write_text(json.dumps(meta, ensure_ascii=False) + "\n")
-            if out.is_dir():  # empty, or a token folder (overwrite=true): file by file
-                replace_files(partial, out, TOKENIZE_FILES, last=META)
-            else:
-                replace_folder(partial, out)
+            install(partial, out, COMMAND, "out", last=META, shown=str(cfg.out))
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
@@ -122,22 +113,8 @@ def _check_input(path: Path) -> int:
 def _check_options(cfg: DictConfig, out: Path) -> None:
     if not 0 < cfg.val_fraction < 1:
         raise UserError(f"val_fraction={cfg.val_fraction} must be between 0 and 1 (e.g. 0.1).")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"out={cfg.out} is a file, not a folder: choose another `out`.")
-    held = {p.name for p in out.iterdir()} if out.is_dir() else set()
-    foreign = held - set(TOKENIZE_FILES)
-    if foreign:
-        raise UserError(
-            f"out={cfg.out} holds files accel-data tokenize did not write ({names(foreign)}): "
-            "tokenize writes only into a new folder, an empty one, or (with overwrite=true) a "
-            "token folder of its own, so that the input and your other files are never "
-            f"touched. Write to a folder of its own, e.g. `out={Path(cfg.out) / 'tokens'}`."
-        )
-    if held and not cfg.overwrite:
-        raise UserError(
-            f"out={cfg.out} is a token folder already ({names(held)}). Choose another folder, "
-            "or replace its files with `overwrite=true`."
-        )
+    example = str(Path(cfg.out) / "tokens")
+    check_out_folder(out, "out", COMMAND, bool(cfg.overwrite), example, shown=str(cfg.out))
 
 
 def _chunks(path: Path) -> Iterator[str]:

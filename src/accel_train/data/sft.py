@@ -70,7 +70,7 @@ def read_records(path: str, key: str) -> list[tuple[str, dict]]:
             ) from None
         rows = pq.read_table(file).to_pylist()
         return [(f"{file} (row {i + 1})", r) for i, r in enumerate(rows)]
-    text = file.read_text(encoding="utf-8")
+    text = _utf8_text(file, key, path)
     if file.suffix == ".json":
         try:
             rows = json.loads(text)
@@ -93,6 +93,21 @@ def read_records(path: str, key: str) -> list[tuple[str, dict]]:
     if not out:
         raise UserError(f"{key}={path}: the file holds no records.")
     return out
+
+
+def _utf8_text(file: Path, key: str, path: str) -> str:
+    """The file as UTF-8 text (JSON is UTF-8); otherwise the line with the first bad byte."""
+    data = file.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        fixed = file.with_name(f"{file.stem}.utf8{file.suffix}")
+        raise UserError(
+            f"{key}={path}: {file}:{line} is not UTF-8 (byte {data[err.start]:#04x} at offset "
+            f"{err.start}: {err.reason}). Save the file as UTF-8, e.g. `iconv -f latin1 -t "
+            f"utf-8 {file} > {fixed}` and give that file."
+        ) from None
 
 
 def _messages(where: str, record: Any) -> list[dict] | None:

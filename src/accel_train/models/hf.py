@@ -17,6 +17,7 @@ and activation checkpointing wraps.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -78,9 +79,25 @@ def model_folder(path: str | None, key: str = "model.path") -> Path:
             else ""
         )
         raise UserError(f"{key}={path}: no such folder. Give {LAYOUT}.{hint}")
-    if not (folder / "config.json").is_file():
+    config = folder / "config.json"
+    if not config.is_file():
         raise UserError(f"{key}={path}: the folder has no config.json. Give {LAYOUT}.")
+    _check_config_json(config, key, path)
     return folder
+
+
+def _check_config_json(config: Path, key: str, path: str) -> None:
+    """config.json read as JSON here: transformers' tokenizer loader reads it too, and its
+    error would blame the tokenizer (the first thing a run, accel-sample and export load)."""
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        where = f"line {err.lineno}, column {err.colno}: {err.msg}" if hasattr(err, "msg") else err
+        raise UserError(
+            f"{key}={path}: {config} is not valid JSON ({where}). Restore it (e.g. from "
+            "where the model came from, or write it again with the model's "
+            "`config.save_pretrained`)."
+        ) from None
 
 
 def _check_weights(folder: Path, key: str) -> None:

@@ -24,6 +24,7 @@ from accel_train.parallel import DistEnv, resolve_device
 from accel_train.precision import Precision, resolve_precision
 from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.tasks import Task, TaskContext, build_task
+from accel_train.written import make_parents, remove_empty
 
 log = logging.getLogger("accel_train")
 
@@ -228,10 +229,12 @@ def _no_test_split(ckpt_path: Path, cfg: DictConfig, splits) -> str:
 
 def _write_result(result: dict[str, Any], out: Path, given: bool) -> None:
     key = "out_path" if given else "out_path (by default beside the checkpoint)"
+    made: list[Path] = []
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        made = make_parents(out)
         out.write_text(json.dumps(json_safe(result), indent=2, allow_nan=False) + "\n")
     except OSError as err:
+        remove_empty(made)  # a result that could not be written leaves no folder behind
         blocked = next((p for p in (out.parent, *out.parent.parents) if p.is_file()), None)
         if blocked is not None:
             reason = f"{blocked} is a file, not a folder"
