@@ -229,8 +229,14 @@ def test_out_path_never_replaces_a_checkpoint_nor_an_existing_file(trained, run_
     args = [f"ckpt_path={best}", "format=torch_export", f"out_path={mine}"]
     err = _errors(run_cli(args, prog="accel-export"))
     assert "exists already" in err and "overwrite=true" in err and mine.read_bytes() == b"mine"
-    check_ok(run_cli([*args, "overwrite=true"], prog="accel-export"))
-    assert torch.export.load(mine) is not None and _card(mine)["source"]["checkpoint"] == str(best)
+    # Nor with overwrite=true: a file at the artifact's name is not an earlier export (issue 39).
+    err = _errors(run_cli([*args, "overwrite=true"], prog="accel-export"))
+    assert "not an earlier accel-export's artifact" in err and mine.read_bytes() == b"mine"
+    ours = tmp_path / "ours.pt2"
+    args = [f"ckpt_path={best}", "format=torch_export", f"out_path={ours}"]
+    check_ok(run_cli(args, prog="accel-export"))
+    check_ok(run_cli([*args, "overwrite=true"], prog="accel-export"))  # its own: replaced
+    assert torch.export.load(ours) is not None and _card(ours)["source"]["checkpoint"] == str(best)
 
 
 def test_qat_refuses_impossible_combinations(run_cli, tmp_path):

@@ -3,6 +3,7 @@ before anything (torch included) is loaded, and the output paths they refuse to 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -116,7 +117,7 @@ def refuse_checkpoint_target(ckpt_path: str, out_path: str, example: str) -> Non
 
 def check_export_target(ckpt_path: str, out_path: str, overwrite: bool) -> None:
     """An explicit out_path never replaces a checkpoint, and an existing file only with
-    overwrite=true."""
+    overwrite=true and only when it is an earlier export, unchanged since (_earlier_export)."""
     refuse_checkpoint_target(ckpt_path, out_path, "exports/model.onnx")
     out = Path(out_path).expanduser()
     card = out.with_name(out.name + ".json")
@@ -127,3 +128,26 @@ def check_export_target(ckpt_path: str, out_path: str, overwrite: bool) -> None:
             f"{'exist' if len(existing) > 1 else 'exists'} already (the artifact and its card). "
             "Choose another `out_path`, or replace them with `overwrite=true`."
         )
+    if existing and not _earlier_export(out, card):
+        raise UserError(
+            f"out_path={out_path}: {' and '.join(existing)} "
+            f"{'are' if len(existing) > 1 else 'is'} not an earlier accel-export's artifact and "
+            f"card (its card, {card.name}, names the artifact and its size, and the artifact is "
+            "unchanged since), so it is not accel-export's to replace, whatever `overwrite` "
+            "says. Choose another `out_path`, or move the file away yourself."
+        )
+
+
+def _earlier_export(out: Path, card: Path) -> bool:
+    """The card accel-export wrote beside `out` names it, and `out` still has the size the card
+    recorded: a file merely at an artifact's name is not proof that accel-export wrote it."""
+    try:
+        written = json.loads(card.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return (
+        isinstance(written, dict)
+        and Path(str(written.get("artifact", ""))).name == out.name
+        and out.is_file()
+        and written.get("file_bytes") == out.stat().st_size
+    )
