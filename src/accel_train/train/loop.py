@@ -181,6 +181,9 @@ class Loop:
     def _apply(self, resumed: Resumed) -> None:
         """Continue where the checkpoint left off (train/resume.py loaded the components)."""
         self.epoch, self.step = resumed.epoch, resumed.step
+        # The length counted from the checkpoint on (train/resume.py, resumed_length): the steps
+        # done at another data-parallel width are not counted again at this one.
+        self.parts.total_steps, self.parts.max_epochs = resumed.total_steps, resumed.max_epochs
         self.batch_in_epoch = resumed.batch_in_epoch
         self.best_val, self.last_val = resumed.best_val, resumed.last_val
         if resumed.finish_reason is not None:
