@@ -19,7 +19,6 @@ from accel_train.environment import inside_torchrun
 from accel_train.launchers.base import Launcher
 from accel_train.launchers.lock import hold_run_dir
 from accel_train.launchers.registry import launcher_for
-from accel_train.strategies import strategy_for
 from accel_train.train.checkpointing import check as check_checkpointing
 from accel_train.train.checkpointing import known_metrics
 from accel_train.train.resume import check_resume
@@ -38,7 +37,7 @@ def launch(cfg: DictConfig) -> float | None:
     # Before anything is written: a refused or unreadable resume leaves the run dir as it was,
     # and a run that already finished is not trained again.
     world = planned_world_size(cfg, launcher)
-    finished = check_resume(cfg, strategy_for(cfg).data_world(world))
+    finished = check_resume(cfg, world)
     if finished is not None:
         return finished.get(cfg.objective)
     return launcher.launch(cfg)

@@ -137,6 +137,19 @@ class Strategy:
     def parameter_count(self, module: nn.Module) -> int:
         return sum(p.numel() for p in module.parameters())
 
+    def describe_width(self, world: int) -> str:
+        """`world` processes as data-parallel ranks, e.g. "1 data-parallel rank (2 processes,
+        TP=2)": what a resume's refusal names, since only the data-parallel ranks split the
+        data."""
+        if world == 1:
+            return "1 data-parallel rank (1 process)"
+        lay = self.layout(world)
+        ranks = f"{lay.data_world} data-parallel rank{'s' if lay.data_world != 1 else ''}"
+        split = [f"{name.upper()}={n}" for name, n in (("tp", lay.tp), ("pp", lay.pp)) if n > 1]
+        if not split:
+            return ranks
+        return f"{ranks} ({world} processes, {', '.join(split)})"
+
     def describe_processes(self, world: int) -> str:
         """Appended to the batch line of the run's announcement."""
         return ""

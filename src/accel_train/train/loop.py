@@ -528,6 +528,8 @@ class Loop:
                 # batch_in_epoch counts batches of this many processes' shards (resume checks);
                 # under pipeline the replicas, not the stages, share the data.
                 "world_size": self.data_world,
+                # ... and how this run's processes make them (a resume's refusal says it).
+                "width": self.strategy.describe_width(self.env.world_size),
                 # Settings beyond the seed that a loader's order depends on (resume checks).
                 "order_depends_on": dict(getattr(self.train_loader, "order_depends_on", {})),
                 # Finished before its length (early stopping, a target): nothing left to train.

@@ -103,7 +103,8 @@ def _say_finished(run_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def check_resume(cfg: DictConfig, world_size: int | None = None) -> dict[str, Any] | None:
-    """What can be decided about `resume` before the run dir is written to. The launcher calls
+    """(`world_size`: the processes the run will have, None when not known yet.) What can be
+    decided about `resume` before the run dir is written to. The launcher calls
     this first, so that a checkpoint that does not load, or a refused config change, stops the
     run with the run dir exactly as it was. Returns the summary of a run that already finished
     (the launcher then trains nothing and exits 0), else None. Reads the checkpoint once more
@@ -120,7 +121,9 @@ def check_resume(cfg: DictConfig, world_size: int | None = None) -> dict[str, An
     changes = config_changes(state["config"], to_container(cfg), cfg.resume, path)
     progress = state["progress"]
     if world_size is not None:
-        check_world_size(progress, world_size, cfg.resume, path)
+        strategy = strategy_for(cfg)
+        ranks, width = strategy.data_world(world_size), strategy.describe_width(world_size)
+        check_world_size(progress, ranks, width, cfg.resume, path)
     total = progress.get("total_steps")  # None in checkpoints before it: the loop decides
     length_changed = any(c.key in ("trainer.max_epochs", "trainer.max_steps") for c in changes)
     if _is_own(path, ckpt_dir) and total is not None and not length_changed:
@@ -156,6 +159,7 @@ class Loop(Protocol):
     run_dir: Path
     ckpt_dir: Path
     checkpointer: Any  # its format: `suffix`, `sharded`
+    strategy: Any  # describe_width
     data_world: int
 
 
@@ -190,7 +194,8 @@ def resume(loop: Loop) -> Resumed | None:
     _check_task_data(loop, state, wanted, path)
     changed = {c.key for c in changes}
     p = state["progress"]
-    check_world_size(p, loop.data_world, wanted, path)
+    width = loop.strategy.describe_width(loop.env.world_size)
+    check_world_size(p, loop.data_world, width, wanted, path)
     check_loader_order(p, loop.train_loader, wanted, path)
     own = _is_own(path, loop.ckpt_dir)
     total, epochs = resumed_length(loop.cfg.trainer, p, loop.parts.steps_per_epoch)
