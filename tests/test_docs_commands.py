@@ -50,6 +50,18 @@ APPENDED = {
 CANARIES = [
     DocCommand("canary:unknown-key", "accel-train trainer.max_epoch=3", None),
     DocCommand("canary:bad-value", "accel-train loader.batch_size=0", None),
+    # Refused by the launcher's own launch (its strategy check), after every config check.
+    DocCommand(
+        "canary:slurm-strategy",
+        "accel-train launcher=slurm launcher.nodes=2 launcher.gpus_per_node=8 strategy=single",
+        None,
+    ),
+    DocCommand(
+        "canary:kubernetes-strategy",
+        "accel-train launcher=kubernetes launcher.image=registry/accel:1.0 launcher.nodes=2 "
+        "launcher.volume=runs-pvc hydra.run.dir=/runs/exp1 strategy=single",
+        None,
+    ),
 ]
 
 
