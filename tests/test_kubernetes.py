@@ -276,6 +276,11 @@ BAD = {
     ),
     "unknown_kind": (["launcher.kind=mpijob"], ["launcher.kind='mpijob'", "trainjob"]),
     "bad_job_name": (["launcher.job_name=My_Run"], ["launcher.job_name='My_Run'", "my-run"]),
+    "bad_image": (
+        ["launcher.image='Bad Image::x'"],
+        ["launcher.image='Bad Image::x' is not a container image reference", "registry"],
+    ),
+    "negative_gpus": (["launcher.gpus_per_node=-2"], ["launcher.gpus_per_node=-2", ">= 0"]),
     # The strategies' refusals name this launcher's keys with the user's values (2 nodes of 8,
     # not "launcher.nproc_per_node=16 and launcher.nnodes=2"), and count 2 x 3 processes.
     "single_on_two_nodes": (
