@@ -394,6 +394,11 @@ BAD_LAUNCHER = {
         ["strategy=single", "launcher.num_workers=3"],
         ["launcher.num_workers=3", "launcher.num_workers=1"],
     ),
+    # GPUs the cluster does not have: refused once connected, before Ray Train waits forever.
+    "gpus_the_cluster_lacks": (
+        ["launcher.use_gpu=true", "launcher.address={address}"],
+        ["launcher.use_gpu=true", "2 GPU", "has 0 GPU", "launcher.use_gpu=false"],
+    ),
 }
 
 
