@@ -4,6 +4,7 @@ continues. The StopRequest rules themselves are checked in-process (no subproces
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
@@ -276,6 +277,46 @@ def test_sigterm_to_the_torchrun_launcher_checkpoints_every_rank(tmp_path, run_c
     check_ok(proc)
     summary = (run.run_dir / "summary.json").read_text()
     assert f'"steps": {step + 2}' in summary
+
+
+def _workers_of(config: Path) -> list[int]:
+    """Live `accel_train.worker` processes reading this run's config (zombies are dead)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):  # not a process, or it exited meanwhile
+            continue
+        if b"accel_train.worker" in cmdline and str(config).encode() in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_workers_die_with_a_killed_launcher_and_free_the_run_dir(tmp_path):
+    """SIGKILL to the process group of a 2-process run (what a terminal's or a scheduler's kill
+    does): torchrun's workers, in sessions of their own, end within seconds too (their
+    parent-death signal), and the run dir's lock is free for the resume."""
+    ddp = [*RUN, "strategy=ddp", "launcher.nproc_per_node=2", "dataset.val_fraction=0"]
+    run = Run(ddp, tmp_path, tmp_path / "run", env={"OMP_NUM_THREADS": "1"}, new_session=True)
+    config = run.run_dir / "config.yaml"
+    try:
+        run.wait_for_step(2, timeout=240)
+        assert len(_workers_of(config)) == 2
+        os.killpg(run.proc.pid, signal.SIGKILL)
+        run.proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while _workers_of(config) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _workers_of(config), "workers still training after their launcher died"
+        fd = os.open(run.run_dir / ".lock", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what the resume takes
+        finally:
+            os.close(fd)
+    finally:
+        for pid in _workers_of(config):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_signal_during_the_last_validation_stops_before_the_test_pass(tmp_path, run_cli):

@@ -15,6 +15,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
+from accel_train.environment import LAUNCHER_PID
 from accel_train.errors import UserError
 from accel_train.launchers.rendezvous import check_rendezvous
 
@@ -61,9 +62,25 @@ def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
     argv = torchrun_argv(cfg, config_path, nproc)
     log.info("torchrun %s", " ".join(argv))
     args = get_args_parser().parse_args(argv)
+    # torchrun starts each worker in a session of its own, and they stay there: in the
+    # launcher's process group a Ctrl-C in the terminal would reach every worker directly and
+    # again through the agent, which forwards it, and a second SIGINT exits without saving
+    # (train/signals.py). So a kill of this process group reaches only this process; the
+    # workers end with it through the parent-death signal they arm at start
+    # (environment.die_with_launcher), which reads this pid.
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # (for the workers only: removed after the run)
     # SIGUSR1 (SLURM's warning before the time limit, `scancel --signal=USR1`, or a user's
     # `kill -USR1`) reaches this agent; the workers checkpoint at their next step on it.
     signal.signal(signal.SIGUSR1, _forward_to_workers)
+    try:
+        _run_agent(cfg, args)
+    finally:
+        os.environ.pop(LAUNCHER_PID, None)
+
+
+def _run_agent(cfg: DictConfig, args) -> None:
+    """torchrun's agent in this process, to the end of the run; a signal that stopped it or a
+    failed worker said the launcher's way."""
     try:
         run(args)
     except SignalException as err:
