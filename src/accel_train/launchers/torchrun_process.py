@@ -96,7 +96,7 @@ def _run_agent(cfg: DictConfig, args) -> None:
         sys.exit(128 + err.sigval.value)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
-        detail = _worker_error_line(failure.error_file, failure.message)
+        detail = _worker_error(failure)
         run_dir = Path(cfg.paths.output_dir)
         saved = any((run_dir / "checkpoints").glob("last.*"))
         hint = (
@@ -133,9 +133,20 @@ def _forward_to_workers(signum, frame) -> None:
             os.kill(pid, signum)
 
 
-def _worker_error_line(error_file: str, message: str) -> str:
-    text = message if isinstance(message, str) else ""
-    if not text and error_file and Path(error_file).is_file():
-        text = Path(error_file).read_text()[-500:]
-    text = text.strip().splitlines()[-1] if text.strip() else ""
-    return f": {text.rstrip('.')}" if text else ""
+def _worker_error(failure) -> str:
+    """What the failed worker said (torchrun's ProcessFailure, from the error file the worker
+    wrote: launchers/worker.py): a UserError's paragraph as it is; another exception's
+    `Type: message` on one line, with the log that holds its traceback."""
+    data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
+    message = failure.message if isinstance(failure.message, str) else ""
+    text = message.strip()
+    if not text or "user_error" not in data:  # no error file of ours: a signal, torch's own
+        lines = text.splitlines()
+        return f": {lines[-1].rstrip('.')}" if lines else ""
+    if data["user_error"]:
+        return f": {text.rstrip('.')}"
+    line = " ".join(text.split())
+    line = line if len(line) <= 500 else line[:500] + "..."
+    log_file = Path(failure.error_file).parent / "stderr.log" if failure.error_file else None
+    where = f" (its traceback: {log_file})" if log_file and log_file.is_file() else ""
+    return f": {line.rstrip('.')}{where}"
