@@ -13,11 +13,12 @@ from pathlib import Path
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 from torch.distributed.run import get_args_parser, run
 
 from accel_train.environment import LAUNCHER_PID
 from accel_train.errors import UserError
-from accel_train.launchers.rendezvous import check_rendezvous
+from accel_train.launchers.rendezvous import Arrivals, check_rendezvous, timed_out
 
 log = logging.getLogger("accel_train")
 
@@ -38,7 +39,7 @@ def torchrun_argv(cfg: DictConfig, config_path: Path, nproc: int) -> list[str]:
         f"--rdzv_backend={lc.rdzv_backend}",
         f"--rdzv_endpoint={lc.rdzv_endpoint}",
         f"--rdzv_id={rdzv_id}",
-        f"--rdzv_conf=join_timeout={lc.rdzv_timeout}",
+        f"--rdzv_conf=join_timeout={lc.rdzv_timeout}{_is_host(lc)}",
         f"--max_restarts={lc.max_restarts}",
         f"--monitor_interval={lc.monitor_interval}",
         f"--log_dir={log_dir / f'node{lc.node_rank}'}",
@@ -49,6 +50,15 @@ def torchrun_argv(cfg: DictConfig, config_path: Path, nproc: int) -> list[str]:
         WORKER_MODULE,
         str(config_path),
     ]
+
+
+def _is_host(lc: DictConfig) -> str:
+    """Several nodes under c10d: node 0 hosts the store, the others never do. (torch would
+    otherwise guess from the endpoint's name, and a name or address of this machine that it
+    does not recognise left node 0 waiting for a store nobody started.)"""
+    if str(lc.nnodes) == "1" or lc.rdzv_backend != "c10d":
+        return ""
+    return f",is_host={'true' if int(lc.node_rank) == 0 else 'false'}"
 
 
 def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
@@ -72,17 +82,23 @@ def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
     # SIGUSR1 (SLURM's warning before the time limit, `scancel --signal=USR1`, or a user's
     # `kill -USR1`) reaches this agent; the workers checkpoint at their next step on it.
     signal.signal(signal.SIGUSR1, _forward_to_workers)
+    multi_node = str(cfg.launcher.nnodes).isdigit() and int(cfg.launcher.nnodes) > 1
+    arrivals = Arrivals(cfg).start() if multi_node else None
     try:
-        _run_agent(cfg, args)
+        _run_agent(cfg, args, arrivals)
     finally:
         os.environ.pop(LAUNCHER_PID, None)
+        if arrivals is not None:
+            arrivals.stop.set()
 
 
-def _run_agent(cfg: DictConfig, args) -> None:
-    """torchrun's agent in this process, to the end of the run; a signal that stopped it or a
-    failed worker said the launcher's way."""
+def _run_agent(cfg: DictConfig, args, arrivals: Arrivals | None) -> None:
+    """torchrun's agent in this process, to the end of the run; a signal that stopped it, a
+    rendezvous that timed out or a failed worker said the launcher's way."""
     try:
         run(args)
+    except RendezvousTimeoutError:
+        raise timed_out(cfg, arrivals) from None
     except SignalException as err:
         # SIGTERM/SIGINT (docker stop, Ctrl-C, SLURM cancelling or requeueing the job): the
         # agent forwarded it to the workers and waited for them (--shutdown_timeout, 30 s), and
