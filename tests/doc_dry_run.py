@@ -1,8 +1,9 @@
 """Run `accel-train` and `accel-report` command lines the way their console scripts do, in one
 process, up to the point where training would start: `accel-train` composes (aliases, the
 schema, `-m` sweeps through their sweeper and launcher), validates, resolves and runs every
-check `launch()` runs (checkpoint monitor, resume, strategy, SLURM's keys), and then trains
-nothing; `accel-report` checks every variant's config (its `plan`) and runs nothing.
+check `launch()` and the launcher's own `launch` run (checkpoint monitor, resume, strategy,
+SLURM's keys, the Kubernetes manifest), and then starts and submits nothing; `accel-report`
+checks every variant's config (its `plan`) and runs nothing.
 
     python tests/doc_dry_run.py commands.json results.json
 
@@ -27,8 +28,7 @@ from accel_train import cli
 from accel_train.commands import report
 from accel_train.config.facts import OBJECTIVES
 from accel_train.errors import UserError
-from accel_train.launchers import kubernetes, launch, ray_train, slurm, torchrun
-from accel_train.train.found import forget as forget_checkpoint
+from accel_train.launchers import kubernetes_manifest, launch, ray_train, slurm_job, torchrun
 
 
 def _no_training(cfg) -> dict:
@@ -40,11 +40,16 @@ def _no_training(cfg) -> dict:
     return summary
 
 
+# Stubbed: only what starts processes or reaches a cluster. Each launcher's own `launch` runs up
+# to there (its strategy check, the config it writes), so a command refused there is refused
+# here too (the canaries of tests/test_docs_commands.py).
 torchrun.run_worker = _no_training
+# (with the rendezvous check: a multi-node line would wait for its node0)
 torchrun.run_torchrun = lambda cfg, path, nproc: _no_training(cfg)
-slurm.Slurm.launch = lambda self, cfg: forget_checkpoint()  # everything but sbatch
-ray_train.launch = lambda cfg, run_dir: None  # no Ray started for a dry run
-kubernetes.Kubernetes.launch = lambda self, cfg: None  # Kubernetes.check has run
+slurm_job.submit = lambda cfg, path: None  # sbatch
+ray_train.drive = lambda cfg, path, in_job=False: _no_training(cfg)  # no Ray started
+ray_train.submit_job = lambda lc, path: "dry-run"
+kubernetes_manifest.finish = lambda cfg, manifest: None  # checked against the models already
 launch.hold_run_dir = lambda cfg: None  # this one process would hold every run dir's lock
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import check_ok
 
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
@@ -110,6 +112,27 @@ def test_a_checkpoint_resumes_under_another_strategy(source, target, root, run_c
     for step in resumed:
         assert resumed[step] == pytest.approx(ref[step], rel=1e-4), (step, ref, resumed)
     assert (root / run / "checkpoints" / f"last{_suffix(target)}").exists()
+
+
+def test_a_mid_epoch_tp_checkpoint_is_refused_naming_its_data_parallel_ranks(root, run_cli_in):
+    """A TP run's 2 processes are 1 data-parallel rank: resumed mid-epoch under DDP over 2
+    processes (2 ranks), the refusal says so, before any process starts. The TP source stopped
+    at an epoch end; its meta.pt is moved 5 batches into the next epoch."""
+    ckpt = root / "mid_tp" / "checkpoints" / "last.dcp"
+    shutil.copytree(root / "src_tp" / "checkpoints" / "last.dcp", ckpt)
+    meta = torch.load(ckpt / "meta.pt", weights_only=True)
+    meta["progress"]["batch_in_epoch"] = 5
+    torch.save(meta, ckpt / "meta.pt")
+    ddp = ["strategy=ddp", "launcher.nproc_per_node=2", "loader.batch_size=8"]
+    proc = run_cli_in(
+        [*COMMON, *ddp, "trainer.max_steps=20", f"resume={ckpt}", "hydra.run.dir=mid_ddp"], root
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "was written by 1 data-parallel rank (2 processes, TP=2) in the middle of epoch 1" in (
+        proc.stderr
+    )
+    assert "this run has 2 data-parallel ranks." in proc.stderr
+    assert "Traceback" not in proc.stderr and not (root / "mid_ddp").exists()
 
 
 @pytest.mark.parametrize("source", ["tp", "fsdp"])

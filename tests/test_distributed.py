@@ -194,6 +194,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def this_host_address() -> str:
+    """An IPv4 address of this machine's network interface (no packet is sent), else
+    127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
 # ---- reading a run dir ----------------------------------------------------------------------
 
 
@@ -344,6 +355,35 @@ BAD_INPUTS = {
         ],
         ["launcher.rdzv_endpoint=localhost:{closed}", "nothing answered", "rdzv_timeout=3"],
     ),
+    # Node 0 alone: it says whom it waits for, and the timeout names the node that never came.
+    "node0_alone": (
+        [
+            "strategy=ddp",
+            "launcher.nnodes=2",
+            "launcher.node_rank=0",
+            "launcher.rdzv_endpoint=localhost:{alone}",
+            "launcher.rdzv_id=x",
+            "launcher.rdzv_timeout=3",
+        ],
+        [
+            "waiting for 2 nodes at localhost:{alone}",
+            "only node_rank 0 joined, and node_rank 1 never came",
+            "launcher.rdzv_timeout=3",
+        ],
+    ),
+    # ... also when the endpoint names this machine by an address of its network interface:
+    # node 0 hosts the rendezvous, it does not wait for itself to answer.
+    "node0_by_address": (
+        [
+            "strategy=ddp",
+            "launcher.nnodes=2",
+            "launcher.node_rank=0",
+            "launcher.rdzv_endpoint={address}:{alone2}",
+            "launcher.rdzv_id=x",
+            "launcher.rdzv_timeout=3",
+        ],
+        ["waiting for 2 nodes at {address}:{alone2}", "node_rank 1 never came"],
+    ),
 }
 # In-process: refusals of the config alone, by the functions the launcher calls before it
 # starts anything (validate, check_strategy, check_rendezvous): (overrides, check, texts).
@@ -444,7 +484,13 @@ def started(tmp_path_factory):
     busy = socket.socket()  # held open until every bad input has run
     busy.bind(("", 0))
     busy.listen()
-    ports = {"busy": busy.getsockname()[1], "closed": free_port()}
+    ports = {
+        "busy": busy.getsockname()[1],
+        "closed": free_port(),
+        "alone": free_port(),
+        "alone2": free_port(),
+        "address": this_host_address(),
+    }
     procs["ports"] = ports
     bad = root / "bad"
     procs["bad"] = {
@@ -630,7 +676,7 @@ def test_bad_input_is_refused_naming_the_key(name, started):
     assert result.returncode != 0, result.describe()
     assert "accel-train: error:" in result.stderr, result.describe()
     for text in BAD_INPUTS[name][1]:
-        assert text.format(**started["ports"]) in result.stderr, result.describe()
+        assert text.format(**started["ports"]) in result.output, result.describe()
     assert_no_traceback(result)
 
 

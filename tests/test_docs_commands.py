@@ -50,6 +50,18 @@ APPENDED = {
 CANARIES = [
     DocCommand("canary:unknown-key", "accel-train trainer.max_epoch=3", None),
     DocCommand("canary:bad-value", "accel-train loader.batch_size=0", None),
+    # Refused by the launcher's own launch (its strategy check), after every config check.
+    DocCommand(
+        "canary:slurm-strategy",
+        "accel-train launcher=slurm launcher.nodes=2 launcher.gpus_per_node=8 strategy=single",
+        None,
+    ),
+    DocCommand(
+        "canary:kubernetes-strategy",
+        "accel-train launcher=kubernetes launcher.image=registry/accel:1.0 launcher.nodes=2 "
+        "launcher.volume=runs-pvc hydra.run.dir=/runs/exp1 strategy=single",
+        None,
+    ),
 ]
 
 
@@ -162,12 +174,20 @@ def dry_results(workspace, mnist_dir, tmp_path_factory) -> dict[str, dict]:
     return {c.source + " " + c.text: r for c, r in zip(todo, results, strict=True)}
 
 
+def user_path(cwd: Path) -> str:
+    """The workspace (the docs' user code) on PYTHONPATH, before what was there: a checkout's
+    own src/ given there stays the accel_train that runs."""
+    import os
+
+    return os.pathsep.join(filter(None, [str(cwd), os.environ.get("PYTHONPATH")]))
+
+
 def _env(cwd: Path) -> dict[str, str]:
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env["ACCEL_TRAIN_DATA_DIR"] = str(cwd / "no-data-here")
-    env["PYTHONPATH"] = str(cwd)
+    env["PYTHONPATH"] = user_path(cwd)
     return env
 
 
@@ -192,7 +212,7 @@ def test_doc_command(command: DocCommand, workspace, mnist_dir, request):
         return
     argv = substitute(command, mnist_dir)
     proc = run_cli(
-        argv[1:], workspace, prog=argv[0], timeout=300, env={"PYTHONPATH": str(workspace)}
+        argv[1:], workspace, prog=argv[0], timeout=300, env={"PYTHONPATH": user_path(workspace)}
     )
     assert proc.returncode == 0, (
         f"{command.source}: `{command.text}` exits {proc.returncode}:\n"

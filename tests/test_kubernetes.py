@@ -58,6 +58,12 @@ def manifest_args(mount: Path, kind: str, *extra: str) -> list[str]:
     ]
 
 
+def without(args: list[str], changes: list[str]) -> list[str]:
+    """args with `changes` in place of the values they set (Hydra refuses a key given twice)."""
+    keys = {c.split("=")[0] for c in changes}
+    return [a for a in args if a.split("=")[0] not in keys] + changes
+
+
 def normalised(path: Path, mount: Path) -> str:
     """The manifest with this test's mount path written as <mount>."""
     return path.read_text().replace(str(mount), "<mount>")
@@ -270,6 +276,24 @@ BAD = {
     ),
     "unknown_kind": (["launcher.kind=mpijob"], ["launcher.kind='mpijob'", "trainjob"]),
     "bad_job_name": (["launcher.job_name=My_Run"], ["launcher.job_name='My_Run'", "my-run"]),
+    "bad_image": (
+        ["launcher.image='Bad Image::x'"],
+        ["launcher.image='Bad Image::x' is not a container image reference", "registry"],
+    ),
+    "negative_gpus": (["launcher.gpus_per_node=-2"], ["launcher.gpus_per_node=-2", ">= 0"]),
+    # The strategies' refusals name this launcher's keys with the user's values (2 nodes of 8,
+    # not "launcher.nproc_per_node=16 and launcher.nnodes=2"), and count 2 x 3 processes.
+    "single_on_two_nodes": (
+        ["strategy=single", "launcher.nproc_per_node=8"],
+        ["launcher.nodes=2 and launcher.nproc_per_node=8", "launcher.nodes=1"],
+    ),
+    "tp_not_dividing": (
+        ["strategy=fsdp", "strategy.tp=4", "launcher.nproc_per_node=3"],
+        [
+            "strategy.tp=4 does not divide the 6 processes",
+            "launcher.nproc_per_node (x launcher.nodes)",
+        ],
+    ),
 }
 
 
@@ -277,10 +301,23 @@ BAD = {
 def test_bad_inputs_are_refused_before_anything_is_written(name, run_cli, tmp_path):
     args, texts = BAD[name]
     mount = tmp_path / "mnt"
-    result = run_cli([*manifest_args(mount, "trainjob"), *args])
+    result = run_cli(without(manifest_args(mount, "trainjob"), args))
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     for text in texts:
         assert text in result.stderr, (text, result.stderr)
     run_dir = mount / "runs" / "exp1"
     assert not (run_dir / "config.yaml").exists() and not (run_dir / "trainjob.yaml").exists()
+
+
+def test_no_strategy_named_trains_the_nodes_with_ddp(run_cli, tmp_path):
+    """2 pods and no strategy: DDP (as torchrun and Lightning), said in one line and written
+    into config.yaml, which the pods read."""
+    mount = tmp_path / "mnt"
+    args = [a for a in manifest_args(mount, "trainjob") if a != "strategy=ddp"]
+    result = run_cli(args)
+    check_ok(result)
+    said = "no strategy named and 2 processes: training with strategy=ddp"
+    assert said in result.stdout + result.stderr
+    config = yaml.safe_load((mount / "runs" / "exp1" / "config.yaml").read_text())
+    assert config["strategy"]["name"] == "ddp"

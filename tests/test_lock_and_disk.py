@@ -291,8 +291,9 @@ def test_unwritable_checkpoint_dir_is_one_paragraph_and_keeps_last_pt(scenario):
 
 
 def test_workers_keep_the_run_dir_after_their_launcher_died(tmp_path):
-    """torchrun starts workers in sessions of their own, so they outlive a SIGKILLed launcher;
-    they joined its lock, so the dir stays theirs. (Forks stand in for the processes: the
+    """torchrun starts workers in sessions of their own, so they may outlive a SIGKILLed
+    launcher (for the moment their parent-death signal takes: test_signals.py); they joined its
+    lock, so the dir stays theirs while they live. (Forks stand in for the processes: the
     worker drops the descriptor it inherited, as an exec'd one would not have it.)"""
     pid_r, pid_w = os.pipe()
     go_r, go_w = os.pipe()

@@ -389,24 +389,35 @@ BAD_LAUNCHER = {
         ["launcher.address=http://127.0.0.1:8265", "launcher.submit=job"],
     ),
     "no_workers": (["launcher.num_workers=0"], ["launcher.num_workers=0"]),
+    # The strategy's refusal names Ray's own key and the user's value.
+    "single_with_workers": (
+        ["strategy=single", "launcher.num_workers=3"],
+        ["launcher.num_workers=3", "launcher.num_workers=1"],
+    ),
+    # GPUs the cluster does not have: refused once connected, before Ray Train waits forever.
+    "gpus_the_cluster_lacks": (
+        ["launcher.use_gpu=true", "launcher.address={address}"],
+        ["launcher.use_gpu=true", "2 GPU", "has 0 GPU", "launcher.use_gpu=false"],
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(BAD_LAUNCHER))
 def test_bad_launcher_values_are_one_paragraph(name, head, tmp_path):
     args, texts = BAD_LAUNCHER[name]
-    closed = free_port()
+    places = {"closed": free_port(), "address": head.address}
+    keys = {a.split("=")[0] for a in args}
     code, out = run(
         head,
         [
-            *RUN,
+            *[a for a in RUN if a.split("=")[0] not in keys],
             "launcher=ray",
-            *(a.format(closed=closed) for a in args),
+            *(a.format(**places) for a in args),
             f"hydra.run.dir={tmp_path}/r",
         ],
         tmp_path,
     )
-    assert_one_paragraph(code, out, *(t.format(closed=closed) for t in texts))
+    assert_one_paragraph(code, out, *(t.format(**places) for t in texts))
 
 
 def test_ray_not_installed_is_one_paragraph(head, tmp_path):

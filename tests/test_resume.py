@@ -1,7 +1,9 @@
-"""Exact resume on the CPU (end of epoch and mid-epoch) and a kill -9 during training."""
+"""Exact resume on the CPU (end of epoch and mid-epoch), a kill -9 during training, and resumes
+at another data-parallel width."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -155,3 +157,47 @@ def test_kill_9_leaves_a_loadable_checkpoint_and_resume_is_exact(run_cli, tmp_pa
     reference = tmp_path / "reference"
     check_ok(run_cli([*base, f"trainer.max_steps={target}", f"hydra.run.dir={reference}"]))
     assert_same_weights(last, reference / "checkpoints" / "last.pt")
+
+
+# 256 samples, all of them training (val_fraction=0), 32 per batch: 8 optimizer steps an epoch
+# on one process, 4 on two (DDP).
+WIDTH = [*FAST, "dataset.val_fraction=0", "loader.batch_size=32", "logger=none"]
+TWO = ["strategy=ddp", "launcher.nproc_per_node=2"]
+
+
+def test_resume_at_another_width_counts_the_steps_done(run_cli, tmp_path):
+    """A run resumed at an epoch boundary with more or fewer data-parallel processes keeps the
+    steps it did and trains the epochs still to run at the new steps per epoch; max_steps counts
+    optimizer steps of the whole run. One run dir, resumed four times, alternating widths:
+    (1 process) 1 epoch = 8 steps; (2) to max_epochs=2: +4 = 12; (1) to max_epochs=3: +8 = 20;
+    (2) to max_steps=24: +4; (1) to max_steps=28: +4, mid-epoch."""
+    run_dir = tmp_path / "run"
+    common = [*WIDTH, f"hydra.run.dir={run_dir}", "resume=auto"]
+    chain = [
+        (["trainer.max_epochs=1"], (8, 1), None),
+        ([*TWO, "trainer.max_epochs=2"], (12, 2), "the 1 epoch(s) still to run are 4 more"),
+        (["trainer.max_epochs=3"], (20, 3), "the 1 epoch(s) still to run are 8 more"),
+        (
+            [*TWO, "trainer.max_epochs=-1", "trainer.max_steps=24"],
+            (24, 4),
+            "trainer.max_steps=24 counts optimizer steps of the whole run, whatever their "
+            "global batch: 4 more",
+        ),
+        (
+            ["trainer.max_epochs=-1", "trainer.max_steps=28"],
+            (28, 4),
+            "trainer.max_steps=28 counts optimizer steps of the whole run, whatever their "
+            "global batch: 4 more",
+        ),
+    ]
+    for args, (steps, epochs), said in chain:
+        proc = run_cli([*common, *args])
+        check_ok(proc)
+        output = proc.stdout + proc.stderr
+        assert "already finished" not in output, output[-3000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert (summary["steps"], summary["epochs"]) == (steps, epochs), (args, output[-3000:])
+        if said:
+            assert said in output, output[-3000:]
+            # The lr schedule is rebuilt for the run's real length.
+            assert f"lr schedule for {steps} steps" in output, output[-3000:]

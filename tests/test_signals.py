@@ -4,6 +4,7 @@ continues. The StopRequest rules themselves are checked in-process (no subproces
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
@@ -276,6 +277,67 @@ def test_sigterm_to_the_torchrun_launcher_checkpoints_every_rank(tmp_path, run_c
     check_ok(proc)
     summary = (run.run_dir / "summary.json").read_text()
     assert f'"steps": {step + 2}' in summary
+
+
+def _workers_of(config: Path) -> list[int]:
+    """The `accel_train.worker` processes reading this run's config."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or it exited meanwhile
+            continue
+        if b"accel_train.worker" in cmdline and str(config).encode() in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    """A thread of it not yet a zombie: a process that is exiting holds its files (the run dir's
+    lock) until its last thread is gone, after its command line and its main thread."""
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                return True
+        except (OSError, IndexError):  # that thread exited meanwhile
+            continue
+    return False
+
+
+def _lock_is_free(run_dir: Path) -> bool:
+    fd = os.open(run_dir / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what the resume takes
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_workers_die_with_a_killed_launcher_and_free_the_run_dir(tmp_path):
+    """SIGKILL to the process group of a 2-process run (what a terminal's or a scheduler's kill
+    does): torchrun's workers, in sessions of their own, end within seconds too (their
+    parent-death signal), and the run dir's lock is free for the resume."""
+    ddp = [*RUN, "strategy=ddp", "launcher.nproc_per_node=2", "dataset.val_fraction=0"]
+    run = Run(ddp, tmp_path, tmp_path / "run", env={"OMP_NUM_THREADS": "1"}, new_session=True)
+    workers: list[int] = []
+    try:
+        run.wait_for_step(2, timeout=240)
+        workers = _workers_of(run.run_dir / "config.yaml")
+        assert len(workers) == 2
+        os.killpg(run.proc.pid, signal.SIGKILL)
+        run.proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(map(_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_alive, workers)), "workers still training after their launcher died"
+        while not _lock_is_free(run.run_dir) and time.monotonic() < deadline:
+            time.sleep(0.1)  # (their last thread's files go a moment after it)
+        assert _lock_is_free(run.run_dir), "the run dir is still locked"
+    finally:
+        for pid in filter(_alive, workers):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_signal_during_the_last_validation_stops_before_the_test_pass(tmp_path, run_cli):

@@ -114,3 +114,50 @@ def test_a_rank_that_really_dies_is_reported_failed(tmp_path):
     assert f"exit code -{int(signal.SIGKILL)}" in proc.stderr or "SIGKILL" in proc.stderr
     # (Rank 0's own error, its peer gone, may precede this on the console: torchrun tees it.)
     assert not (run_dir / "summary.json").exists()
+
+
+FAILING_MODEL = """
+import torch.nn as nn
+
+
+class FailsToShard(nn.Module):
+    \"\"\"Fails in each worker's first training step the way a library's own check does
+    (QLoRA's NF4 under FSDP: torchao asserts that the shards divide its blocks).\"\"\"
+
+    def __init__(self, in_channels=1, image_size=28, num_classes=10):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size**2, num_classes))
+
+    def forward(self, x):
+        if self.training:
+            raise AssertionError("quantization_factor.numel() not divisible by 2")
+        return self.net(x)
+"""
+
+
+def test_a_worker_error_is_shown_by_the_launcher(tmp_path):
+    """A worker that fails with an exception that is not ours: the launcher's one paragraph
+    gives its type and message and the log file with its traceback, not only torchrun's
+    "To enable traceback see: ..." (the cause was in the worker logs alone)."""
+    (tmp_path / "failing.py").write_text(FAILING_MODEL)
+    proc = run_cli(
+        [
+            *[a for a in SHORT if not a.startswith("model=")],
+            "model=custom",
+            "model._target_=failing.FailsToShard",
+            "strategy=ddp",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+        timeout=300,
+        env={
+            **_env(),
+            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        },
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    error = proc.stderr[proc.stderr.index("accel-train: error:") :]
+    assert "AssertionError: quantization_factor.numel() not divisible by 2" in error, error
+    assert "To enable traceback" not in error
+    log = error.split("(its traceback: ", 1)[1].split(")", 1)[0]
+    assert log.endswith("stderr.log") and "Traceback" in Path(log).read_text()

@@ -9,6 +9,9 @@ global gradient norm over whole, TP-sharded and FSDP x TP-sharded gradients chan
 
 from __future__ import annotations
 
+import re
+import shlex
+
 import pytest
 from helpers import Proc, check_ok, train_losses
 
@@ -163,6 +166,49 @@ def test_impossible_layouts_are_refused_before_any_process_starts(
         check_strategy(resolve(cfg), nproc)
     message = str(refused.value)
     assert said in message and "`" in message and "\n" not in message
+
+
+# The built-in MLP (784 -> 512 -> 256 -> 10, in-place ReLUs): 4 steps, dropout off.
+MLP = [
+    "model=mlp",
+    "model.dropout=0",
+    "dataset=synthetic",
+    "dataset.num_train=256",
+    "dataset.num_test=64",
+    "dataset.val_fraction=0",
+    "loader.batch_size=32",
+    "precision=fp32",
+    "trainer.deterministic=true",
+    "trainer.seed=3",
+    "trainer.log_every_n_steps=1",
+    "trainer.max_steps=4",
+    "trainer.gradient_clip_val=0.5",
+    "trainer.progress=none",
+    "trainer.plot_curves=false",
+    "logger=none",
+]
+
+
+def test_a_builtin_mlp_trains_under_tp_with_the_plan_its_refusal_gives(tmp_path, run_cli):
+    """A model with no plan of its own is refused, with a `strategy.tp_plan` override for its
+    Linear layers that a shell and Hydra parse as given; run as given, it trains (the MLP's
+    in-place ReLUs run out of place on the sharded activations) and follows one process."""
+    tp = [*MLP, "strategy=tp", "launcher.nproc_per_node=2"]
+    refused = run_cli([*tp, "hydra.run.dir=refused"], timeout=TIMEOUT)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "declares no plan of its own" in refused.stderr
+    example = re.search(r"`(\'\+strategy\.tp_plan=[^`]*)`", refused.stderr)
+    assert example, refused.stderr[-3000:]
+    (plan,) = shlex.split(example.group(1))  # as a shell passes it
+    assert plan == "+strategy.tp_plan={1: colwise, 4: rowwise}"
+    proc = run_cli([*tp, plan, "hydra.run.dir=tp"], timeout=TIMEOUT)
+    check_ok(proc)
+    assert "tensor parallel over 2 processes: 2 modules" in proc.stdout + proc.stderr
+    check_ok(run_cli([*MLP, "hydra.run.dir=one"]))
+    one, sharded = train_losses(tmp_path / "one"), train_losses(tmp_path / "tp")
+    assert sorted(one) == sorted(sharded) == [1, 2, 3, 4]
+    for step in one:
+        assert sharded[step] == pytest.approx(one[step], rel=1e-4), (step, one, sharded)
 
 
 def test_heads_not_divisible_is_refused_by_the_cli(run_cli, tmp_path):

@@ -1,15 +1,25 @@
 """Where this process runs (a torchrun worker? a SLURM job or srun step?), read from environment
-variables only, and the config resolvers that depend on it. Imports no torch: the CLI loads this
-before Hydra composes, so a typo in an override fails in well under a second."""
+variables only, the config resolvers that depend on it, and a worker's tie to the process that
+launched it. Imports no torch: the CLI loads this before Hydra composes, so a typo in an
+override fails in well under a second."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
+import threading
+import time
 from datetime import datetime
 
 from omegaconf import OmegaConf
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# The pid of the process that runs torchrun's agent for this node (accel-train, or a SLURM
+# node's `python -m accel_train.node`), set there for its workers (die_with_launcher).
+LAUNCHER_PID = "ACCEL_TRAIN_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def inside_torchrun() -> bool:
@@ -45,3 +55,55 @@ def node_suffix(node_rank: int, nnodes: str) -> str:
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("run_stamp", run_stamp, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("node_suffix", node_suffix, replace=True)
+
+
+def die_with_launcher() -> None:
+    """End this torchrun worker when the process that launched it ends, however that ended
+    (SIGKILL included): within a second, not at the end of training. torchrun starts its
+    workers in sessions of their own (launchers/torchrun_process.py says why they stay there),
+    so a signal to the launcher's process group never reaches them; left alone they would train
+    to the end, write summary.json and hold the run dir's lock against the next resume.
+
+    On Linux the kernel sends SIGKILL when the parent exits (prctl PR_SET_PDEATHSIG; the
+    parent is torchrun's agent, which runs in the launching process's main thread); elsewhere a
+    thread polls the parent's pid. The launcher's pid comes from $ACCEL_TRAIN_LAUNCHER_PID, so
+    a launcher that died before this ran (the worker reparented already) is noticed too; under
+    a user's own torchrun, the parent this process started with. SIGKILL, like the launcher's
+    own end: what a SIGKILL may lose is bounded by trainer.ckpt_every_n_steps (reliability)."""
+    launcher = _launcher_pid()
+    if not _parent_death_signal(signal.SIGKILL):
+        threading.Thread(target=_watch_parent, args=(launcher,), daemon=True).start()
+    if os.getppid() != launcher:  # it died before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _launcher_pid() -> int:
+    """$ACCEL_TRAIN_LAUNCHER_PID when it names the parent, or a process gone (the launcher,
+    dead before this ran); the parent otherwise (a live process of that pid that is not the
+    parent set it for other workers: this one runs under a torchrun of its own)."""
+    parent, named = os.getppid(), os.environ.get(LAUNCHER_PID, "")
+    if not named.isdigit() or int(named) == parent:
+        return parent
+    try:
+        os.kill(int(named), 0)
+    except ProcessLookupError:
+        return int(named)
+    except PermissionError:  # alive, someone else's
+        pass
+    return parent
+
+
+def _parent_death_signal(sig: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(launcher: int) -> None:
+    while os.getppid() == launcher:
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)

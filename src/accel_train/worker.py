@@ -3,7 +3,10 @@ entry point (documented for users' own torchrun and batch scripts); see launcher
 
 import sys
 
-from accel_train.launchers.worker import main
+from accel_train.environment import die_with_launcher
 
 if __name__ == "__main__":
+    die_with_launcher()  # first: importing the worker (torch) takes seconds
+    from accel_train.launchers.worker import main
+
     main(sys.argv[1:])

@@ -8,10 +8,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.tree import Tree
 
+from accel_train.config import CONFIG_DIR
 from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS, TrainConfig
 from accel_train.errors import UserError
 
@@ -94,6 +96,21 @@ def resolve(cfg: DictConfig) -> DictConfig:
 
     After this nothing refers to Hydra's runtime any more, so a worker can load the file."""
     return typed(to_container(cfg))
+
+
+def group_chosen(group: str) -> bool:
+    """Whether the user chose `group`'s option: on the command line (`group=option`), or through
+    an added config (an experiment) that picks another than train.yaml's default. True outside
+    a Hydra run: a config built in code means what it says."""
+    if not HydraConfig.initialized():
+        return True
+    hydra_cfg = HydraConfig.get()
+    for override in hydra_cfg.overrides.task:
+        if override.lstrip("+~").partition("=")[0] == group:
+            return True
+    defaults = OmegaConf.load(CONFIG_DIR / "train.yaml").defaults
+    default = next((e[group] for e in defaults if isinstance(e, DictConfig) and group in e), None)
+    return hydra_cfg.runtime.choices.get(group) != default
 
 
 def load_run_config(path: str | Path) -> DictConfig:

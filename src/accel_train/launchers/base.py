@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from accel_train.strategies import WorldKeys
+
 
 class Launcher:
     """One way of starting a run's processes. Subclasses override what differs."""
@@ -23,6 +25,20 @@ class Launcher:
         """The number of processes the run will have, where this launcher can tell before
         starting them; None when it cannot (the loop checks then)."""
         raise NotImplementedError
+
+    def world_keys(self, cfg: DictConfig) -> WorldKeys:
+        """This launcher's keys for the processes, with the user's values: what the
+        strategies' refusals name (torchrun's nproc_per_node and nnodes by default)."""
+        lc = cfg.launcher
+        nproc, nnodes = lc.nproc_per_node, str(lc.nnodes)
+        if nnodes == "1":
+            given = f"launcher.nproc_per_node={nproc}"
+            return WorldKeys(given, "launcher.nproc_per_node", "launcher.nproc_per_node=1")
+        return WorldKeys(
+            f"launcher.nproc_per_node={nproc} and launcher.nnodes={nnodes}",
+            "launcher.nproc_per_node (x launcher.nnodes)",
+            "launcher.nproc_per_node=1 launcher.nnodes=1",
+        )
 
     def submits_and_exits(self, cfg: DictConfig) -> bool:
         """True when `launch` hands the run to a scheduler and returns before it trains: this

@@ -11,7 +11,8 @@ from omegaconf import DictConfig
 from accel_train.config.run_config import write_run_config
 from accel_train.launchers import kubernetes_manifest as manifests
 from accel_train.launchers.base import Launcher
-from accel_train.launchers.world import check_strategy
+from accel_train.launchers.world import check_strategy, node_keys
+from accel_train.strategies import WorldKeys
 
 
 class Kubernetes(Launcher):
@@ -21,12 +22,15 @@ class Kubernetes(Launcher):
     def planned_world_size(self, cfg: DictConfig) -> int:
         return manifests.processes_per_node(cfg.launcher) * int(cfg.launcher.nodes)
 
+    def world_keys(self, cfg: DictConfig) -> WorldKeys:
+        return node_keys(cfg.launcher)
+
     def submits_and_exits(self, cfg: DictConfig) -> bool:
         return True
 
     def launch(self, cfg: DictConfig) -> None:
         lc, run_dir = cfg.launcher, Path(cfg.paths.output_dir)
-        check_strategy(cfg, manifests.processes_per_node(lc) * lc.nodes, nodes=lc.nodes)
+        check_strategy(cfg, manifests.processes_per_node(lc), lc.nodes, self.world_keys(cfg))
         if cfg.resume is None:
             cfg.resume = "auto"  # a restarted pod lands in this run dir and continues
         # Rendered and checked against the engine's models before anything is written.

@@ -72,9 +72,8 @@ def check(cfg: DictConfig) -> None:
             "launcher=kubernetes needs launcher.image: a container image with accel-train (and "
             "your code) installed, e.g. `launcher.image=registry.example.com/accel:1.0`."
         )
-    if lc.nodes < 1:
-        raise UserError(f"launcher.nodes={lc.nodes}: a job needs at least one node (pod).")
-    processes_per_node(lc)
+    check_image(str(lc.image))
+    check_counts(lc)
     if not lc.volume:
         raise UserError(
             "launcher=kubernetes needs launcher.volume: the PersistentVolumeClaim that holds "
@@ -90,6 +89,83 @@ def check(cfg: DictConfig) -> None:
             f"here at the same path and put the run there, e.g. `hydra.run.dir="
             f"{lc.mount_path}/runs/<name>`, or set launcher.mount_path to the folder it is in."
         )
+
+
+# The docker/distribution reference grammar (distribution/reference's regexp.go), which
+# Kubernetes and every container runtime parse `image:` with:
+#   [domain[:port]/]path-component[/path-component...][:tag][@digest]
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
+_NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME})(?::{_TAG})?(?:@{_DIGEST})?")
+# A Kubernetes resource quantity (cpu, memory): a number and an optional SI/binary suffix.
+QUANTITY = re.compile(
+    r"(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?"
+)
+
+
+def check_image(image: str) -> None:
+    """launcher.image must parse as an image reference: the pods would otherwise fail to pull it
+    (InvalidImageName) long after the job was written and submitted."""
+    match = IMAGE_REFERENCE.fullmatch(image)
+    if match and len(match.group("name")) <= 255:
+        return
+    why = "it is longer than 255 characters" if match else _image_fault(image)
+    raise UserError(
+        f"launcher.image={image!r} is not a container image reference ({why}). A reference is "
+        "[registry[:port]/]name[:tag][@sha256:digest], with a lower-case name of letters, "
+        "digits and single '.', '_' or '-' between them, e.g. "
+        "`launcher.image=registry.example.com/accel:1.0`."
+    )
+
+
+def _image_fault(image: str) -> str:
+    if not image.strip() or any(c.isspace() for c in image):
+        return "it holds a space"
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    path = name.rsplit(":", 1)[0] if ":" in last else name
+    if "::" in image or name.endswith(":"):
+        return "an empty tag or port"
+    if any(c.isupper() for c in path.split("/", 1)[-1]):
+        return "upper-case letters in the name"
+    return "its parts do not fit the grammar"
+
+
+def check_counts(lc: DictConfig) -> None:
+    """Every count and amount of a pod, before it is written into the manifest."""
+    if lc.nodes < 1:
+        raise UserError(f"launcher.nodes={lc.nodes}: a job needs at least one node (pod).")
+    if lc.gpus_per_node < 0:
+        raise UserError(
+            f"launcher.gpus_per_node={lc.gpus_per_node}: the GPUs (nvidia.com/gpu) of each pod "
+            "must be >= 0 (0: a CPU pod, launcher.nproc_per_node processes)."
+        )
+    processes_per_node(lc)
+    if lc.max_restarts < 0:
+        raise UserError(
+            f"launcher.max_restarts={lc.max_restarts}: torchrun's restarts of a pod's workers "
+            "must be >= 0 (0: none)."
+        )
+    if lc.omp_num_threads is not None and lc.omp_num_threads < 1:
+        raise UserError(
+            f"launcher.omp_num_threads={lc.omp_num_threads}: CPU threads per process must be "
+            ">= 1, or null for torchrun's default."
+        )
+    for key, example in (("cpu", "8"), ("memory", "64Gi")):
+        value = lc[key]
+        if value is None:
+            continue
+        match = QUANTITY.fullmatch(str(value))
+        if not match or float(match.group("number")) == 0:
+            raise UserError(
+                f"launcher.{key}={value!r} is not a positive Kubernetes quantity (a number with "
+                f"an optional suffix such as m, Ki, Mi, Gi, k, M, G), e.g. "
+                f"`launcher.{key}={example}`, or null for the cluster's default."
+            )
 
 
 def job_name(cfg: DictConfig) -> str:

@@ -9,27 +9,32 @@ or parse Hydra overrides.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from omegaconf import DictConfig
 
 from accel_train.config.checks import validate
-from accel_train.config.run_config import resolve
+from accel_train.config.run_config import group_chosen, resolve
 from accel_train.environment import inside_torchrun
 from accel_train.launchers.base import Launcher
 from accel_train.launchers.lock import hold_run_dir
 from accel_train.launchers.registry import launcher_for
-from accel_train.strategies import strategy_for
+from accel_train.strategies import default_for_world
 from accel_train.train.checkpointing import check as check_checkpointing
 from accel_train.train.checkpointing import known_metrics
 from accel_train.train.resume import check_resume
+
+log = logging.getLogger("accel_train")
 
 
 def launch(cfg: DictConfig) -> float | None:
     """The body of `accel-train`: returns the run's objective (summary.json's `objective` key:
     best_val_acc for a classifier, final_val_loss for the other tasks by default)."""
-    validate(cfg)
     launcher = launcher_for(cfg)
+    # Before validate: its checks see the strategy the run trains with.
+    choose_default_strategy(cfg, launcher)
+    validate(cfg)
     cfg = resolve(cfg)
     launcher.check(cfg)  # before anything is written
     # checkpoint.monitor names a metric validation logs: refused now, not after an epoch.
@@ -38,7 +43,7 @@ def launch(cfg: DictConfig) -> float | None:
     # Before anything is written: a refused or unreadable resume leaves the run dir as it was,
     # and a run that already finished is not trained again.
     world = planned_world_size(cfg, launcher)
-    finished = check_resume(cfg, strategy_for(cfg).data_world(world))
+    finished = check_resume(cfg, world)
     if finished is not None:
         return finished.get(cfg.objective)
     return launcher.launch(cfg)
@@ -50,3 +55,14 @@ def planned_world_size(cfg: DictConfig, launcher: Launcher) -> int | None:
     if inside_torchrun():  # started by the user's own torchrun: its world, whatever launcher=
         return int(os.environ["WORLD_SIZE"])
     return launcher.planned_world_size(cfg)
+
+
+def choose_default_strategy(cfg: DictConfig, launcher: Launcher) -> None:
+    """Several processes and no strategy named: DDP, and one line that says so
+    (strategies.default_for_world). A strategy the user named is kept, and refused by its own
+    check if it cannot run on that many processes."""
+    if group_chosen("strategy"):
+        return
+    said = default_for_world(cfg, planned_world_size(cfg, launcher))
+    if said:
+        log.info(said)

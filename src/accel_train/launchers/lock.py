@@ -12,7 +12,8 @@ written into the dir:
 - in-process and single-node torchrun runs: the launching `accel-train` process, before it
   writes config.yaml. Its torchrun workers join it (a shared lock on the same file, found
   through $ACCEL_TRAIN_RUN_LOCK), so workers that outlive a killed launcher (torchrun starts
-  them in sessions of their own) still keep the dir;
+  them in sessions of their own; they end within a second through their parent-death signal,
+  environment.die_with_launcher) keep the dir until they are gone;
 - multi-node runs (whose node launchers share the dir), srun-adopted tasks and a user's own
   torchrun: global rank 0, in the worker; the other ranks take nothing;
 - a launcher that submits and exits (`launcher=slurm` on the login node, kubernetes, Ray's

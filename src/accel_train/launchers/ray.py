@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from accel_train.launchers import ray_train
 from accel_train.launchers.base import Launcher
 from accel_train.launchers.world import check_strategy
+from accel_train.strategies import WorldKeys
 
 
 class Ray(Launcher):
@@ -19,9 +20,15 @@ class Ray(Launcher):
     def planned_world_size(self, cfg: DictConfig) -> int:
         return ray_train.planned_world_size(cfg.launcher)
 
+    def world_keys(self, cfg: DictConfig) -> WorldKeys:
+        n = cfg.launcher.num_workers
+        return WorldKeys(
+            f"launcher.num_workers={n}", "launcher.num_workers", "launcher.num_workers=1"
+        )
+
     def submits_and_exits(self, cfg: DictConfig) -> bool:
         return cfg.launcher.submit == "job"
 
     def launch(self, cfg: DictConfig) -> float | None:
-        check_strategy(cfg, self.planned_world_size(cfg))
+        check_strategy(cfg, self.planned_world_size(cfg), keys=self.world_keys(cfg))
         return ray_train.launch(cfg, Path(cfg.paths.output_dir))

@@ -111,6 +111,7 @@ def drive(cfg: DictConfig, config_path: Path, in_job: bool = False) -> dict[str,
     lc, run_dir = cfg.launcher, Path(cfg.paths.output_dir)
     connect(ray, lc, in_job)
     try:
+        check_resources(ray, lc)
         trainer = build_trainer(cfg, config_path)
         log.info("Ray Train: %d workers on %s", lc.num_workers, _where(ray, lc, in_job))
         fit(trainer, cfg)
@@ -180,6 +181,32 @@ def connect(ray, lc: DictConfig, in_job: bool) -> None:
             # authentication (on by default) says so only in its C++ log lines.
             raise UserError(auth_paragraph(lc.address, err)) from None
         raise UserError(_unreachable(lc.address, _one_line(err))) from None
+
+
+def check_resources(ray, lc: DictConfig) -> None:
+    """The cluster must have the GPUs (and CPUs) the workers ask for: Ray Train would otherwise
+    wait for them forever, its autoscaler saying so only in Ray's own logs."""
+    have = ray.cluster_resources()
+    wants = {"CPU": lc.num_workers * lc.cpus_per_worker}
+    if lc.use_gpu:
+        wants["GPU"] = lc.num_workers  # one each (ScalingConfig.use_gpu)
+    short = {k: v for k, v in wants.items() if have.get(k, 0) < v}
+    if not short:
+        return
+    where = "the local Ray started for this run" if lc.address is None else lc.address
+    listed = ", ".join(f"{v:g} {k}" for k, v in short.items())
+    held = ", ".join(f"{have.get(k, 0):g} {k}" for k in short)
+    fix = (
+        "`launcher.use_gpu=false` trains on the CPUs, or fewer `launcher.num_workers`"
+        if "GPU" in short
+        else "lower `launcher.num_workers` or `launcher.cpus_per_worker`"
+    )
+    raise UserError(
+        f"launcher.num_workers={lc.num_workers} with launcher.use_gpu={str(lc.use_gpu).lower()} "
+        f"and launcher.cpus_per_worker={lc.cpus_per_worker:g} need {listed}, but {where} has "
+        f"{held}: Ray would wait for them forever. Use a cluster that has them (an autoscaling "
+        f"one: start its nodes first), or {fix}."
+    )
 
 
 def _host_port(address: str) -> tuple[str, int] | None:

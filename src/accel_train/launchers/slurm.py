@@ -12,13 +12,17 @@ from accel_train.environment import in_srun_step
 from accel_train.errors import UserError
 from accel_train.launchers import slurm_job
 from accel_train.launchers.base import Launcher
-from accel_train.launchers.world import check_strategy
+from accel_train.launchers.world import check_strategy, node_keys
+from accel_train.strategies import WorldKeys
 from accel_train.train.found import forget as forget_checkpoint
 
 
 class Slurm(Launcher):
     def planned_world_size(self, cfg: DictConfig) -> int:
         return slurm_job.processes_per_node(cfg.launcher) * int(cfg.launcher.nodes)
+
+    def world_keys(self, cfg: DictConfig) -> WorldKeys:
+        return node_keys(cfg.launcher)
 
     def submits_and_exits(self, cfg: DictConfig) -> bool:
         return True
@@ -32,7 +36,7 @@ class Slurm(Launcher):
                 "run `accel-train launcher=slurm` once from the batch script or salloc shell."
             )
         lc = cfg.launcher
-        check_strategy(cfg, slurm_job.processes_per_node(lc) * lc.nodes, nodes=lc.nodes)
+        check_strategy(cfg, slurm_job.processes_per_node(lc), lc.nodes, self.world_keys(cfg))
         if cfg.resume is None:
             cfg.resume = "auto"  # a requeued job lands in this run dir and continues
         path = write_run_config(cfg, Path(cfg.paths.output_dir))

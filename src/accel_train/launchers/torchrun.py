@@ -41,7 +41,7 @@ class Torchrun(Launcher):
         if in_srun_step() and not inside_torchrun():
             self.adopt_srun_task(cfg)
         nproc, nnodes = local_world_size(cfg), cfg.launcher.nnodes
-        check_strategy(cfg, nproc)
+        check_strategy(cfg, nproc, keys=self.world_keys(cfg))
         if inside_torchrun():
             # Started by the user's own torchrun (or srun): this process *is* a worker.
             if int(os.environ["RANK"]) == 0:

@@ -13,10 +13,12 @@ from pathlib import Path
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 from torch.distributed.run import get_args_parser, run
 
+from accel_train.environment import LAUNCHER_PID
 from accel_train.errors import UserError
-from accel_train.launchers.rendezvous import check_rendezvous
+from accel_train.launchers.rendezvous import Arrivals, check_rendezvous, timed_out
 
 log = logging.getLogger("accel_train")
 
@@ -37,7 +39,7 @@ def torchrun_argv(cfg: DictConfig, config_path: Path, nproc: int) -> list[str]:
         f"--rdzv_backend={lc.rdzv_backend}",
         f"--rdzv_endpoint={lc.rdzv_endpoint}",
         f"--rdzv_id={rdzv_id}",
-        f"--rdzv_conf=join_timeout={lc.rdzv_timeout}",
+        f"--rdzv_conf=join_timeout={lc.rdzv_timeout}{_is_host(lc)}",
         f"--max_restarts={lc.max_restarts}",
         f"--monitor_interval={lc.monitor_interval}",
         f"--log_dir={log_dir / f'node{lc.node_rank}'}",
@@ -48,6 +50,15 @@ def torchrun_argv(cfg: DictConfig, config_path: Path, nproc: int) -> list[str]:
         WORKER_MODULE,
         str(config_path),
     ]
+
+
+def _is_host(lc: DictConfig) -> str:
+    """Several nodes under c10d: node 0 hosts the store, the others never do. (torch would
+    otherwise guess from the endpoint's name, and a name or address of this machine that it
+    does not recognise left node 0 waiting for a store nobody started.)"""
+    if str(lc.nnodes) == "1" or lc.rdzv_backend != "c10d":
+        return ""
+    return f",is_host={'true' if int(lc.node_rank) == 0 else 'false'}"
 
 
 def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
@@ -61,11 +72,33 @@ def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
     argv = torchrun_argv(cfg, config_path, nproc)
     log.info("torchrun %s", " ".join(argv))
     args = get_args_parser().parse_args(argv)
+    # torchrun starts each worker in a session of its own, and they stay there: in the
+    # launcher's process group a Ctrl-C in the terminal would reach every worker directly and
+    # again through the agent, which forwards it, and a second SIGINT exits without saving
+    # (train/signals.py). So a kill of this process group reaches only this process; the
+    # workers end with it through the parent-death signal they arm at start
+    # (environment.die_with_launcher), which reads this pid.
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # (for the workers only: removed after the run)
     # SIGUSR1 (SLURM's warning before the time limit, `scancel --signal=USR1`, or a user's
     # `kill -USR1`) reaches this agent; the workers checkpoint at their next step on it.
     signal.signal(signal.SIGUSR1, _forward_to_workers)
+    multi_node = str(cfg.launcher.nnodes).isdigit() and int(cfg.launcher.nnodes) > 1
+    arrivals = Arrivals(cfg).start() if multi_node else None
+    try:
+        _run_agent(cfg, args, arrivals)
+    finally:
+        os.environ.pop(LAUNCHER_PID, None)
+        if arrivals is not None:
+            arrivals.stop.set()
+
+
+def _run_agent(cfg: DictConfig, args, arrivals: Arrivals | None) -> None:
+    """torchrun's agent in this process, to the end of the run; a signal that stopped it, a
+    rendezvous that timed out or a failed worker said the launcher's way."""
     try:
         run(args)
+    except RendezvousTimeoutError:
+        raise timed_out(cfg, arrivals) from None
     except SignalException as err:
         # SIGTERM/SIGINT (docker stop, Ctrl-C, SLURM cancelling or requeueing the job): the
         # agent forwarded it to the workers and waited for them (--shutdown_timeout, 30 s), and
@@ -79,7 +112,7 @@ def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
         sys.exit(128 + err.sigval.value)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
-        detail = _worker_error_line(failure.error_file, failure.message)
+        detail = _worker_error(failure)
         run_dir = Path(cfg.paths.output_dir)
         saved = any((run_dir / "checkpoints").glob("last.*"))
         hint = (
@@ -116,9 +149,20 @@ def _forward_to_workers(signum, frame) -> None:
             os.kill(pid, signum)
 
 
-def _worker_error_line(error_file: str, message: str) -> str:
-    text = message if isinstance(message, str) else ""
-    if not text and error_file and Path(error_file).is_file():
-        text = Path(error_file).read_text()[-500:]
-    text = text.strip().splitlines()[-1] if text.strip() else ""
-    return f": {text.rstrip('.')}" if text else ""
+def _worker_error(failure) -> str:
+    """What the failed worker said (torchrun's ProcessFailure, from the error file the worker
+    wrote: launchers/worker.py): a UserError's paragraph as it is; another exception's
+    `Type: message` on one line, with the log that holds its traceback."""
+    data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
+    message = failure.message if isinstance(failure.message, str) else ""
+    text = message.strip()
+    if not text or "user_error" not in data:  # no error file of ours: a signal, torch's own
+        lines = text.splitlines()
+        return f": {lines[-1].rstrip('.')}" if lines else ""
+    if data["user_error"]:
+        return f": {text.rstrip('.')}"
+    line = " ".join(text.split())
+    line = line if len(line) <= 500 else line[:500] + "..."
+    log_file = Path(failure.error_file).parent / "stderr.log" if failure.error_file else None
+    where = f" (its traceback: {log_file})" if log_file and log_file.is_file() else ""
+    return f": {line.rstrip('.')}{where}"

@@ -41,21 +41,28 @@ def main(argv: list[str]) -> None:
     try:
         _main(argv)
     except UserError as err:
-        _write_error_file(err)
+        _write_error_file(str(err), user_error=True)
         raise
     except KeyboardInterrupt:
         # SIGINT forwarded by the torchrun agent before the loop installed its handler (while
         # importing or building): nothing trained yet, so no traceback in the worker's log.
         sys.exit(130)
+    except Exception as err:
+        # Not a paragraph of ours (a library's assertion, a bug): the launcher shows its one
+        # line and where the traceback is; the traceback goes to this rank's log as before.
+        _write_error_file(f"{type(err).__name__}: {err}", user_error=False)
+        raise
 
 
-def _write_error_file(err: UserError) -> None:
+def _write_error_file(message: str, user_error: bool) -> None:
     """Hand the message to the torchrun agent (it reads TORCHELASTIC_ERROR_FILE), so the
-    launcher's own error line says what went wrong, whichever rank failed."""
+    launcher's own error says what went wrong, whichever rank failed: a UserError's whole
+    paragraph, or another exception's type and message (`user_error` tells them apart)."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if path:
+        row = {"message": message, "timestamp": int(time.time()), "user_error": user_error}
         with open(path, "w") as f:
-            json.dump({"message": str(err), "timestamp": int(time.time())}, f)
+            json.dump(row, f)
 
 
 def log_to_run_dir(run_dir: Path) -> None:

@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from accel_train.errors import UserError
 from accel_train.parallel import resolve_device
-from accel_train.strategies import strategy_for
+from accel_train.strategies import WorldKeys, strategy_for
 
 
 def local_world_size(cfg: DictConfig) -> int:
@@ -39,14 +39,31 @@ def local_world_size(cfg: DictConfig) -> int:
     return nproc
 
 
-def check_strategy(cfg: DictConfig, nproc: int, nodes: int | None = None) -> None:
+def check_strategy(
+    cfg: DictConfig, nproc: int, nodes: int | None = None, keys: WorldKeys | None = None
+) -> None:
     """The strategy's refusals for `nproc` processes on each of the nodes, before any starts:
-    its layout (every mesh degree divides the world, a TP degree the heads), its own limits."""
+    its layout (every mesh degree divides the world, a TP degree the heads), its own limits.
+    `keys`: the launcher's own keys for the processes, which the refusals name."""
     sc, nnodes = cfg.strategy, str(nodes or cfg.launcher.nnodes)
     world = nproc * int(nnodes) if nnodes.isdigit() else None
-    strategy_for(cfg).check_world(world, nproc, nnodes)
+    strategy = strategy_for(cfg)
+    strategy.keys = keys or WorldKeys()
+    strategy.check_world(world, nproc, nnodes)
     if sc.backend == "nccl" and not torch.cuda.is_available():
         raise UserError(
             "strategy.backend=nccl but this machine has no CUDA device; NCCL only runs on GPUs. "
             "Use `strategy.backend=gloo` (or `auto`, which picks gloo on the CPU)."
         )
+
+
+def node_keys(lc: DictConfig) -> WorldKeys:
+    """The keys of a launcher that allocates whole nodes (launcher.nodes x the processes of
+    each: launcher.gpus_per_node when set, else launcher.nproc_per_node): SLURM, Kubernetes."""
+    per_node = "gpus_per_node" if lc.gpus_per_node > 0 else "nproc_per_node"
+    value = lc[per_node]
+    return WorldKeys(
+        f"launcher.nodes={lc.nodes} and launcher.{per_node}={value}",
+        f"launcher.{per_node} (x launcher.nodes)",
+        f"launcher.nodes=1 launcher.{per_node}=1",
+    )

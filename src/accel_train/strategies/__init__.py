@@ -5,9 +5,11 @@ chosen by `strategy.name` from the one registry below. To add one: a file here w
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from accel_train.strategies.base import Strategy, Wrapped, refuse_unknown
+from accel_train.config import CONFIG_DIR
+from accel_train.config.schema import OPTION_SCHEMAS
+from accel_train.strategies.base import Strategy, WorldKeys, Wrapped, refuse_unknown
 from accel_train.strategies.ddp import DDP
 from accel_train.strategies.dp import DataParallel
 from accel_train.strategies.fsdp import FSDP
@@ -15,7 +17,15 @@ from accel_train.strategies.pipeline import PipelineParallel
 from accel_train.strategies.single import Single
 from accel_train.strategies.tp import TensorParallel
 
-__all__ = ["STRATEGIES", "Strategy", "Wrapped", "strategy_class", "strategy_for"]
+__all__ = [
+    "STRATEGIES",
+    "Strategy",
+    "WorldKeys",
+    "Wrapped",
+    "default_for_world",
+    "strategy_class",
+    "strategy_for",
+]
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "single": Single,
@@ -38,3 +48,26 @@ def strategy_for(cfg: DictConfig) -> Strategy:
     """A fresh strategy object for the run's config (one per process: it holds the pipeline's
     stage once `wrap` has cut the model)."""
     return strategy_class(cfg.strategy.name)(cfg)
+
+
+# What several processes train with when the user named no strategy: DDP, as a torchrun script
+# does and as Lightning's strategy="auto" chooses for several devices.
+MULTI_PROCESS_DEFAULT = "ddp"
+
+
+def default_for_world(cfg: DictConfig, world: int | None) -> str | None:
+    """The user named no strategy (train.yaml's one-process default holds) and the launch
+    plans `world` processes: with more than one, cfg.strategy becomes the DDP option (its own
+    YAML, strategy.backend kept). Returns the line that says so; None when nothing changed."""
+    if world is None or world < 2:
+        return None
+    name = MULTI_PROCESS_DEFAULT
+    option = OmegaConf.load(CONFIG_DIR / "strategy" / f"{name}.yaml")
+    option.pop("defaults", None)
+    schema = OmegaConf.structured(OPTION_SCHEMAS["strategy"][name])
+    cfg.strategy = OmegaConf.merge(schema, option, {"backend": cfg.strategy.backend})
+    return (
+        f"no strategy named and {world} processes: training with strategy={name} "
+        "(DistributedDataParallel, as torchrun and Lightning do); name another to choose it, "
+        "e.g. `strategy=fsdp`"
+    )

@@ -33,6 +33,19 @@ from accel_train.precision import Precision
 from accel_train.strategies.mesh import MeshLayout, build_mesh, check_heads
 
 
+@dataclass(frozen=True)
+class WorldKeys:
+    """The launcher's own keys for the run's processes, as the strategies' refusals name them
+    (the user's keys and values: `launcher.num_workers=3` under Ray, not torchrun's
+    nproc_per_node). `given`: what they say now; `count`: the key(s) to change; `one`: the
+    override for one process. The default is torchrun's, for a config checked without a
+    launcher (a user's own torchrun, the workers)."""
+
+    given: str = "launcher.nproc_per_node=1"
+    count: str = "launcher.nproc_per_node (x launcher.nnodes)"
+    one: str = "launcher.nproc_per_node=1"
+
+
 @dataclass
 class Wrapped:
     """What the loop trains (`model`) and what validation calls (`eval_model`); `module` is the
@@ -63,6 +76,9 @@ class Strategy:
         # Processes holding each data-parallel rank's loss (the TP group), as this process
         # trains: set by a tensor-parallel strategy's `wrap`.
         self.spread = 1
+        # How the launcher's keys give the processes, for the refusals of `check_world` and
+        # `layout` (set by launchers/world.check_strategy before it asks).
+        self.keys = WorldKeys()
 
     # ---- the layout -------------------------------------------------------------------------
 
@@ -136,6 +152,19 @@ class Strategy:
 
     def parameter_count(self, module: nn.Module) -> int:
         return sum(p.numel() for p in module.parameters())
+
+    def describe_width(self, world: int) -> str:
+        """`world` processes as data-parallel ranks, e.g. "1 data-parallel rank (2 processes,
+        TP=2)": what a resume's refusal names, since only the data-parallel ranks split the
+        data."""
+        if world == 1:
+            return "1 data-parallel rank (1 process)"
+        lay = self.layout(world)
+        ranks = f"{lay.data_world} data-parallel rank{'s' if lay.data_world != 1 else ''}"
+        split = [f"{name.upper()}={n}" for name, n in (("tp", lay.tp), ("pp", lay.pp)) if n > 1]
+        if not split:
+            return ranks
+        return f"{ranks} ({world} processes, {', '.join(split)})"
 
     def describe_processes(self, world: int) -> str:
         """Appended to the batch line of the run's announcement."""

@@ -34,7 +34,7 @@ class FSDP(Strategy):
 
     def layout(self, world: int) -> MeshLayout:
         tp = self.tp_degree(world)
-        check_tp_divides(tp, world)
+        check_tp_divides(tp, world, self.keys)
         # dp_shard is kept at degree 1 too: FSDP takes its group when TP takes every process.
         return MeshLayout(dp_shard=world // tp, tp=tp, keep=("dp_shard",))
 

@@ -34,11 +34,11 @@ class PipelineParallel(Strategy):
         self.pipe: Pipeline | None = None  # this process's stage, once `wrap` has cut the model
 
     def layout(self, world: int) -> MeshLayout:
-        stages = pipeline_stages(self.cfg, world)
+        stages = pipeline_stages(self.cfg, world, self.keys)
         return MeshLayout(dp_replicate=world // stages, pp=stages, keep=("dp_replicate", "pp"))
 
     def check_world(self, world: int | None, nproc: int, nnodes: str) -> None:
-        check_pipeline(self.run_cfg, world)
+        check_pipeline(self.run_cfg, world, self.keys)
         super().check_world(world, nproc, nnodes)
 
     def wrap(self, module: nn.Module, env: DistEnv, sample: Any, precision: Precision) -> Wrapped:

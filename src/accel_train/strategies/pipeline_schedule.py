@@ -34,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from accel_train.errors import UserError
 from accel_train.parallel import DistEnv
 from accel_train.precision import Precision
+from accel_train.strategies.base import WorldKeys
 from accel_train.strategies.mesh import MeshLayout
 from accel_train.strategies.pipeline_cut import Block, activations, chain, keep_blocks, split
 
@@ -67,24 +68,24 @@ def stage_layout(mesh: MeshLayout, rank: int) -> Layout:
     return Layout(mesh.pp, mesh.dp_replicate, rank % mesh.pp, mesh.data_rank(rank))
 
 
-def pipeline_stages(strategy_cfg: DictConfig, world: int) -> int:
+def pipeline_stages(strategy_cfg: DictConfig, world: int, keys: WorldKeys) -> int:
     stages = strategy_cfg.stages or world
     if stages < 2:
         raise UserError(
             f"strategy=pipeline with strategy.stages={strategy_cfg.stages} and {world} "
-            "process(es): a pipeline needs at least 2 stages, one per process. Start 2 or more "
-            "processes (`launcher.nproc_per_node=2`) or use `strategy=single`."
+            f"process(es): a pipeline needs at least 2 stages, one per process. Start 2 or more "
+            f"processes ({keys.count}) or use `strategy=single`."
         )
     if world % stages:
         raise UserError(
             f"strategy.stages={stages} does not divide the {world} processes: each pipeline "
-            "replica needs exactly `stages` processes. Set launcher.nproc_per_node (x nnodes) to "
-            f"a multiple of {stages}, or `strategy.stages` to a divisor of {world}."
+            f"replica needs exactly `stages` processes. Set {keys.count} to a multiple of "
+            f"{stages}, or `strategy.stages` to a divisor of {world}."
         )
     return stages
 
 
-def check_pipeline(cfg: DictConfig, world: int | None) -> None:
+def check_pipeline(cfg: DictConfig, world: int | None, keys: WorldKeys) -> None:
     """What can be refused before any process starts (`world`: None when not known yet)."""
     sc, t = cfg.strategy, cfg.trainer
     if sc.schedule not in SCHEDULES:
@@ -112,7 +113,7 @@ def check_pipeline(cfg: DictConfig, world: int | None) -> None:
     if sc.stages < 0:
         raise UserError(f"strategy.stages={sc.stages} must be >= 0 (0 = one stage per process).")
     if world is not None:
-        pipeline_stages(sc, world)
+        pipeline_stages(sc, world, keys)
     refused = {
         "precision=fp16": (
             cfg.precision.name == "fp16"

@@ -12,8 +12,9 @@ class Single(Strategy):
     def check_world(self, world: int | None, nproc: int, nnodes: str) -> None:
         if nproc > 1 or nnodes != "1":
             raise UserError(
-                f"strategy=single with launcher.nproc_per_node={nproc} and launcher.nnodes="
-                f"{nnodes}: several processes need a data-parallel strategy. Add `strategy=ddp` "
-                "(or `strategy=fsdp`), or set `launcher.nproc_per_node=1`."
+                f"strategy=single with {self.keys.given}: several processes need a "
+                "data-parallel strategy. Drop `strategy=single` (several processes train with "
+                "DDP when no strategy is named), name one (`strategy=ddp`, `strategy=fsdp`), "
+                f"or set `{self.keys.one}`."
             )
         super().check_world(world, nproc, nnodes)

@@ -73,17 +73,25 @@ def resolve_plan(model: nn.Module, tp_plan: dict[str, str], sequence_parallel: b
     declared = getattr(model, "tp_plan", None)
     plan = declared(sequence_parallel=sequence_parallel) if callable(declared) else {}
     if not plan:
-        linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)][:6]
         raise UserError(
             f"tensor parallelism for model {type(model).__name__}: it declares no plan of its own "
             "(the built-in GPT and Hugging Face models with a `base_model_tp_plan` do). Give "
-            "`strategy.tp_plan` (module name pattern -> colwise / rowwise / sequence), e.g. "
-            f"`+strategy.tp_plan={{'{linear[0] if linear else 'layers.*.fc1'}': colwise}}` for "
-            "the layer that widens and rowwise for the one after it."
+            "`strategy.tp_plan` (module name pattern -> colwise / rowwise / sequence): colwise "
+            "for a layer that widens and rowwise for the one after it, e.g. "
+            f"{example_plan(model)}."
         )
     return _match(
         model, {k: v if isinstance(v, ParallelStyle) else style(v, k) for k, v in plan.items()}
     )
+
+
+def example_plan(model: nn.Module) -> str:
+    """A `strategy.tp_plan` override for this model's first two Linear layers, as Hydra parses
+    it on a command line: a dict whose keys are bare (a quoted key does not parse), quoted for
+    the shell. (`+`: the schema's empty dict takes no new key without it.)"""
+    linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)][:2]
+    first, second = (linear + ["layers.*.fc1", "layers.*.fc2"][len(linear) :])[:2]
+    return f"`'+strategy.tp_plan={{{first}: colwise, {second}: rowwise}}'`"
 
 
 def _match(model: nn.Module, plan: dict[str, ParallelStyle]) -> dict[str, ParallelStyle]:
@@ -128,6 +136,7 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, strategy_cfg) -> nn.Module:
             )
     user = {str(k): str(v) for k, v in (strategy_cfg.get("tp_plan") or {}).items()}
     plan = resolve_plan(model, user, bool(strategy_cfg.sequence_parallel))
+    out_of_place(model)
     model = parallelize_module(model, mesh, plan)
     if dist.get_rank() == 0:
         styles = defaultdict(int)
@@ -136,6 +145,17 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, strategy_cfg) -> nn.Module:
         shown = ", ".join(f"{n} {name}" for name, n in sorted(styles.items()))
         log.info("tensor parallel over %d processes: %d modules (%s)", tp, len(plan), shown)
     return model
+
+
+def out_of_place(model: nn.Module) -> None:
+    """Activations and dropouts built with `inplace=True` (the built-in CNNs' and MLP's ReLUs,
+    torchvision's, many users' own) compute out of place: a sharded layer's output is a view
+    that DTensor's backward owns, and autograd forbids modifying it in place ("Output 0 of
+    _ToTorchTensor is a view and is being modified inplace"). The same values, one more
+    activation tensor each."""
+    for module in model.modules():
+        if getattr(module, "inplace", None) is True:
+            module.inplace = False
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

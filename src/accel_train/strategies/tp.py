@@ -10,11 +10,11 @@ from torch import nn
 from accel_train.errors import UserError
 from accel_train.parallel import DistEnv
 from accel_train.precision import Precision
-from accel_train.strategies.base import Strategy, Wrapped
+from accel_train.strategies.base import Strategy, WorldKeys, Wrapped
 from accel_train.strategies.mesh import MeshLayout
 
 
-def check_tp_divides(tp: int, world: int) -> None:
+def check_tp_divides(tp: int, world: int, keys: WorldKeys) -> None:
     if tp < 1:
         raise UserError(
             f"strategy.tp={tp} must be >= 1 (the tensor-parallel degree; 1 = no tensor "
@@ -23,8 +23,8 @@ def check_tp_divides(tp: int, world: int) -> None:
     if world % tp:
         raise UserError(
             f"strategy.tp={tp} does not divide the {world} processes: each tensor-parallel group "
-            f"needs exactly {tp} processes. Set launcher.nproc_per_node (x launcher.nnodes) to a "
-            f"multiple of {tp}, or `strategy.tp` to a divisor of {world}."
+            f"needs exactly {tp} processes. Set {keys.count} to a multiple of {tp}, or "
+            f"`strategy.tp` to a divisor of {world}."
         )
 
 
@@ -37,7 +37,7 @@ class TensorParallel(Strategy):
 
     def layout(self, world: int) -> MeshLayout:
         tp = self.tp_degree(world)
-        check_tp_divides(tp, world)
+        check_tp_divides(tp, world, self.keys)
         if tp != world:
             raise UserError(
                 f"strategy=tp with strategy.tp={tp} and {world} processes: strategy=tp uses every "

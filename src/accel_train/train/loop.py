@@ -182,6 +182,9 @@ class Loop:
     def _apply(self, resumed: Resumed) -> None:
         """Continue where the checkpoint left off (train/resume.py loaded the components)."""
         self.epoch, self.step = resumed.epoch, resumed.step
+        # The length counted from the checkpoint on (train/resume.py, resumed_length): the steps
+        # done at another data-parallel width are not counted again at this one.
+        self.parts.total_steps, self.parts.max_epochs = resumed.total_steps, resumed.max_epochs
         self.batch_in_epoch = resumed.batch_in_epoch
         self.best_val, self.last_val = resumed.best_val, resumed.last_val
         if resumed.finish_reason is not None:
@@ -530,6 +533,8 @@ class Loop:
                 # batch_in_epoch counts batches of this many processes' shards (resume checks);
                 # under pipeline the replicas, not the stages, share the data.
                 "world_size": self.data_world,
+                # ... and how this run's processes make them (a resume's refusal says it).
+                "width": self.strategy.describe_width(self.env.world_size),
                 # Settings beyond the seed that a loader's order depends on (resume checks).
                 "order_depends_on": dict(getattr(self.train_loader, "order_depends_on", {})),
                 # Finished before its length (early stopping, a target): nothing left to train.

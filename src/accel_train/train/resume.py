@@ -103,7 +103,8 @@ def _say_finished(run_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def check_resume(cfg: DictConfig, world_size: int | None = None) -> dict[str, Any] | None:
-    """What can be decided about `resume` before the run dir is written to. The launcher calls
+    """(`world_size`: the processes the run will have, None when not known yet.) What can be
+    decided about `resume` before the run dir is written to. The launcher calls
     this first, so that a checkpoint that does not load, or a refused config change, stops the
     run with the run dir exactly as it was. Returns the summary of a run that already finished
     (the launcher then trains nothing and exits 0), else None. Reads the checkpoint once more
@@ -120,7 +121,9 @@ def check_resume(cfg: DictConfig, world_size: int | None = None) -> dict[str, An
     changes = config_changes(state["config"], to_container(cfg), cfg.resume, path)
     progress = state["progress"]
     if world_size is not None:
-        check_world_size(progress, world_size, cfg.resume, path)
+        strategy = strategy_for(cfg)
+        ranks, width = strategy.data_world(world_size), strategy.describe_width(world_size)
+        check_world_size(progress, ranks, width, cfg.resume, path)
     total = progress.get("total_steps")  # None in checkpoints before it: the loop decides
     length_changed = any(c.key in ("trainer.max_epochs", "trainer.max_steps") for c in changes)
     if _is_own(path, ckpt_dir) and total is not None and not length_changed:
@@ -156,6 +159,7 @@ class Loop(Protocol):
     run_dir: Path
     ckpt_dir: Path
     checkpointer: Any  # its format: `suffix`, `sharded`
+    strategy: Any  # describe_width
     data_world: int
 
 
@@ -172,6 +176,10 @@ class Resumed:
     last_val: dict[str, float] | None = None
     finish_reason: str | None = None  # finished early: only the test pass is left
     scheduler: Any = None  # a schedule rebuilt for a new length or config (None: restored)
+    # The run's length from the checkpoint's progress on (resumed_length): optimizer steps in
+    # all, and the epoch the loop stops before.
+    total_steps: int = 0
+    max_epochs: int = 0
 
 
 def resume(loop: Loop) -> Resumed | None:
@@ -185,11 +193,13 @@ def resume(loop: Loop) -> Resumed | None:
     changes = config_changes(state["config"], to_container(loop.cfg), wanted, path)
     _check_task_data(loop, state, wanted, path)
     changed = {c.key for c in changes}
-    p, parts = state["progress"], loop.parts
-    check_world_size(p, loop.data_world, wanted, path)
+    p = state["progress"]
+    width = loop.strategy.describe_width(loop.env.world_size)
+    check_world_size(p, loop.data_world, width, wanted, path)
     check_loader_order(p, loop.train_loader, wanted, path)
     own = _is_own(path, loop.ckpt_dir)
-    finished = p["step"] >= parts.total_steps or p["epoch"] >= parts.max_epochs
+    total, epochs = resumed_length(loop.cfg.trainer, p, loop.parts.steps_per_epoch)
+    finished = p["step"] >= total or p["epoch"] >= epochs
     if p.get("finished_early") and not length_changed(changed):
         finished = True  # early stopping or a target ended it: nothing left to train
     if finished and own:
@@ -206,8 +216,10 @@ def resume(loop: Loop) -> Resumed | None:
     elif loop.env.is_main:  # e.g. amp trained on the CPU (no scaler), resumed on CUDA
         log.info("the checkpoint has no GradScaler state: loss scaling starts from its default")
     resumed = _progress(str(path), p, finished)
+    resumed.total_steps, resumed.max_epochs = total, epochs
     if not finished:  # (finished here: only the test pass is left, no step to schedule)
-        resumed.scheduler = _restore_schedule(loop, state, changed)
+        _say_new_width(loop, p, total, epochs)
+        resumed.scheduler = _restore_schedule(loop, state, changed, total)
     loop.checkpoints.load_state_dict(p, own)
     saved = state.get("techniques", {})
     for technique in loop.techniques:
@@ -311,13 +323,13 @@ def _apply(groups: list[dict], fresh: list[dict], keys: list[str], onecycle: boo
             group[key] = new[key]
 
 
-def _restore_schedule(loop: Loop, state: dict, changed: set[str]) -> Any:
-    """Restore the schedule exactly (returns None), or rebuild it for a new length or config
-    (module doc; returns the new schedule)."""
+def _restore_schedule(loop: Loop, state: dict, changed: set[str], total: int) -> Any:
+    """Restore the schedule exactly (returns None), or rebuild it for a new length (`total`
+    optimizer steps) or config (module doc; returns the new schedule)."""
     p, parts = state["progress"], loop.parts
     old_total = p.get("total_steps") or _total_steps(state["config"]["trainer"], parts)
     rebuild = (
-        old_total != parts.total_steps
+        old_total != total
         or any(k in LR_KEYS for k in changed)
         or any(k.startswith("scheduler.") for k in changed)
     )
@@ -335,7 +347,7 @@ def _restore_schedule(loop: Loop, state: dict, changed: set[str]) -> Any:
     scheduler = build_scheduler(
         loop.optimizer,
         loop.cfg.scheduler,
-        parts.total_steps,
+        total,
         lr_scale,
         start_step=p["step"],
     )
@@ -343,12 +355,62 @@ def _restore_schedule(loop: Loop, state: dict, changed: set[str]) -> Any:
         log.info(
             "lr schedule for %d steps (the checkpoint's run: %d), fast-forwarded to step %d: "
             "lr %.4g",
-            parts.total_steps,
+            total,
             old_total,
             p["step"],
             loop.optimizer.param_groups[0]["lr"],
         )
     return scheduler
+
+
+def resumed_length(trainer: DictConfig, p: dict[str, Any], steps_per_epoch: int) -> tuple[int, int]:
+    """(optimizer steps of the whole run, the epoch the loop stops before), resumed at the
+    checkpoint's progress `p`. The steps done are kept as they are, and the epochs still to run
+    count at this run's steps per epoch: at an epoch boundary the data-parallel width may have
+    changed (resume_rules.check_world_size), and with it the global batch and the steps an
+    epoch takes, so `max_epochs x steps_per_epoch` would count the steps already done at the old
+    width against the new budget. trainer.max_steps counts optimizer steps of the whole run,
+    whatever global batch each was taken at (Lightning's global_step, torchtitan's
+    training.steps). For a fresh run, or one resumed at the width it was trained at, this is
+    build.run_length."""
+    into_epoch = -(-p["batch_in_epoch"] // trainer.accumulate_grad_batches)  # steps, ceil
+    epoch_start = p["step"] - into_epoch
+    total = epoch_start + max(trainer.max_epochs - p["epoch"], 0) * steps_per_epoch
+    if trainer.max_steps > 0:
+        total = min(total, trainer.max_steps) if trainer.max_epochs > 0 else trainer.max_steps
+    epochs = p["epoch"] + max(0, -(-(total - epoch_start) // steps_per_epoch))
+    return total, epochs
+
+
+def _say_new_width(loop: Loop, p: dict[str, Any], total: int, epochs: int) -> None:
+    """One line when the data-parallel width changed at this epoch boundary: what the steps
+    still to run are made of."""
+    saved = p.get("world_size")
+    if not loop.env.is_main or saved in (None, loop.data_world):
+        return
+    t, spe = loop.cfg.trainer, loop.parts.steps_per_epoch
+    left = total - p["step"]
+    if t.max_steps > 0 and total == t.max_steps:
+        why = (
+            f"trainer.max_steps={t.max_steps} counts optimizer steps of the whole run, whatever "
+            f"their global batch: {left} more"
+        )
+    else:
+        why = f"the {epochs - p['epoch']} epoch(s) still to run are {left} more steps"
+    old_batch = loop.parts.global_batch // loop.data_world * saved  # batch_size is the same
+    log.info(
+        "resumed with %d data-parallel rank(s) (global batch %d) from a checkpoint written with "
+        "%d (global batch %d): its %d optimizer steps stand, and %s at %d an epoch, %d steps in "
+        "all",
+        loop.data_world,
+        loop.parts.global_batch,
+        saved,
+        old_batch,
+        p["step"],
+        why,
+        spe,
+        total,
+    )
 
 
 def _total_steps(trainer: dict[str, Any], parts: Any) -> int:

@@ -260,21 +260,27 @@ def length_changed(changed: set[str]) -> bool:
     return bool(changed & {"trainer.max_epochs", "trainer.max_steps"})
 
 
-def check_world_size(progress: dict[str, Any], world_size: int, wanted: str, path: Path) -> None:
+def check_world_size(
+    progress: dict[str, Any], world_size: int, width: str, wanted: str, path: Path
+) -> None:
     """Mid-epoch, the checkpoint's place in the data (batch_in_epoch) counts batches of each
-    rank's shard: another number of processes shards the epoch differently, so the resumed run
-    would repeat or skip samples. At an epoch boundary the world size may change (the global
-    batch, and with it the steps per epoch, change too: the schedule is rebuilt)."""
+    data-parallel rank's shard: another number of ranks shards the epoch differently, so the
+    resumed run would repeat or skip samples. At an epoch boundary the number may change (the
+    global batch, and with it the steps per epoch, change too: train/resume.resumed_length).
+    `world_size`: this run's data-parallel ranks; `width`: how its processes make them
+    (Strategy.describe_width), as the checkpoint's `width` says of its own."""
     saved = progress.get("world_size")  # None: a checkpoint from before it was recorded
     if saved is None or saved == world_size or not progress["batch_in_epoch"]:
         return
+    saved_width = progress.get("width") or f"{saved} data-parallel rank(s)"
     raise UserError(
-        f"resume={wanted}: the checkpoint {path} was written by {saved} process(es) in the middle "
-        f"of epoch {progress['epoch']} (batch {progress['batch_in_epoch']} of each process's "
-        f"share), and this run has {world_size}. Mid-epoch, each process's share of the data "
-        f"depends on the number of processes, so the run would repeat or skip samples. Resume "
-        f"with {saved} process(es) (e.g. `launcher.nproc_per_node={saved}`), let that run reach "
-        "the end of an epoch first, or start a fresh run in a new run dir."
+        f"resume={wanted}: the checkpoint {path} was written by {saved_width} in the middle of "
+        f"epoch {progress['epoch']} (batch {progress['batch_in_epoch']} of each data-parallel "
+        f"rank's share), and this run has {width}. Mid-epoch, each rank's share of the data "
+        f"depends on the number of data-parallel ranks, so the run would repeat or skip samples. "
+        f"Resume with {saved_width} as the checkpoint was written (its strategy and launcher "
+        "settings), let that run reach the end of an epoch first, or start a fresh run in a new "
+        "run dir."
     )
 
 
