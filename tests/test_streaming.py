@@ -138,6 +138,21 @@ def test_an_s3_prefix_of_other_objects_is_never_overwritten(data, endpoint, run_
     _refused(run_cli(args, prog="accel-data", env=s3_env(endpoint)), out, "not a shard set")
     listed = client.list_objects_v2(Bucket=BUCKET, Prefix="mine/")["Contents"]
     assert [o["Key"] for o in listed] == ["mine/notes.txt"]
+    # Nor a shard set holding an object of the user's inside a split (LitData's overwrite mode
+    # empties the split's prefix; issue 39).
+    bucket, prefix = data["s3"].removeprefix("s3://").split("/", 1)
+    planted = f"{prefix}/train/extra/mine.txt"
+    client.put_object(Bucket=bucket, Key=planted, Body=b"keep")
+    try:
+        out = f"out={data['s3']}"
+        args[3] = out
+        _refused(run_cli(args, prog="accel-data", env=s3_env(endpoint)), "train/extra/mine.txt")
+        assert client.get_object(Bucket=bucket, Key=planted)["Body"].read() == b"keep"
+    finally:
+        client.delete_object(Bucket=bucket, Key=planted)  # (the module's shard set, as it was)
+    # A shard set of its own (LitData's chunks and index only) is still replaced.
+    args[3] = f"out=s3://{BUCKET}/images-again"
+    check_ok(run_cli([*args, f"chunk_bytes={CHUNK}"], prog="accel-data", env=s3_env(endpoint)))
 
 
 # ---- training: local and S3, a small cache, the cache reused ---------------------------------

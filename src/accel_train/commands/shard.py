@@ -350,7 +350,28 @@ def _s3_foreign(client, bucket: str, prefix: str, out: str) -> list[str]:
     own = {f"{base}{split}/" for split in SPLITS} | {f"{base}{META}"}
     entries = [c["Prefix"] for c in listed.get("CommonPrefixes", [])]
     entries += [o["Key"] for o in listed.get("Contents", [])]
-    return [e.removeprefix(base) for e in entries if e not in own]
+    foreign = [e.removeprefix(base) for e in entries if e not in own]
+    for split in SPLITS:  # LitData's overwrite mode empties each split's prefix
+        foreign += [f"{split}/{k}" for k in _s3_unlisted(client, bucket, f"{base}{split}/", out)]
+    return foreign
+
+
+def _s3_unlisted(client, bucket: str, split_base: str, out: str) -> list[str]:
+    """The objects under a split's prefix that are not LitData's: its index.json and the chunks
+    (chunk-*.bin, listed in that index or left by an interrupted write). A user's object
+    there (train/extra/notes.txt) is not the shard set's to delete."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=split_base)
+        keys = [o["Key"].removeprefix(split_base) for p in pages for o in p.get("Contents", [])]
+    except (BotoCoreError, ClientError, ConnectionError) as err:
+        raise s3_error(err, out, "out") from None
+    return [k for k in keys if k != "index.json" and not _is_chunk(k)]
+
+
+def _is_chunk(name: str) -> bool:
+    return "/" not in name and name.startswith("chunk-") and name.endswith(".bin")
 
 
 def _s3_remove(client, bucket: str, prefix: str) -> None:
