@@ -29,60 +29,34 @@ SFT = [
 TINY_GPT = ["model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=16"]
 
 
-def _write_odd_llama(folder: Path) -> Path:
-    """A Llama whose weight matrices hold no multiple of 64 values (hidden 36): NF4 can quantize
-    none of them."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _write_folder(folder: Path, config: str, model: str, **dims) -> Path:
+    """A tiny transformers model (`config`, `model`: class names) and the chat tokenizer."""
+    import transformers
 
     tok = write_tokenizer(folder)
-    cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=36, intermediate_size=72, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
-    LlamaForCausalLM(cfg).save_pretrained(folder)
+    ids = {"pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id}
+    cfg = getattr(transformers, config)(vocab_size=len(tok), **ids, **dims)
+    getattr(transformers, model)(cfg).save_pretrained(folder)
     return folder
 
 
-def _write_bert(folder: Path) -> Path:
-    """A masked-LM (bidirectional) folder with a chat tokenizer."""
-    from transformers import BertConfig, BertForMaskedLM
-
-    tok = write_tokenizer(folder)
-    cfg = BertConfig(
-        vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=128,
-    )  # fmt: skip
-    BertForMaskedLM(cfg).save_pretrained(folder)
-    return folder
-
-
-def _write_headless(folder: Path) -> Path:
-    """A Llama body saved from AutoModel (no lm_head, embeddings not tied)."""
-    from transformers import LlamaConfig, LlamaModel
-
-    tok = write_tokenizer(folder)
-    cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
-    LlamaModel(cfg).save_pretrained(folder)
-    return folder
-
-
-def _write_gpt2(folder: Path) -> Path:
-    """GPT-2: its attention and MLP layers are transformers' Conv1D, not nn.Linear."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    tok = write_tokenizer(folder)
-    cfg = GPT2Config(
-        vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, n_positions=128,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.eos_token_id,
-    )  # fmt: skip
-    GPT2LMHeadModel(cfg).save_pretrained(folder)
-    return folder
+# A Llama whose weight matrices hold no multiple of 64 values (hidden 36): NF4 quantizes none.
+ODD_LLAMA = {
+    "hidden_size": 36, "intermediate_size": 72, "num_hidden_layers": 1,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 128,
+}  # fmt: skip
+# A masked LM: bidirectional.
+BERT = {
+    "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "intermediate_size": 64, "max_position_embeddings": 128,
+}  # fmt: skip
+# A Llama body saved from AutoModel: no lm_head, the embeddings not tied.
+HEADLESS = {
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+    "num_attention_heads": 2, "num_key_value_heads": 2, "tie_word_embeddings": False,
+}  # fmt: skip
+# GPT-2: its attention and MLP layers are transformers' Conv1D, not nn.Linear.
+GPT2 = {"n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 128}
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +65,10 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     return {
         "root": root,
         "llama": write_tiny_llama(root / "llama"),
-        "odd": _write_odd_llama(root / "odd"),
-        "bert": _write_bert(root / "bert"),
-        "headless": _write_headless(root / "headless"),
-        "gpt2": _write_gpt2(root / "gpt2"),
+        "odd": _write_folder(root / "odd", "LlamaConfig", "LlamaForCausalLM", **ODD_LLAMA),
+        "bert": _write_folder(root / "bert", "BertConfig", "BertForMaskedLM", **BERT),
+        "headless": _write_folder(root / "headless", "LlamaConfig", "LlamaModel", **HEADLESS),
+        "gpt2": _write_folder(root / "gpt2", "GPT2Config", "GPT2LMHeadModel", **GPT2),
         "train": write_records(root / "train.jsonl", 16),
     }
 
