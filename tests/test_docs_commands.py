@@ -137,6 +137,7 @@ def workspace(tmp_path_factory, mnist_dir) -> Path:
     write_tiny_llama(root / "models" / "tiny-llama")
     write_records(root / "data" / "chat.jsonl", 16)
     write_records(root / "data" / "chat_val.jsonl", 4)
+    write_records(root / "data" / "chat_test.jsonl", 4)  # (accel-eval data_path=)
     sft = ["+experiment=sft_lora", "model.path=models/tiny-llama", "dataset.path=data/chat.jsonl"]
     sft += [
         "dataset.val_path=data/chat_val.jsonl",

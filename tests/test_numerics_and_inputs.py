@@ -36,6 +36,7 @@ from accel_train.checkpoint import load_checkpoint
 from accel_train.config import CONFIG_DIR, checks
 from accel_train.config.checks import validate
 from accel_train.config.run_config import resolve
+from accel_train.config.schema import EvalConfig
 from accel_train.data.builtin import _load_torchvision, hints_for, synthetic_splits
 from accel_train.errors import UserError
 from accel_train.loggers import json_safe
@@ -555,14 +556,15 @@ def test_eval_checks_its_own_keys(tmp_path):
         ({"device": "gpu"}, "device='gpu' is not one of auto, cpu, cuda"),
         ({"batch_size": -1}, "batch_size=-1 must be >= 0"),
         ({"ckpt_path": "???"}, "ckpt_path is required"),
+        ({"split": "dev"}, "split='dev' is not one of test, val, train"),
+        ({"data_path": str(tmp_path / "none.jsonl")}, "none.jsonl: no such file"),
     ]
     if not torch.cuda.is_available():
         cases.append(({"device": "cuda"}, "device=cuda but this machine has no usable CUDA"))
     for change, expected in cases:
-        values = {"ckpt_path": str(ckpt), "out_path": None, "data_dir": None, "batch_size": 0}
-        values.update({"device": "auto", **change})
+        values = {"ckpt_path": str(ckpt), **change}
         with pytest.raises(UserError) as err:
-            _check_eval_config(OmegaConf.create(values))
+            _check_eval_config(OmegaConf.merge(OmegaConf.structured(EvalConfig), values))
         assert expected in str(err.value)
         assert "trainer." not in str(err.value)
 

@@ -411,6 +411,7 @@ def test_a_mid_epoch_checkpoint_is_not_resumed_by_another_number_of_processes(ru
     )
     assert proc.returncode == 2, _output(proc)
     assert "Traceback" not in _output(proc)
-    assert "written by 1 process(es) in the middle of epoch 0" in proc.stderr
-    assert "this run has 2" in proc.stderr and "launcher.nproc_per_node=1" in proc.stderr
+    assert "written by 1 data-parallel rank (1 process) in the middle of epoch 0" in proc.stderr
+    assert "this run has 2 data-parallel ranks" in proc.stderr
+    assert "Resume with 1 data-parallel rank (1 process) as the checkpoint was" in proc.stderr
     assert _snapshot(run_dir) == before

@@ -6,9 +6,9 @@ accel_train.techniques.lora."""
 
 from __future__ import annotations
 
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from accel_train.config.run_config import command_line_keys
 from accel_train.errors import UserError
 
 # The values torch.optim.Muon takes for adjust_lr_fn (None: its "original").
@@ -77,13 +77,6 @@ def check_muon(cfg: DictConfig) -> None:
         )
 
 
-def _given_on_command_line(key: str) -> bool:
-    """Whether the user wrote `key=...` (or +key, ++key) on the command line, not a recipe."""
-    if not HydraConfig.initialized():
-        return False
-    return any(o.lstrip("+~").split("=", 1)[0] == key for o in HydraConfig.get().overrides.task)
-
-
 def check_warmup(cfg: DictConfig) -> None:
     """A warm-up as long as the run: refused only when the user gave both numbers; a recipe's
     warm-up on a run the user shortened is cut to a tenth of it at build (optim.py), as
@@ -91,9 +84,7 @@ def check_warmup(cfg: DictConfig) -> None:
     warmup, steps = cfg.scheduler.warmup_steps, cfg.trainer.max_steps
     if not (warmup and 0 < steps <= warmup):
         return
-    if _given_on_command_line("scheduler.warmup_steps") and _given_on_command_line(
-        "trainer.max_steps"
-    ):
+    if {"scheduler.warmup_steps", "trainer.max_steps"} <= command_line_keys():
         raise UserError(
             f"scheduler.warmup_steps={warmup} is not below trainer.max_steps={steps}: the run "
             "would end before its learning rate finished warming up. Lower "

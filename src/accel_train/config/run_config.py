@@ -98,16 +98,25 @@ def resolve(cfg: DictConfig) -> DictConfig:
     return typed(to_container(cfg))
 
 
+def command_line_keys() -> set[str]:
+    """The keys the user set on the command line (`key=...`, `+key=...`, `~key`); none outside a
+    Hydra run. Read unresolved: an override's value may hold an interpolation (`name=${nope}`),
+    which its own check names."""
+    if not HydraConfig.initialized():
+        return set()
+    task = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
+    return {str(o).lstrip("+~").partition("=")[0] for o in task}
+
+
 def group_chosen(group: str) -> bool:
     """Whether the user chose `group`'s option: on the command line (`group=option`), or through
     an added config (an experiment) that picks another than train.yaml's default. True outside
     a Hydra run: a config built in code means what it says."""
     if not HydraConfig.initialized():
         return True
+    if group in command_line_keys():
+        return True
     hydra_cfg = HydraConfig.get()
-    for override in hydra_cfg.overrides.task:
-        if override.lstrip("+~").partition("=")[0] == group:
-            return True
     defaults = OmegaConf.load(CONFIG_DIR / "train.yaml").defaults
     default = next((e[group] for e in defaults if isinstance(e, DictConfig) and group in e), None)
     return hydra_cfg.runtime.choices.get(group) != default

@@ -111,7 +111,7 @@ def _run_agent(cfg: DictConfig, args, arrivals: Arrivals | None) -> None:
         )
         sys.exit(128 + err.sigval.value)
     except ChildFailedError as err:
-        rank, failure = err.get_first_failure()
+        rank, failure = _root_failure(err)
         detail = _worker_error(failure)
         run_dir = Path(cfg.paths.output_dir)
         saved = any((run_dir / "checkpoints").glob("last.*"))
@@ -147,6 +147,19 @@ def _forward_to_workers(signum, frame) -> None:
     for pid in _child_pids(os.getpid()):
         with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
             os.kill(pid, signum)
+
+
+def _root_failure(err: ChildFailedError):
+    """The failed worker to report: one killed by a signal the agent does not send itself (a
+    SIGKILL: the OOM killer, `kill -9`) caused its peers' errors (a connection reset when it
+    vanished), which their error files date earlier than the agent saw it die; otherwise
+    torchrun's first failure by time (a worker's exception, its peers stopped by SIGTERM)."""
+    killed = [
+        (rank, f)
+        for rank, f in sorted(err.failures.items())
+        if f.exitcode < 0 and -f.exitcode != signal.SIGTERM
+    ]
+    return killed[0] if killed else err.get_first_failure()
 
 
 def _worker_error(failure) -> str:
