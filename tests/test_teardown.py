@@ -91,25 +91,24 @@ class DiesOnRank1(nn.Module):
 '''
 
 
-def test_a_rank_that_really_dies_is_reported_failed(tmp_path):
-    (tmp_path / "dying.py").write_text(DYING_MODEL)
-    run_dir = tmp_path / "run"
-    proc = run_cli(
-        [
-            *[a for a in SHORT if not a.startswith("model=")],
-            "model=custom",
-            "model._target_=dying.DiesOnRank1",
-            "strategy=ddp",
-            "launcher.max_restarts=0",
-            f"hydra.run.dir={run_dir}",
-        ],
+def _run_user_model(tmp_path: Path, source: str, target: str, *extra: str):
+    """SHORT's 2-process DDP run of a model of the test's own (`target`: module.Class, the
+    module's `source` written to tmp_path), its run dir tmp_path/run."""
+    (tmp_path / f"{target.split('.')[0]}.py").write_text(source)
+    args = [a for a in SHORT if not a.startswith("model=")]
+    args += ["model=custom", f"model._target_={target}", "strategy=ddp", *extra]
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    return run_cli(
+        [*args, f"hydra.run.dir={tmp_path / 'run'}"],
         tmp_path,
         timeout=300,
-        env={
-            **_env(),
-            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-        },
+        env={**_env(), "PYTHONPATH": path},
     )
+
+
+def test_a_rank_that_really_dies_is_reported_failed(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _run_user_model(tmp_path, DYING_MODEL, "dying.DiesOnRank1", "launcher.max_restarts=0")
     assert proc.returncode != 0
     assert "worker rank 1 failed" in proc.stderr, proc.stderr[-2000:]
     assert f"exit code -{int(signal.SIGKILL)}" in proc.stderr or "SIGKILL" in proc.stderr
@@ -140,22 +139,7 @@ def test_a_worker_error_is_shown_by_the_launcher(tmp_path):
     """A worker that fails with an exception that is not ours: the launcher's one paragraph
     gives its type and message and the log file with its traceback, not only torchrun's
     "To enable traceback see: ..." (the cause was in the worker logs alone)."""
-    (tmp_path / "failing.py").write_text(FAILING_MODEL)
-    proc = run_cli(
-        [
-            *[a for a in SHORT if not a.startswith("model=")],
-            "model=custom",
-            "model._target_=failing.FailsToShard",
-            "strategy=ddp",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        tmp_path,
-        timeout=300,
-        env={
-            **_env(),
-            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-        },
-    )
+    proc = _run_user_model(tmp_path, FAILING_MODEL, "failing.FailsToShard")
     assert proc.returncode == 2, proc.stderr[-2000:]
     error = proc.stderr[proc.stderr.index("accel-train: error:") :]
     assert "AssertionError: quantization_factor.numel() not divisible by 2" in error, error
