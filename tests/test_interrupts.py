@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from helpers import BIN, check_ok, run_cli
 
-# A text whose char encoding takes a moment (~16 MB: the encoding pass lasts ~0.5 s).
+# A text whose char encoding takes a moment (~48 MB: the encoding pass lasts ~1.5 s, long
+# enough for the signal to land inside it on a loaded machine; 0.5 s was not, under the suite).
 LINE = "def f(x):\n    return x * 2 + 1  # some code\n"
-BIG = LINE * 400_000
+BIG = LINE * 1_200_000
 # A text whose token folder, in 1 KB shards, takes seconds to shard.
 SHARD_TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(6000))
 
