@@ -105,9 +105,9 @@ def base_fingerprint(model: nn.Module) -> torch.Tensor:
     return torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8).clone()
 
 
-def _quantize_base(model: nn.Module, names: list[str], dtype: str) -> tuple[int, dict[str, str]]:
-    """The targeted layers' base weights as NF4 or int8 (torchao). Returns the bytes saved and
-    the layers left as they were, each with the reason."""
+def _quantize_base(model: nn.Module, names: list[str], dtype: str) -> int:
+    """The targeted layers' base weights as NF4 or int8 (torchao), the layers left as they were
+    named (_report_quantized). Returns the bytes saved."""
     try:  # the quant extra; only for a quantized base
         from torchao.quantization import Int8WeightOnlyConfig, quantize_, to_nf4
     except ImportError:
@@ -134,7 +134,8 @@ def _quantize_base(model: nn.Module, names: list[str], dtype: str) -> tuple[int,
         q = to_nf4(w.detach(), block_size=NF4_BLOCK, scaler_block_size=scaler_block)
         saved += w.numel() * w.element_size() - w.numel() // 2
         layer.weight = nn.Parameter(q, requires_grad=False)
-    return saved, kept
+    _report_quantized(names, kept, dtype)
+    return saved
 
 
 def _report_quantized(names: list[str], kept: dict[str, str], dtype: str) -> None:
@@ -202,10 +203,7 @@ def apply_lora(model: nn.Module, cfg: DictConfig, keep_base: bool = False) -> nn
         model.get_submodule(head).requires_grad_(True)
     _check_rank(model, names, int(cfg.rank))
     fingerprint = base_fingerprint(model)
-    saved = 0
-    if cfg.base_dtype:
-        saved, kept = _quantize_base(model, names, cfg.base_dtype)
-        _report_quantized(names, kept, cfg.base_dtype)
+    saved = _quantize_base(model, names, cfg.base_dtype) if cfg.base_dtype else 0
     config = LoraConfig(
         r=int(cfg.rank),
         lora_alpha=float(cfg.alpha),
@@ -228,6 +226,11 @@ def apply_lora(model: nn.Module, cfg: DictConfig, keep_base: bool = False) -> nn
         model.register_load_state_dict_pre_hook(_check_fingerprint)
         model.register_state_dict_post_hook(_drop_frozen)
         model.register_load_state_dict_post_hook(_frozen_not_missing)
+    _log_adapters(model, names, cfg, saved, keep_base)
+    return model
+
+
+def _log_adapters(model: nn.Module, names: list[str], cfg: DictConfig, saved: int, keep_base: bool):
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log.info(
         "lora: rank %d on %d Linear layers (%s); %s trainable parameters%s",
@@ -242,7 +245,6 @@ def apply_lora(model: nn.Module, cfg: DictConfig, keep_base: bool = False) -> nn
             "lora: the base is not read from a file (model.weights, model=hf's model.path), so "
             "checkpoints keep it beside the adapters"
         )
-    return model
 
 
 def _frozen(module: nn.Module) -> set[str]:
