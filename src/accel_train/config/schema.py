@@ -76,6 +76,23 @@ class HfModelConfig(ModelConfig):
     attn_implementation: str = "sdpa"
 
 
+# Models by name from the vision libraries (models/timm.py, models/torchvision.py): `name` is
+# the architecture, not the option; the option is known by its `_target_` (config/run_config.py).
+# Their own keyword arguments go through untyped: `+model.drop_path_rate=0.1`.
+
+
+@dataclass
+class TimmModelConfig(ModelConfig):
+    _target_: str = "accel_train.models.timm.timm_model"
+    name: str = MISSING
+
+
+@dataclass
+class TorchvisionModelConfig(ModelConfig):
+    _target_: str = "accel_train.models.torchvision.torchvision_model"
+    name: str = MISSING
+
+
 # ---- dataset: a factory by _target_ returning the splits ---------------------------------
 
 # Keys every dataset option has that accel-train itself consumes (not passed to the factory
@@ -722,6 +739,8 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "resnet18": Resnet18Config,
         "gpt": GptConfig,
         "hf": HfModelConfig,
+        "timm": TimmModelConfig,
+        "torchvision": TorchvisionModelConfig,
         "custom": ModelConfig,
     },
     "dataset": {

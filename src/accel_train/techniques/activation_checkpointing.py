@@ -11,6 +11,9 @@ Which blocks (in this order):
 - else a model that is one flat nn.Sequential (mnist_cnn, mlp) is cut into segments, one per
   layer with parameters plus the parameter-free layers after it (ReLU, pooling, dropout).
 
+A model that checkpoints its own blocks (timm's `set_grad_checkpointing`) and has no BatchNorm
+does it itself with `full` (a ViT's blocks, a ConvNeXt's): the placement its authors chose.
+
 `full` checkpoints every block, `selective` every `activation_checkpointing.every`-th one
 (blocks 0, every, 2 * every, ...). Blocks are wrapped with torch's `checkpoint_wrapper`, whose
 state_dict hooks drop the wrapper from the keys: checkpoints stay loadable with it off, and
@@ -72,6 +75,11 @@ class ActivationCheckpointing(Technique):
         self.mode, self.every, self.classes = mode, every, list(classes or [])
 
     def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
+        if self.mode == "full" and not self.classes and own_checkpointing(model):
+            model.set_grad_checkpointing(True)
+            if ctx.env.is_main:
+                log.info("activation checkpointing (full): the model's own (timm's)")
+            return model
         eager = not ctx.cfg.trainer.compile
         blocks = find_blocks(model, self.classes)
         if blocks:
@@ -105,6 +113,15 @@ class ActivationCheckpointing(Technique):
         if ctx.env.is_main:
             log.info("activation checkpointing (%s): %s", self.mode, what)
         return model
+
+
+def own_checkpointing(model: nn.Module) -> bool:
+    """The model checkpoints its own blocks (timm's `set_grad_checkpointing`, a capability), and
+    has no BatchNorm, whose running statistics its recompute would update a second time (the
+    blocks wrapped here restore them: a BatchNorm model is wrapped here instead)."""
+    return callable(getattr(model, "set_grad_checkpointing", None)) and not any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
+    )
 
 
 def find_blocks(model: nn.Module, classes: list[str]) -> list[tuple[nn.Module, str, nn.Module]]:
