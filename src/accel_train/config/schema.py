@@ -24,7 +24,7 @@ from accel_train.config.sweeper import register_optuna_sweeper
 @dataclass
 class ModelConfig:
     _target_: str = MISSING
-    name: str = "custom"
+    name: str = "custom"  # this option's name (model=timm and torchvision: the architecture)
     # Every model: a state dict loaded before training, and parameters frozen by name.
     weights: str | None = None
     freeze: list[str] = field(default_factory=list)

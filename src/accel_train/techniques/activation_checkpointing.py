@@ -5,6 +5,8 @@ about one more forward of compute.
 Which blocks (in this order):
 
 - `activation_checkpointing.classes=[pkg.mod.Block]`: the outermost modules of those classes;
+- else the blocks the model declares (`block_names`: model=timm's, from timm's grouping: a
+  ViT's blocks, a ResNet's or EfficientNet's stages);
 - else the model's repeated blocks: the outermost modules whose class occurs at least twice, that
   hold parameters and have children, and that are not plain containers (Sequential, ModuleList):
   torchvision ResNet's BasicBlocks/Bottlenecks, a transformer's layers;
@@ -142,6 +144,9 @@ def find_blocks(model: nn.Module, classes: list[str]) -> list[tuple[nn.Module, s
                 "for the model's repeated blocks."
             )
         return found
+    declared = _declared(model)
+    if declared:
+        return declared
     counts = Counter(type(m) for m in model.modules() if m is not model)
 
     def is_block(m: nn.Module) -> bool:
@@ -153,6 +158,19 @@ def find_blocks(model: nn.Module, classes: list[str]) -> list[tuple[nn.Module, s
         )
 
     return _outermost(model, is_block)
+
+
+def _declared(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """The blocks the model names itself (`block_names`, a capability: model=timm's, from
+    timm's own grouping), as (parent, attribute, block); [] when none or no longer there."""
+    found = []
+    try:
+        for name in getattr(model, "block_names", None) or ():
+            parent, _, attr = name.rpartition(".")
+            found.append((model.get_submodule(parent), attr, model.get_submodule(name)))
+    except AttributeError:
+        return []
+    return found
 
 
 def _outermost(model: nn.Module, wanted) -> list[tuple[nn.Module, str, nn.Module]]:
