@@ -183,8 +183,9 @@ def test_torchvision_names_are_checked_like_timms():
         check_name("fasterrcnn_resnet50_fpn")
 
 
-def test_what_a_timm_model_tells_the_strategies_and_techniques():
+def test_what_a_timm_model_tells_the_strategies_and_techniques(tmp_path):
     from accel_train.models import build_model
+    from accel_train.models.weights import load_weights
     from accel_train.strategies.fsdp import shard_units
     from accel_train.techniques.activation_checkpointing import find_blocks, own_checkpointing
 
@@ -199,6 +200,12 @@ def test_what_a_timm_model_tells_the_strategies_and_techniques():
     assert vit.patch_embed.proj.in_channels == 1 and vit(torch.zeros(2, 1, 32, 32)).shape == (2, 3)
     assert shard_units(vit, []) == list(vit.blocks)
     assert own_checkpointing(vit)
+    # ImageNet-style weights (3 channels) on grayscale data: the stem converted as timm does.
+    rgb = timm.create_model("test_vit", num_classes=3, img_size=32).state_dict()
+    torch.save(rgb, tmp_path / "rgb.pth")
+    load_weights(vit, str(tmp_path / "rgb.pth"))
+    assert torch.allclose(vit.patch_embed.proj.weight, rgb["patch_embed.proj.weight"].sum(1, True))
+    assert torch.equal(vit.blocks[0].attn.qkv.weight, rgb["blocks.0.attn.qkv.weight"])
     net = build("test_efficientnet")
     assert shard_units(net, []) == list(net.blocks)  # its stages, not the whole body
     assert not own_checkpointing(net)  # BatchNorm: accel-train wraps the same stages itself

@@ -22,6 +22,7 @@ timm is imported on first use: only runs that pick model=timm pay its import.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import logging
 import re
@@ -120,7 +121,31 @@ def timm_model(
         ) from None
     model.head_modules = _head_modules(model)
     model.block_names = _block_names(model)
+    model.adapt_weights = functools.partial(_adapt_stem, model)
     return model
+
+
+def _adapt_stem(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weights of a stem for other input channels (ImageNet's 3 on grayscale data) converted
+    as timm converts them when it loads pretrained weights (`adapt_input_conv`)."""
+    from timm.models import adapt_input_conv  # (timm's own conversion)
+
+    stem = (model.pretrained_cfg or {}).get("first_conv")
+    key = f"{stem}.weight"
+    own = model.state_dict().get(key)
+    given = state.get(key)
+    if own is None or given is None or given.dim() != 4 or given.shape[1] == own.shape[1]:
+        return state
+    if given.shape[0] != own.shape[0] or given.shape[2:] != own.shape[2:]:
+        return state  # another layer altogether: the fit check names it
+    log.info(
+        "model.weights: the stem %s takes %d input channels in the file and %d here: converted "
+        "as timm does (adapt_input_conv)",
+        key,
+        given.shape[1],
+        own.shape[1],
+    )
+    return {**state, key: adapt_input_conv(own.shape[1], given)}
 
 
 def _head_modules(model: nn.Module) -> tuple[str, ...]:

@@ -141,6 +141,9 @@ def load_weights(model: nn.Module, path: str) -> None:
     """Load `path` into `model` (see the module docstring for the rules)."""
     state = read_state_dict(path)
     own = model.state_dict()
+    adapt = getattr(model, "adapt_weights", None)  # a model's own conversion (timm's stem)
+    if adapt is not None:
+        state = adapt(state)
     hint = getattr(model, "weights_hint", None) or (  # a model's own word on why (resnet18's stem)
         "Give the weights of the same architecture (only the classification head may differ "
         "in shape: it is then trained from fresh weights)."
