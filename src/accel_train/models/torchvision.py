@@ -115,6 +115,12 @@ def _first_conv_for(model: nn.Module, in_channels: int, name: str) -> None:
         padding_mode=conv.padding_mode,
     )
     setattr(parent, path.rpartition(".")[2], new)
+    # Read by model.weights when a file does not fit (models/weights.py).
+    model.weights_hint = (
+        f"model=torchvision {name} has its first convolution ({path}) rebuilt for the data's "
+        f"{in_channels} channel(s), and weights made for 3 channels do not fit it: train on "
+        "3-channel images (or use model=timm, which converts a pretrained stem)."
+    )
     log.info(
         "model=torchvision %s: its first convolution (%s) takes the data's %d channel(s), "
         "not 3 (fresh weights)",
