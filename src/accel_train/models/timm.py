@@ -212,8 +212,8 @@ def _registry_data_config(name: str) -> dict[str, Any]:
 
 def _check_weights(cfg: DictConfig, name: str, weights: str, folder: dict) -> None:
     """The weights' names and shapes against the architecture built on the meta device (no
-    memory, no data): for the file's own classes and channels, so that only the body is
-    compared here; the head and the stem are checked against the data in the worker."""
+    memory, no data yet): the body only, as the head and the stem depend on the data's classes
+    and channels, which the worker checks when it loads the weights."""
     file, shapes = file_shapes(weights_file(weights))
     timm = _timm()
     pretrained = timm.get_pretrained_cfg(name)
