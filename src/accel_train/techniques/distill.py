@@ -244,7 +244,10 @@ def _from_target(node: DictConfig, shape: tuple[int, int, int]) -> tuple[nn.Modu
     for name, tensor in sorted(teacher.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
-    return teacher, {"teacher": str(node._target_), "sha256": digest.hexdigest()}
+    # (a model source's architecture and weights name it better than its builder alone)
+    named = " ".join(str(node[k]) for k in ("name", "weights") if node.get(k))
+    shown = f"{node._target_} ({named})" if named else str(node._target_)
+    return teacher, {"teacher": shown, "sha256": digest.hexdigest()}
 
 
 def _data_args(shape: tuple[int, int, int]) -> dict:
