@@ -3,6 +3,7 @@ workers (typed again against the schema), compare two configs key by key."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from pathlib import Path
@@ -71,7 +72,7 @@ def typed(tree: dict[str, Any], *, resolved: bool = True) -> DictConfig:
         node = tree.get(group)
         if not isinstance(node, dict):
             continue
-        schema = options.get(node.get("name"))
+        schema = options.get(node.get("name")) or _schema_by_target(options, node)
         if schema is None and group in OPEN_GROUPS:
             schema = options["custom"]
         elif schema is None and "name" not in node and list(options) == ["default"]:
@@ -89,6 +90,17 @@ def typed(tree: dict[str, Any], *, resolved: bool = True) -> DictConfig:
     merged = OmegaConf.merge(cfg, tree)
     assert isinstance(merged, DictConfig)
     return merged
+
+
+def _schema_by_target(options: dict[str, type], node: dict[str, Any]) -> type | None:
+    """The schema of an option whose `name` is not the option's but a value of its own (the
+    architecture of model=timm / model=torchvision): the one whose `_target_` it builds."""
+    target = node.get("_target_")
+    for schema in options.values() if target is not None else ():
+        default = {f.name: f.default for f in dataclasses.fields(schema)}.get("_target_")
+        if default == target:
+            return schema
+    return None
 
 
 def resolve(cfg: DictConfig) -> DictConfig:
