@@ -210,3 +210,25 @@ def test_what_a_timm_model_tells_the_strategies_and_techniques(tmp_path):
     assert shard_units(net, []) == list(net.blocks)  # its stages, not the whole body
     assert not own_checkpointing(net)  # BatchNorm: accel-train wraps the same stages itself
     assert [block for _, _, block in find_blocks(net, [])] == list(net.blocks)
+
+
+def test_a_pretrained_data_config_keeps_what_an_experiment_set(compose_cfg):
+    """A dataset key that an experiment (or any added config) set differs from the dataset
+    option's own file: it stays; the keys the option file gives are replaced by the model's."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from accel_train.config import CONFIG_DIR
+    from accel_train.models.data_config import apply_data_config
+
+    compose_cfg()  # the schemas and resolvers registered
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+        cfg = compose("train", ["dataset=image_folder", "dataset.root=x"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    cfg.dataset.std = [0.3, 0.3, 0.3]  # as an experiment's `dataset: {std: ...}` would
+    pretrained = {"mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25), "crop_pct": 0.9}
+    try:
+        apply_data_config(cfg, pretrained, "model=timm x", "from its pretrained config")
+    finally:
+        HydraConfig.instance().cfg = None  # the next tests of this process run outside Hydra
+    assert cfg.dataset.mean == [0.5, 0.5, 0.5] and cfg.dataset.std == [0.3, 0.3, 0.3]

@@ -120,6 +120,20 @@ def command_line_keys() -> set[str]:
     return {str(o).lstrip("+~").partition("=")[0] for o in task}
 
 
+def set_beyond_option(group: str, node: DictConfig, keys: tuple[str, ...]) -> set[str]:
+    """Which of `keys` of `node` (the group's composed config) hold another value than the
+    chosen option's own file gives them: set by an experiment or another added config. Empty
+    outside a Hydra run or for an option file accel-train does not ship (a user's config dir)."""
+    if not HydraConfig.initialized():
+        return set()
+    choice = HydraConfig.get().runtime.choices.get(group)
+    path = CONFIG_DIR / group / f"{choice}.yaml"
+    if not choice or not path.is_file():
+        return set()
+    own = OmegaConf.load(path)
+    return {k for k in keys if k in node and k in own and node[k] != own[k]}
+
+
 def group_chosen(group: str) -> bool:
     """Whether the user chose `group`'s option: on the command line (`group=option`), or through
     an added config (an experiment) that picks another than train.yaml's default. True outside

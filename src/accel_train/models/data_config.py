@@ -5,7 +5,8 @@ model=timm and model=torchvision models were trained with a preprocessing of the
 `transforms()`). It sets the dataset's keys of the same meaning (`mean`, `std`, and
 `crop_pct` / `interpolation` where the dataset option has them) before config.yaml is written,
 so that every worker, resume, accel-eval and accel-export read the same values; a key the user
-set on the command line stays theirs. The run's log says which values came from where.
+set (on the command line, or in an experiment: another value than the dataset option's file
+gives it) stays theirs. The run's log says which values came from where.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from accel_train.config.run_config import command_line_keys
+from accel_train.config.run_config import command_line_keys, set_beyond_option
 
 log = logging.getLogger("accel_train")
 
@@ -37,11 +38,14 @@ def fit_channels(values: list[float], channels: int | None) -> list[float] | Non
 
 def apply_data_config(cfg: DictConfig, data: Mapping[str, Any], model: str, source: str) -> None:
     """Set cfg.dataset's KEYS from `data` (a pretrained config) where the dataset has the key
-    and the user did not set it; logs one line naming them."""
+    and the user did not set it (on the command line or in an experiment); logs one line naming
+    them."""
     dataset = cfg.dataset
     if not data or "mean" not in dataset:  # not an image data set
         return
-    user = command_line_keys()
+    user = command_line_keys() | {
+        f"dataset.{k}" for k in set_beyond_option("dataset", dataset, KEYS)
+    }
     channels = dataset.get("in_channels") or len(dataset.mean)
     taken, kept = {}, []
     for key in KEYS:
