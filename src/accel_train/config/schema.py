@@ -137,9 +137,15 @@ class ImageFolderDatasetConfig(DatasetConfig):
     image_size: int = 64
     resize_size: int = 0
     augment: str = "cpu"
-    crop_scale: list[float] = field(default_factory=lambda: [0.35, 1.0])
+    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
     cache: str = "none"
     cache_dir: str | None = None
+    # Photos at full size (issue 38; docs/vision.md).
+    eval_image_size: int | None = None
+    crop_pct: float = 0.875
+    interpolation: str = "bilinear"
+    decode: str = "cpu"
+    check_images: bool = True
 
 
 @dataclass
@@ -150,7 +156,11 @@ class StreamingDatasetConfig(DatasetConfig):
     image_size: int = 64
     resize_size: int = 0
     augment: str = "cpu"
-    crop_scale: list[float] = field(default_factory=lambda: [0.35, 1.0])
+    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
+    # Photos at full size (issue 38; docs/vision.md).
+    eval_image_size: int | None = None
+    crop_pct: float = 0.875
+    interpolation: str = "bilinear"
 
 
 @dataclass
