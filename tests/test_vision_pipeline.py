@@ -6,6 +6,7 @@ process; one CLI run for the check and one for decode=gpu without CUDA, nothing 
 
 from __future__ import annotations
 
+import io
 import math
 import random
 import shutil
@@ -278,3 +279,52 @@ def test_cli_refuses_bad_files_and_gpu_decoding_without_cuda_writing_nothing(run
     assert "dataset.decode=gpu decodes the JPEGs on the CUDA device" in proc.stderr
     assert "`dataset.decode=cpu`" in proc.stderr and "Traceback" not in proc.stderr
     assert not run_dir.exists()
+
+
+# ---- pre-resized shards (accel-data shard max_side=N) ---------------------------------------
+
+
+def test_shrink_keeps_small_images_and_shrinks_large_ones(tmp_path):
+    from PIL import Image
+
+    from accel_train.commands.shard import ReadItem
+
+    small = save(tmp_path / "small.png", photo(30, 40))
+    large = save(tmp_path / "large.jpg", photo(120, 200), quality=95)
+    read = ReadItem(max_side=64, quality=90)
+    assert read((0, str(small), 1))["image"] == small.read_bytes()  # no second generation
+    item = read((3, str(large), 2))
+    assert (item["index"], item["label"]) == (3, 2)
+    with Image.open(io.BytesIO(item["image"])) as im:
+        assert (im.format, im.size, im.mode) == ("JPEG", (64, 38), "RGB")
+
+
+def test_shards_at_max_side_stream_with_the_image_folder_crops(run_cli, tmp_path):
+    """accel-data shard max_side=32 writes shrunk JPEGs; dataset=streaming's training items of
+    those bytes are the image_folder path's crop of the same bytes, seed for seed."""
+    import litdata
+
+    from accel_train.data.streaming import _Decoder
+
+    root = tmp_path / "data"
+    for c in ("a", "b"):
+        (root / "train" / c).mkdir(parents=True)
+        for k in range(3):
+            save(root / "train" / c / f"{k}.jpg", photo(48, 64, k), quality=95)
+    out = tmp_path / "shards"
+    args = ["shard", "dataset=image_folder", f"dataset.root={root}", f"out={out}", "max_side=32"]
+    proc = run_cli([*args, "dataset.val_fraction=0.34"], prog="accel-data")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    items = list(litdata.StreamingDataset(str(out / "train")))
+    assert len(items) == 4
+    crop = RandomResizedCrop(16, (0.08, 1.0), hflip=True)
+    decoder = _Decoder(16, 18, "random", crop, 0, "x", "bilinear")
+    from PIL import Image
+
+    for item in items:
+        with Image.open(io.BytesIO(bytes(item["image"]))) as im:
+            assert im.size == (32, 24)
+        image, label = decoder(item, 5)
+        rng = random.Random(f"0/5/{int(item['index'])}")
+        assert torch.equal(image, decode_train(bytes(item["image"]), "x", crop, 16, rng))
+        assert label == int(item["label"]) and image.shape == (3, 16, 16)

@@ -719,6 +719,8 @@ class ShardConfig:
     chunk_bytes: str = "64MB"
     num_workers: int = 1
     overwrite: bool = False
+    max_side: int = 0  # image folders: re-encode images whose longer side is above it (0: never)
+    jpeg_quality: int = 90  # the JPEG quality of those re-encoded images
 
 
 # group -> option name -> schema. The option names are the YAML files' `name:` values; an
