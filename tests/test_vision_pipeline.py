@@ -162,9 +162,12 @@ def test_the_device_crop_gives_the_cpu_paths_pixels(tmp_path):
         assert torch.equal(labels, a.labels)
         got = batch.decode_on(torch.device("cpu"))
         assert got.shape == want.shape and got.dtype == torch.uint8
-        # float resizes rounded once vs uint8 resizes: at most 1 level apart, rarely
-        assert (got.int() - want.int()).abs().max() <= 2, name
-        assert psnr(got, want) > 40, name
+        if name == "val":  # both decoders accurate: float resizes vs uint8 ones, 1 level apart
+            assert (got.int() - want.int()).abs().max() <= 2
+        # training samples are decoded with libjpeg's fast IDCT on the CPU, accurately here:
+        # the same boxes and flips measured 29.9-40.2 dB, the CPU's crops shifted by one pixel
+        # 21.2-26.7 dB, flipped 9.6-16.2 dB
+        assert min(psnr(g, w) for g, w in zip(got, want, strict=True)) > 28, name
 
 
 # ---- bad inputs ---------------------------------------------------------------------------

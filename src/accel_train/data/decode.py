@@ -169,8 +169,12 @@ def dct_scale(im, shorter: float, needed: int) -> int:
     return next((s for s in DCT_SCALES if shorter >= s * needed), 1)
 
 
-def load_rgb(im, scale: int, what: str, name: str) -> np.ndarray:
+def load_rgb(im, scale: int, what: str, name: str, fast: bool = False) -> np.ndarray:
     """uint8 HWC pixels of a lazily opened image, decoded at 1/``scale`` (JPEG DCT scaling).
+    ``fast``: libjpeg's fastest IDCT and plain chroma upsampling (PIL's draft-mode flag):
+    decoding takes 2.0-2.2 ms instead of 2.4-2.5 ms for the photos measured above, and the
+    pixels are within 37 dB PSNR of the accurate decode (what simplejpeg's fastdct and
+    fastupsample give); training samples use it, evaluation decodes accurately.
     A file the header check would refuse (with dataset.check_images=false) stops here, named
     ``name`` (its path, or ``what`` for bytes read from shards)."""
     problem = header_problem(im, name) if im.mode != "RGB" else None
@@ -180,6 +184,8 @@ def load_rgb(im, scale: int, what: str, name: str) -> np.ndarray:
         if scale > 1:
             w, h = im.size
             im.draft("RGB", (w // scale, h // scale))  # W // (W // s) == s: exactly scale s
+        if fast and im.format == "JPEG":
+            im.decoderconfig = (scale, 1)  # (scale, draft): the decoder's arguments
         im.load()
         return np.asarray(im.convert("RGB") if im.mode != "RGB" else im)
     except (OSError, SyntaxError, ValueError) as err:
@@ -220,7 +226,7 @@ def decode_train(
         width, height = im.size
         box = crop.box(height, width, rng)
         scale = dct_scale(im, min(box[2], box[3]), size)
-        pixels = load_rgb(im, scale, what, _name(source, what))
+        pixels = load_rgb(im, scale, what, _name(source, what), fast=True)
     return crop.finish(_region(pixels, box, scale), size, rng)
 
 
