@@ -61,7 +61,10 @@ class BatchTransform:
                 gen = torch.Generator(self.device)
                 gen.manual_seed(hash((self.seed, epoch, batch, self.rank)) & 0x7FFF_FFFF_FFFF)
                 images = self._augment(images, gen)
-            x = torch.addcmul(self.bias, images.float(), self.scale)
+            x = images.float()
+            # In place: one float batch allocated, not two (on the CPU the second allocation's
+            # page faults cost more than the arithmetic: 29 vs 46 ms for 64 x 3 x 224 x 224).
+            x = torch.addcmul(self.bias, x, self.scale, out=x)
         elif not images.is_floating_point():
             return images  # token ids (a text classifier's input): ids, not values to cast
         else:
