@@ -13,7 +13,11 @@
 # loader=device and the torch loader with pinned memory and workers; FSDP2 on one GPU (a
 # torchrun group of one, so the model really is sharded); the memory techniques (EMA,
 # activation checkpointing, loader.batch_size=auto); accel-report; DDP over every GPU when more
-# than one is visible; the GPT recipe once an experiment named *gpt* exists.
+# than one is visible; the GPT recipe once an experiment named *gpt* exists; photo-sized JPEGs
+# (issue 38) through ResNet-50 in bf16 and channels_last, decoded by the loader workers
+# (dataset.decode=cpu) and by nvJPEG on the GPU (decode=gpu): images/s and the data-wait share.
+#   PHOTO_DIR=/data/imagenet scripts/gpu_check.sh  # a real ImageFolder tree for that check (else
+#                                                  # 2,000 generated 400-560 px JPEGs)
 #
 # GPU_CHECK_ON_CPU=1 runs the same commands on the CPU: a smoke test of the script itself.
 #
@@ -225,6 +229,52 @@ EOF
 else
     echo "| gpt | | skipped: no GPT recipe yet (configs/experiment/*gpt*.yaml) | | | | |" >> "$REPORT"
 fi
+
+# Photos at full size (issue 38): decode=cpu against decode=gpu on ResNet-50 (model=torchvision
+# once it exists; resnet18 before), bf16, channels_last, 224 px crops of whole photos.
+if [ -z "${PHOTO_DIR:-}" ]; then
+    PHOTO_DIR=$OUT/photos
+    "$PYTHON" - "$PHOTO_DIR" "$(cd "$(dirname "$0")" && pwd)/bench" <<'EOF'
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from image_loader import write_data  # 400-560 x 300-440 px, ~78 KB, 10 classes
+write_data(Path(sys.argv[1]), 2000, 10)
+EOF
+fi
+if "$PYTHON" -c 'from accel_train.config import CONFIG_DIR; import sys; sys.exit(not (CONFIG_DIR / "model" / "torchvision.yaml").is_file())'; then
+    photo_model=(model=torchvision model.name=resnet50)
+else
+    photo_model=(model=resnet18)
+fi
+workers=$("$PYTHON" -c 'import os; print(max(2, min(16, len(os.sched_getaffinity(0)) - 2)))')
+photos=(dataset=image_folder "dataset.root=$PHOTO_DIR" dataset.image_size=224 "${photo_model[@]}"
+        precision=bf16 trainer.channels_last=true loader.batch_size=128 loader.pin_memory=true
+        "loader.num_workers=$workers" "${length[@]}" "${common[@]}")
+decodes=(cpu gpu)
+if [ "${#cpu[@]}" -gt 0 ]; then decodes=(cpu); fi  # GPU_CHECK_ON_CPU: decode=gpu is refused there
+for decode in "${decodes[@]}"; do
+    check "photos_decode_$decode" "${photo_model[*]} dataset.decode=$decode (bf16, channels_last, $workers workers)" \
+        "$ACCEL_TRAIN" "${photos[@]}" "dataset.decode=$decode" "hydra.run.dir=$OUT/photos_decode_$decode"
+done
+{
+    echo
+    echo "| photos, ${photo_model[*]} | train images/s | data-wait share (last log) |"
+    echo "|---|---|---|"
+    "$PYTHON" - "$OUT" <<'EOF'
+import json, sys
+for decode in ("cpu", "gpu"):
+    try:
+        rows = [json.loads(line) for line in open(f"{sys.argv[1]}/photos_decode_{decode}/metrics.jsonl")]
+    except OSError:
+        print(f"| decode={decode} | - | - |")
+        continue
+    last = next((r for r in reversed(rows) if "train/samples_per_s" in r), {})
+    rate, wait = last.get("train/samples_per_s"), last.get("train/data_wait_share")
+    print(f"| decode={decode} | {'-' if rate is None else format(rate, ',.0f')} | "
+          f"{'-' if wait is None else format(wait, '.0%')} |")
+EOF
+} >> "$REPORT"
 
 echo >> "$REPORT"
 if [ "${#failed[@]}" -gt 0 ]; then

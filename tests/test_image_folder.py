@@ -1,6 +1,7 @@
 """dataset=image_folder: the builder on a generated JPEG tree (splits, determinism, caches,
-device augmentation, errors) and the real CLI (same weights for any num_workers and cache; a
-corrupt JPEG is one paragraph and exit 2)."""
+device augmentation, errors) and the real CLI (same weights for any num_workers, and for either
+cache; a bad file is one paragraph and exit 2). The full-size photo path's geometry against
+torchvision's: tests/test_vision_pipeline.py."""
 
 from __future__ import annotations
 
@@ -22,12 +23,21 @@ from torch.utils.data import DataLoader, Dataset
 from accel_train.config import CONFIG_DIR
 from accel_train.data import image_folder
 from accel_train.data.image_crops import DeviceRandomResizedCrop, RandomResizedCrop
-from accel_train.data.image_folder import build_image_folder, load_base_image
+from accel_train.data.image_folder import (
+    BaseImages,
+    build_image_folder,
+    load_base_image,
+    make_split,
+)
 from accel_train.data.splits import ImageSet
 from accel_train.errors import UserError
 
 # torchvision 0.29 deprecates torchvision.io's decoders (for TorchCodec) and warns on every call.
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning"),
+    # data/decode.py filters it outside pytest (which resets the filters per test)
+    pytest.mark.filterwarnings("ignore:The given NumPy array is not writable"),
+]
 
 CLASSES = ("ant", "bee", "cat")
 # Class c: channel c bright, the others dim; every image its own noise and brightness.
@@ -99,14 +109,15 @@ def test_shapes_sizes_and_classes(tree):
 
 def test_the_test_split_is_the_val_folder_and_val_is_carved_from_train(tree):
     s = build(tree)
-    assert Path(s.test.bases.folder) == tree / "val"
-    assert Path(s.train.bases.folder) == Path(s.val.bases.folder) == tree / "train"
+    assert Path(s.test.files.folder) == tree / "val"
+    assert Path(s.train.files.folder) == Path(s.val.files.folder) == tree / "train"
     assert torch.bincount(s.test.labels).tolist() == [20, 20, 20]
-    # test[0] is the first file of the first class, center-cropped from its 37 px base image
-    # (round(32 / 0.875) = 37, offset (37 - 32) // 2 = 2).
-    base = load_base_image(str(tree / "val" / "ant" / "000.jpg"), 37)
-    assert torch.equal(s.test[0][0], base[:, 2:34, 2:34])
-    assert s.test[0][1] == 0
+    assert s.test.files.path(0) == str(tree / "val" / "ant" / "000.jpg") and s.test[0][1] == 0
+    # Cached: test[0] is center-cropped from its 36 px base image (floor(32 / 0.875) = 36,
+    # offset (36 - 32) // 2 = 2).
+    cached = build(tree, cache="ram")
+    base = load_base_image(str(tree / "val" / "ant" / "000.jpg"), 36)
+    assert torch.equal(cached.test[0][0], base[:, 2:34, 2:34])
 
 
 @pytest.mark.parametrize("shape", [(40, 48), (48, 40), (23, 30), (73, 73), (200, 91)])
@@ -193,14 +204,29 @@ def test_batches_do_not_depend_on_num_workers(tree):
 # ---- caches -----------------------------------------------------------------------------------
 
 
+def _decoding(split):
+    """The same split reading its base images by decoding each file (no cache)."""
+    b = split.bases
+    bases = BaseImages(b.folder, [os.fsdecode(f) for f in b._files], b.size)
+    return make_split(bases, split.indices, _all_labels(split), split.view, split.size,
+                      split.crop, split.seed)  # fmt: skip
+
+
+def _all_labels(split) -> torch.Tensor:
+    """All of the folder's labels, as make_split takes them (the split holds its own)."""
+    labels = torch.zeros(int(split.indices.max()) + 1, dtype=torch.int64)
+    labels[split.indices] = split.labels
+    return labels
+
+
 @pytest.mark.parametrize("augment", ["cpu", "device", "none"])
 def test_cached_items_are_bit_identical_to_decoding(tree, tmp_path, augment):
-    ref = build(tree, augment=augment)
     for cache in ("ram", "disk"):
         s = build(tree, augment=augment, cache=cache, cache_dir=str(tmp_path))
         assert s.train.bases.cache is not None
         for name in ("train", "val", "test"):
-            got, want = items(getattr(s, name), 1), items(getattr(ref, name), 1)
+            split = getattr(s, name)
+            got, want = items(split, 1), items(_decoding(split), 1)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (cache, name)
 
 
@@ -247,7 +273,7 @@ def test_disk_cache_is_reused_then_invalidated_by_a_changed_file(tree_copy, monk
     assert files[1] in new_files  # val/ did not change
     bases = rebuilt.train.bases
     k = next(i for i in range(len(bases)) if bases.path(i) == str(changed))
-    assert torch.equal(bases[k], load_base_image(str(changed), 37))
+    assert torch.equal(bases[k], load_base_image(str(changed), 36))
     assert not torch.equal(bases[k], first.train.bases[k])
 
 
@@ -296,7 +322,7 @@ def test_a_disk_cached_split_pickles_as_a_path_not_its_bytes(tree, tmp_path):
 def test_cached_fixed_splits_are_image_sets_holding_every_item(tree):
     """What loader=device needs: an ImageSet whose `images[i]` is item i."""
     s = build(tree, cache="ram", augment="device")
-    assert s.train.images.shape == (162, 3, 37, 37)  # base images: cropped on the device
+    assert s.train.images.shape == (162, 3, 36, 36)  # base images: cropped on the device
     for split in (s.train, s.val, s.test):
         assert isinstance(split, ImageSet)
         assert torch.equal(split.images, items(split)[0])
@@ -316,7 +342,7 @@ def test_cached_fixed_splits_are_image_sets_holding_every_item(tree):
 def test_device_augment_crops_a_batch_to_the_training_size(tree):
     s = build(tree, augment="device")
     x, _ = items(s.train)
-    assert x.shape == (162, 3, 37, 37)
+    assert x.shape == (162, 3, 36, 36)
 
     def run(seed):
         return s.device_augment(x, torch.Generator().manual_seed(seed))
@@ -403,17 +429,20 @@ def _check_corrupt_message(msg: str, path: Path) -> None:
 
 @pytest.mark.parametrize("cache", ["ram", "disk"])
 def test_a_corrupt_image_fails_a_cache_build_naming_the_file(tree_copy, cache):
+    """Found by the header check first; without it (check_images=false) by the cache build."""
     bad = tree_copy / "train" / "bee" / "011.jpg"
     _corrupt(bad)
-    with pytest.raises(UserError) as err:
-        build(tree_copy, cache=cache)
-    _check_corrupt_message(str(err.value), bad)
+    for check in (True, False):
+        with pytest.raises(UserError) as err:
+            build(tree_copy, cache=cache, check_images=check)
+        _check_corrupt_message(str(err.value), bad)
 
 
 def test_a_corrupt_image_fails_its_item_naming_the_file(tree_copy):
     bad = tree_copy / "val" / "cat" / "003.jpg"
     _corrupt(bad)
-    test = build(tree_copy).test  # without a cache nothing is decoded up front
+    # Without the header check and a cache, nothing is decoded up front.
+    test = build(tree_copy, check_images=False).test
     with pytest.raises(UserError) as err:
         items(test)
     _check_corrupt_message(str(err.value), bad)
@@ -422,7 +451,7 @@ def test_a_corrupt_image_fails_its_item_naming_the_file(tree_copy):
 def test_a_corrupt_image_read_in_a_worker_process_is_still_one_paragraph(tree_copy):
     bad = tree_copy / "val" / "ant" / "000.jpg"
     _corrupt(bad)
-    loader = DataLoader(build(tree_copy).test, batch_size=8, num_workers=1)
+    loader = DataLoader(build(tree_copy, check_images=False).test, batch_size=8, num_workers=1)
     with pytest.raises(UserError) as err:
         list(loader)
     message = str(err.value)
@@ -484,6 +513,8 @@ def cli_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
 
 
 def test_cli_weights_do_not_depend_on_num_workers_or_cache(small_tree, run_cli, tmp_path):
+    """Photos decoded per sample: the same for 0 and 2 workers; base images: the same from
+    the RAM cache in-process and from the disk cache in 2 workers."""
     variants = [(0, "none"), (2, "none"), (0, "ram"), (2, "disk")]
 
     def train(variant) -> Path:
@@ -496,16 +527,18 @@ def test_cli_weights_do_not_depend_on_num_workers_or_cache(small_tree, run_cli, 
     # Two runs at a time: most of a run is start-up (imports), one core each.
     with ThreadPoolExecutor(2) as pool:
         weights = list(pool.map(train, variants))
-    for other in weights[1:]:
-        assert_same_weights(weights[0], other)
+    assert_same_weights(weights[0], weights[1])
+    assert_same_weights(weights[2], weights[3])
 
 
 def test_cli_corrupt_jpeg_is_exit_2_naming_the_file(small_tree, run_cli, tmp_path):
-    """Read in a loader worker process mid-epoch (no cache), the hardest place to report it."""
+    """Read in a loader worker process mid-epoch (no cache, no header check), the hardest place
+    to report it."""
     root = Path(shutil.copytree(small_tree, tmp_path / "data"))
     bad = root / "train" / "bee" / "005.jpg"
     _corrupt(bad)
-    proc = run_cli(cli_args(root, tmp_path / "run", "loader.num_workers=2", "dataset.cache=none"))
+    extra = ("loader.num_workers=2", "dataset.cache=none", "dataset.check_images=false")
+    proc = run_cli(cli_args(root, tmp_path / "run", *extra))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert str(bad) in proc.stderr and "corrupt or unreadable" in proc.stderr
     assert "Traceback" not in proc.stderr

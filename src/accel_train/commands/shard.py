@@ -3,7 +3,11 @@ folder or an S3 bucket, the layout `dataset=streaming` (images, data/streaming.p
 `dataset=streaming_tokens` (tokens, data/streaming_tokens.py) trains from (docs/streaming.md).
 
 Each item is the image file's bytes as they are (JPEG/PNG, not decoded: shards stay the size of
-the data set and the image size is chosen at training time), its label and its index. The val
+the data set and the image size is chosen at training time), its label and its index. With
+`max_side=N` (FFCV's max_resolution) an image whose longer side is above N is re-encoded as a
+JPEG (`jpeg_quality`) with that side N: smaller shards and cheaper decoding, for sets that are
+trained at a known resolution; `dataset=streaming` crops them as `dataset=image_folder` crops
+the originals (data/decode.py). Every file's header is checked first, as training checks it. The val
 split is held out from the training folder exactly as `dataset=image_folder` does (stratified,
 seeded by dataset.seed), so both options train on the same samples. LitData's `optimize`
 writes the chunks and their index.json; accel_train.index.json (the classes and labels) is
@@ -41,6 +45,7 @@ from accel_train.commands.outputs import (
     remove_leftovers,
     resolved,
 )
+from accel_train.data.decode import check_images, unreadable
 from accel_train.data.image_folder import scan_folder
 from accel_train.data.object_store import (
     allow_plain_http,
@@ -66,11 +71,44 @@ log = logging.getLogger("accel_train")
 COMMAND = "accel-data shard"  # who a shard set's manifest says wrote it
 
 
-def read_item(entry: tuple[int, str, int]) -> dict:
-    """One shard item (LitData's optimize calls this in its writer processes)."""
-    index, path, label = entry
-    with open(path, "rb") as f:
-        return {"index": index, "image": f.read(), "label": label}
+class ReadItem:
+    """One shard item (LitData's optimize calls this in its writer processes): the file's bytes,
+    or with ``max_side`` > 0 and a longer side above it, the image re-encoded smaller."""
+
+    def __init__(self, max_side: int = 0, quality: int = 90):
+        self.max_side, self.quality = max_side, quality
+
+    def __call__(self, entry: tuple[int, str, int]) -> dict:
+        index, path, label = entry
+        with open(path, "rb") as f:
+            data = f.read()
+        if self.max_side > 0:
+            data = shrink(data, self.max_side, self.quality, path)
+        return {"index": index, "image": data, "label": label}
+
+
+def shrink(data: bytes, max_side: int, quality: int, path: str) -> bytes:
+    """``data`` as it is when its longer side is at most ``max_side`` (no second JPEG
+    generation), else an RGB JPEG of quality ``quality`` with that side ``max_side``: decoded
+    at a reduced DCT scale where that stays above the target, then Lanczos-resized."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        w, h = im.size
+        if max(w, h) <= max_side:
+            return data
+        scale = max_side / max(w, h)
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        im.draft("RGB", size)  # JPEGs: libjpeg's DCT scaling, never below `size`
+        try:
+            rgb = im.convert("RGB").resize(size, Image.Resampling.LANCZOS)
+        except OSError as err:
+            raise unreadable(err, f"dataset.root: the image file {path}") from err
+    out = io.BytesIO()
+    rgb.save(out, "JPEG", quality=quality)
+    return out.getvalue()
 
 
 def shard(cfg: DictConfig) -> str:
@@ -112,6 +150,7 @@ def shard(cfg: DictConfig) -> str:
         parts["test"] = [
             (str(test.path / f), int(y)) for f, y in zip(test.files, test.labels.tolist())
         ]
+    reader = _image_reader(cfg, [path for items in parts.values() for path, _ in items])
     for name, items in parts.items():
         if not items:  # LitData refuses an empty input list with a bare ValueError
             raise UserError(
@@ -123,6 +162,7 @@ def shard(cfg: DictConfig) -> str:
         "format": META_FORMAT,
         "kind": "image_folder",
         "source": str(root.absolute()),
+        "max_side": reader.max_side,
         "classes": train_folder.classes,
         "splits": {
             name: {"samples": len(items), "labels": [y for _, y in items]}
@@ -133,10 +173,25 @@ def shard(cfg: DictConfig) -> str:
         name: [(i, path, label) for i, (path, label) in enumerate(items)]
         for name, items in parts.items()
     }
-    _write(cfg, out, read_item, inputs, meta, None, (root, "dataset.root"))
+    _write(cfg, out, reader, inputs, meta, None, (root, "dataset.root"))
     counts = ", ".join(f"{len(v):,} {k}" for k, v in parts.items())
     print(f"accel-data: {counts} images of {len(train_folder.classes)} classes -> {out}/")
     return out
+
+
+def _image_reader(cfg: DictConfig, paths: list[str]) -> ReadItem:
+    """The items' reader for `max_side` / `jpeg_quality`, after every file's header is checked
+    as training checks it (a bad file is refused before anything is written)."""
+    if cfg.dataset.get("check_images", True):
+        check_images(paths, log=log)
+    max_side, quality = int(cfg.max_side), int(cfg.jpeg_quality)
+    if max_side < 0 or not 1 <= quality <= 100:
+        raise UserError(
+            f"max_side={max_side}, jpeg_quality={quality}: max_side is the longest side in "
+            "pixels images are shrunk to (0 keeps them as they are), jpeg_quality the JPEG "
+            "quality they are re-encoded at (1-100). E.g. `max_side=512 jpeg_quality=90`."
+        )
+    return ReadItem(max_side, quality)
 
 
 def read_tokens(entry: tuple[str, str, int, int]) -> np.ndarray:

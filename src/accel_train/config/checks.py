@@ -564,6 +564,26 @@ def check_resume(cfg: DictConfig) -> None:
         )
 
 
+def check_gpu_decode(cfg: DictConfig) -> None:
+    """dataset.decode=gpu (image folders: nvJPEG on the CUDA device) needs that device."""
+    if OmegaConf.select(cfg, "dataset.decode") != "gpu":
+        return
+    import torch  # only for this option: a refused config should not wait for torch
+
+    if cfg.trainer.device == "cpu" or not torch.cuda.is_available():
+        why = (
+            "trainer.device=cpu"
+            if cfg.trainer.device == "cpu"
+            else f"this machine has no usable CUDA device (torch {torch.__version__}, "
+            "torch.cuda.is_available() is False)"
+        )
+        raise UserError(
+            f"dataset.decode=gpu decodes the JPEGs on the CUDA device with nvJPEG, but {why}. "
+            "Use `dataset.decode=cpu` (the loader workers decode, with libjpeg-turbo's DCT "
+            "scaling) or run on a machine with a CUDA GPU."
+        )
+
+
 # In this order: when a config breaks several rules, the first check's error is the one shown
 # (the tests match it), so a check that needs keys another one vets comes after that one.
 CHECKS = (
@@ -592,6 +612,7 @@ CHECKS = (
     check_val_fraction,
     check_objective,
     check_resume,
+    check_gpu_decode,
 )
 
 

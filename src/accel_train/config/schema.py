@@ -154,9 +154,15 @@ class ImageFolderDatasetConfig(DatasetConfig):
     image_size: int = 64
     resize_size: int = 0
     augment: str = "cpu"
-    crop_scale: list[float] = field(default_factory=lambda: [0.35, 1.0])
+    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
     cache: str = "none"
     cache_dir: str | None = None
+    # Photos at full size (issue 38; docs/vision.md).
+    eval_image_size: int | None = None
+    crop_pct: float = 0.875
+    interpolation: str = "bilinear"
+    decode: str = "cpu"
+    check_images: bool = True
 
 
 @dataclass
@@ -167,7 +173,11 @@ class StreamingDatasetConfig(DatasetConfig):
     image_size: int = 64
     resize_size: int = 0
     augment: str = "cpu"
-    crop_scale: list[float] = field(default_factory=lambda: [0.35, 1.0])
+    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
+    # Photos at full size (issue 38; docs/vision.md).
+    eval_image_size: int | None = None
+    crop_pct: float = 0.875
+    interpolation: str = "bilinear"
 
 
 @dataclass
@@ -726,6 +736,8 @@ class ShardConfig:
     chunk_bytes: str = "64MB"
     num_workers: int = 1
     overwrite: bool = False
+    max_side: int = 0  # image folders: re-encode images whose longer side is above it (0: never)
+    jpeg_quality: int = 90  # the JPEG quality of those re-encoded images
 
 
 # group -> option name -> schema. The option names are the YAML files' `name:` values; an

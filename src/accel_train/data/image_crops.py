@@ -1,7 +1,9 @@
-"""The geometry of the image options: resizing, the center crop, and the random resized crop
+"""The geometry of the image options: resizing, the center crop, the evaluation resize
+(shorter side to ``eval_size / crop_pct``, then the center crop) and the random resized crop
 with its flip, on the CPU per image or on the device per batch. Pure tensor code, no files:
-`dataset=image_folder` and `dataset=streaming` both crop with it, so the same samples give the
-same pixels whichever option reads them.
+`dataset=image_folder` and `dataset=streaming` both crop with it (data/decode.py draws the boxes
+on the whole decoded photo), so the same samples give the same pixels whichever option reads
+them.
 """
 
 from __future__ import annotations
@@ -13,15 +15,35 @@ import torch
 import torch.nn.functional as F
 
 RATIO = (3 / 4, 4 / 3)  # aspect ratios of the random resized crop (torchvision's default)
+INTERPOLATIONS = ("bilinear", "bicubic")  # dataset.interpolation (timm's pretrained configs')
 
 
-def resize(img: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """uint8 [3, H, W] -> [3, h, w], antialiased bilinear: the kernel torchvision's
-    ``resize`` runs for uint8 CPU tensors, called directly (its dispatch costs as much)."""
-    out = F.interpolate(
-        img[None], size=(h, w), mode="bilinear", align_corners=False, antialias=True
-    )
+def resize(img: torch.Tensor, h: int, w: int, mode: str = "bilinear") -> torch.Tensor:
+    """uint8 [3, H, W] -> [3, h, w], antialiased ``mode``: the kernel torchvision's ``resize``
+    runs for uint8 CPU tensors, called directly (its dispatch costs as much). For a tensor
+    whose memory is HWC (a decoded photo) the kernel's channels-last path runs, 2-3x faster
+    than PIL's ``resize`` on the same box: 0.34 vs 0.81 ms, 300x280 -> 224, one core)."""
+    out = F.interpolate(img[None], size=(h, w), mode=mode, align_corners=False, antialias=True)
     return out[0]
+
+
+def eval_geometry(height: int, width: int, size: int, resize_to: int) -> tuple[int, int, int, int]:
+    """(new_h, new_w, top, left): evaluation's resize of the shorter side to ``resize_to``
+    (the longer one truncated, torchvision's ``Resize(resize_to)`` rule) and the offsets of
+    its center ``size`` crop (torchvision's ``CenterCrop(size)``)."""
+    if height <= width:
+        new_h, new_w = resize_to, int(resize_to * width / height)
+    else:
+        new_h, new_w = int(resize_to * height / width), resize_to
+    top = int(round((new_h - size) / 2.0))
+    left = int(round((new_w - size) / 2.0))
+    return new_h, new_w, top, left
+
+
+def eval_resize_to(size: int, crop_pct: float) -> int:
+    """The shorter side evaluation resizes to before its center crop: ``size / crop_pct``
+    rounded down, timm's rule (``math.floor(img_size / crop_pct)``); 224 at 0.875 -> 256."""
+    return max(size, math.floor(size / crop_pct))
 
 
 def view_of(base: torch.Tensor, view: str, crop, size: int, draw: str) -> torch.Tensor:
@@ -47,18 +69,25 @@ class RandomResizedCrop:
     10 tries, else the whole image) plus a random horizontal flip, drawn from the given
     ``random.Random`` so the caller decides the seed."""
 
-    def __init__(self, size: int, scale: tuple[float, float], hflip: bool):
-        self.size, self.scale, self.hflip = size, scale, hflip
+    def __init__(self, size: int, scale: tuple[float, float], hflip: bool, mode: str = "bilinear"):
+        self.size, self.scale, self.hflip, self.mode = size, scale, hflip, mode
 
     def __call__(self, image: torch.Tensor, rng: random.Random) -> torch.Tensor:
         top, left, h, w = self.box(image.shape[-2], image.shape[-1], rng)
-        image = resize(image[:, top : top + h, left : left + w], self.size, self.size)
+        return self.finish(image[:, top : top + h, left : left + w], self.size, rng)
+
+    def finish(self, region: torch.Tensor, size: int, rng: random.Random) -> torch.Tensor:
+        """The box's pixels resized to ``size`` and flipped (the flip drawn after the box)."""
+        image = resize(region, size, size, self.mode)
         if self.hflip and rng.random() < 0.5:
             image = image.flip(-1)
         return image
 
     def box(self, height: int, width: int, rng: random.Random) -> tuple[int, int, int, int]:
-        """(top, left, h, w) of the crop."""
+        """(top, left, h, w) of the crop: torchvision's ``RandomResizedCrop.get_params`` rule,
+        draw for draw (area share, then log aspect ratio, up to 10 tries; then the top and the
+        left edge), with its fallback: the center crop of the whole image at the nearest
+        allowed aspect ratio."""
         area = height * width
         log_lo, log_hi = math.log(RATIO[0]), math.log(RATIO[1])
         for _ in range(10):
@@ -68,7 +97,14 @@ class RandomResizedCrop:
             h = round(math.sqrt(target / ratio))
             if 0 < w <= width and 0 < h <= height:
                 return rng.randint(0, height - h), rng.randint(0, width - w), h, w
-        return 0, 0, height, width  # base images are square: ratio 1 is always allowed
+        in_ratio = width / height
+        if in_ratio < RATIO[0]:
+            w, h = width, round(width / RATIO[0])
+        elif in_ratio > RATIO[1]:
+            w, h = round(height * RATIO[1]), height
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
 
 
 class DeviceRandomResizedCrop:
@@ -113,3 +149,27 @@ class DeviceRandomResizedCrop:
             images.float(), grid, mode="bilinear", padding_mode="border", align_corners=False
         )
         return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def crop_resize_each(
+    images: list[torch.Tensor], boxes: list[list[int]], size: int, mode: str = "bilinear"
+) -> torch.Tensor:
+    """uint8 [3, H_i, W_i] images of any sizes (decoded on the device) -> uint8 [N, 3, S, S],
+    each by its box [top, left, h, w, flip, resize_h, resize_w]: resized whole to (resize_h,
+    resize_w) first when resize_h > 0 (evaluation's shorter-side resize), the box cut out and
+    resized to ``size`` (antialiased, in float: the device kernels' dtype), flipped where flip
+    is 1. The geometry of the CPU path (data/decode.py), rounded once at the end instead of
+    after each resize. The boxes are host lists (drawn in the loader workers as for the CPU
+    path), so nothing here waits for the device."""
+    out = torch.empty(len(images), 3, size, size, dtype=torch.uint8, device=images[0].device)
+    for i, (image, box) in enumerate(zip(images, boxes, strict=True)):
+        top, left, h, w, flip, resize_h, resize_w = box
+        x = image[None].float()
+        if resize_h:
+            x = F.interpolate(x, size=(resize_h, resize_w), mode=mode, antialias=True)
+        x = x[..., top : top + h, left : left + w]
+        if (h, w) != (size, size):
+            x = F.interpolate(x, size=(size, size), mode=mode, antialias=True)
+        x = x[0].round_().clamp_(0, 255)
+        out[i] = x.flip(-1) if flip else x
+    return out

@@ -3,18 +3,28 @@
     <root>/<train_split>/<class>/*.jpg|png     training images; val_fraction of them is held out
     <root>/<test_split>/<class>/*.jpg|png      optional test split (imagenette's `val/`)
 
-Every file is decoded to RGB, resized so its shorter side is L (``resize_size``, default
-``image_size / 0.875``) and center-cropped to a fixed-size uint8 ``[3, L, L]`` *base* image.
-Evaluation items are the center ``S x S`` crop of the base (S = ``image_size``). Training items
-depend on ``augment``: ``cpu`` = a random resized crop to S plus a random flip in the loader
-worker, seeded by (seed, index, epoch) so the batches do not depend on the number of workers or
-on a resume; ``device`` = the base image itself, cropped and flipped batch-wise on the device by
-:class:`DeviceRandomResizedCrop`; ``none`` = the center crop. The crops are data/image_crops.py's.
+Every file's header is checked first (``check_images``: unreadable, CMYK, transparent and
+grayscale files are refused, naming them and the fix, before anything is trained or written).
 
-``cache=ram|disk`` decodes every base image once into one ``[N, 3, L, L]`` tensor (a
-memory-mapped file under ``cache_dir`` for ``disk``, reused by later runs); items read from it
-are bit-identical to decoding. torchvision is imported only where images are decoded: it costs
-seconds at start-up.
+Without a cache (the default) every sample is decoded from the whole photo, as torchvision and
+timm read ImageNet (data/photos.py, data/decode.py): training takes a random resized crop of
+the whole image (area share ``crop_scale``, default (0.08, 1)) resized to ``image_size`` and a
+flip, seeded by (seed, index, epoch) so the batches do not depend on the number of workers or
+on a resume; evaluation resizes the shorter side to ``eval_image_size / crop_pct`` and takes
+the center ``eval_image_size`` crop. ``decode=gpu`` hands the JPEG bytes to the device, which
+decodes them with nvJPEG and crops there.
+
+``cache=ram|disk`` (and ``augment=device``) read *base* images instead: each file decoded once,
+its shorter side resized to L (``resize_size``, default ``eval_image_size / crop_pct``) and
+center-cropped to a fixed-size uint8 ``[3, L, L]``, kept in one ``[N, 3, L, L]`` tensor (a
+memory-mapped file under ``cache_dir`` for ``disk``, reused by later runs). Evaluation items are
+the center crop of the base; training items depend on ``augment``: ``cpu`` = the random resized
+crop of the base plus a flip in the loader worker; ``device`` = the base image itself, cropped
+and flipped batch-wise on the device by :class:`DeviceRandomResizedCrop`; ``none`` = the center
+crop. Items read from a cache are bit-identical to decoding. The random crop then never sees
+the photo's edges beyond the base square: the trade is worth it for small images re-read for
+many epochs (decoding dominates, docs/vision.md). torchvision is imported only where base
+images are decoded: it costs seconds at start-up.
 """
 
 from __future__ import annotations
@@ -34,13 +44,18 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from accel_train.data.decode import UnreadableImageError, unreadable
+from accel_train.data.decode import check_images as check_headers
 from accel_train.data.image_crops import (
+    INTERPOLATIONS,
     DeviceRandomResizedCrop,
     RandomResizedCrop,
     center_crop,
+    eval_resize_to,
     resize,
     view_of,
 )
+from accel_train.data.photos import Files, PhotoSplit
 from accel_train.data.splits import ImageSet, Splits, held_out_indices
 from accel_train.errors import UserError
 
@@ -49,6 +64,7 @@ log = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 AUGMENTS = ("cpu", "device", "none")
 CACHES = ("none", "ram", "disk")
+DECODES = ("cpu", "gpu")
 # Part of the disk cache key: bump it when the base image computation changes.
 CACHE_FORMAT = 1
 # Building a cache decodes in this many DataLoader worker processes; folders smaller than
@@ -58,10 +74,7 @@ DECODE_WORKERS = min(4, _CPUS or 1)
 PARALLEL_DECODE_MIN = 512
 DECODE_BATCH = 64
 
-
-class UnreadableImageError(UserError):
-    """An image file that does not decode (UserError keeps its message one paragraph when a
-    loader worker raised it)."""
+__all__ = ["UnreadableImageError", "build_image_folder"]  # the error lives in data/decode.py
 
 
 # ---- the builder ---------------------------------------------------------------------------
@@ -75,48 +88,43 @@ def build_image_folder(
     val_fraction: float = 0.1,
     seed: int = 0,
     image_size: int = 64,
+    eval_image_size: int | None = None,
+    crop_pct: float = 0.875,
+    interpolation: str = "bilinear",
     resize_size: int = 0,
     augment: str = "cpu",
-    crop_scale: Sequence[float] = (0.35, 1.0),
+    crop_scale: Sequence[float] = (0.08, 1.0),
     random_hflip: bool = True,
     cache: str = "none",
     cache_dir: str | None = None,
+    decode: str = "cpu",
+    check_images: bool = True,
 ) -> Splits:
     """Train / val / test splits of an ImageFolder tree (see the module docstring).
 
     val is a stratified, seeded ``val_fraction`` of the train folder; test is the
     ``test_split`` folder (None when it is null or absent)."""
-    scale = _check_options(image_size, resize_size, augment, cache, val_fraction, crop_scale)
-    size = int(image_size)
-    base_size = int(resize_size) or round(size / 0.875)
-    root_dir = Path(root).expanduser()
-    if not root_dir.is_dir():
-        raise UserError(
-            f"dataset.root={root!r}: no such folder. Point `dataset.root=/path/to/data` at the "
-            f"folder that holds `{train_split}/<class>/*.jpg` (torchvision's ImageFolder layout)."
-        )
-    # Scan both folders before decoding anything: a layout error should not wait for a cache.
-    train_folder = scan_folder(root_dir, train_split, "dataset.train_split")
-    test_folder = None
-    if test_split and (root_dir / test_split).is_dir():
-        test_folder = scan_folder(root_dir, test_split, "dataset.test_split", train_folder.classes)
-    elif test_split:
-        log.info("dataset.test_split=%s: no folder %s, no test split", test_split, root_dir)
-
-    cache_root = Path(cache_dir).expanduser() if cache_dir else root_dir / ".accel_cache"
-    bases = BaseImages.load(train_folder, base_size, cache, cache_root)
+    scale = _check_options(
+        image_size, resize_size, augment, cache, val_fraction, crop_scale,
+        eval_image_size=eval_image_size, crop_pct=crop_pct, interpolation=interpolation,
+        decode=decode,
+    )  # fmt: skip
+    size, eval_size = int(image_size), int(eval_image_size or image_size)
+    resize_to = int(resize_size) or eval_resize_to(eval_size, crop_pct)
+    train_folder, test_folder = _folders(root, train_split, test_split)
+    if check_images:
+        folders = [f for f in (train_folder, test_folder) if f is not None]
+        paths = [str(f.path / rel) for f in folders for rel in f.files]
+        check_headers(paths, jpeg_only=decode == "gpu", log=log)
     labels = train_folder.labels
     train_idx, val_idx = held_out_indices(len(labels), val_fraction, seed, labels)
-    crop = RandomResizedCrop(size, scale, random_hflip) if augment == "cpu" else None
-    train_view = {"cpu": "random", "device": "base", "none": "center"}[augment]
-    train = make_split(bases, train_idx, labels, train_view, size, crop, seed)
-    val = make_split(bases, val_idx, labels, "center", size)
-    test = None
-    if test_folder is not None:
-        test_bases = BaseImages.load(test_folder, base_size, cache, cache_root)
-        every = torch.arange(len(test_folder.files))
-        test = make_split(test_bases, every, test_folder.labels, "center", size)
-
+    args = (size, eval_size, resize_to, scale, random_hflip, augment, seed, interpolation)
+    if cache == "none" and augment != "device":
+        make = _photo_splits(*args, decode)
+    else:
+        make = _base_splits(*args, cache, Path(cache_dir).expanduser() if cache_dir else None)
+    train, val = make(train_folder, train_idx, val_idx)
+    test = make(test_folder, torch.arange(len(test_folder.files)))[1] if test_folder else None
     device_augment = (
         DeviceRandomResizedCrop(size, scale, random_hflip) if augment == "device" else None
     )
@@ -131,31 +139,84 @@ def build_image_folder(
     )
 
 
-def _check_options(image_size, resize_size, augment, cache, val_fraction, crop_scale):
+def _folders(root: str, train_split: str, test_split: str | None):
+    """(train Folder, test Folder or None), both scanned before anything is decoded: a layout
+    error should not wait for a cache."""
+    root_dir = Path(root).expanduser()
+    if not root_dir.is_dir():
+        raise UserError(
+            f"dataset.root={root!r}: no such folder. Point `dataset.root=/path/to/data` at the "
+            f"folder that holds `{train_split}/<class>/*.jpg` (torchvision's ImageFolder layout)."
+        )
+    train_folder = scan_folder(root_dir, train_split, "dataset.train_split")
+    test_folder = None
+    if test_split and (root_dir / test_split).is_dir():
+        test_folder = scan_folder(root_dir, test_split, "dataset.test_split", train_folder.classes)
+    elif test_split:
+        log.info("dataset.test_split=%s: no folder %s, no test split", test_split, root_dir)
+    return train_folder, test_folder
+
+
+def _photo_splits(size, eval_size, resize_to, scale, hflip, augment, seed, mode, decode):
+    """folder, train indices[, val indices] -> (train split or None, val/test split): the
+    full-size photo splits (data/photos.py)."""
+    crop = RandomResizedCrop(size, scale, hflip, mode) if augment == "cpu" else None
+
+    def make(folder: Folder, first: torch.Tensor, held: torch.Tensor | None = None):
+        files, labels = Files(folder.path, folder.files), folder.labels
+        common = dict(seed=seed, mode=mode, decode=decode)
+        evaluated = PhotoSplit(files, first if held is None else held, labels,
+                               size=eval_size, resize_to=resize_to, **common)  # fmt: skip
+        if held is None:
+            return None, evaluated
+        # augment=none: the evaluation transform at the training size
+        train_resize = resize_to if size == eval_size else round(resize_to * size / eval_size)
+        train = PhotoSplit(files, first, labels, size=size, resize_to=train_resize, crop=crop,
+                           **common)  # fmt: skip
+        return train, evaluated
+
+    return make
+
+
+def _base_splits(size, eval_size, resize_to, scale, hflip, augment, seed, mode, cache, cache_dir):
+    """The same as :func:`_photo_splits` from base images (cache=ram|disk, augment=device)."""
+    crop = RandomResizedCrop(size, scale, hflip, mode) if augment == "cpu" else None
+    train_view = {"cpu": "random", "device": "base", "none": "center"}[augment]
+
+    def make(folder: Folder, first: torch.Tensor, held: torch.Tensor | None = None):
+        where = cache_dir or folder.path.parent / ".accel_cache"
+        bases = BaseImages.load(folder, resize_to, cache, where)
+        labels = folder.labels
+        evaluated = make_split(bases, first if held is None else held, labels, "center", eval_size)
+        if held is None:
+            return None, evaluated
+        return make_split(bases, first, labels, train_view, size, crop, seed), evaluated
+
+    return make
+
+
+def _check_options(
+    image_size, resize_size, augment, cache, val_fraction, crop_scale, *,
+    eval_image_size=None, crop_pct=0.875, interpolation="bilinear", decode="cpu",
+):  # fmt: skip
     """The crop scale range as two floats, after checking every option a user can get wrong."""
-    if image_size < 1:
-        raise UserError(
-            f"dataset.image_size={image_size} must be >= 1: it is the side in pixels of the "
-            "square images the model sees, e.g. `dataset.image_size=64`."
+    if image_size < 1 or (eval_image_size is not None and eval_image_size < 1):
+        key, value = (
+            ("image_size", image_size) if image_size < 1 else ("eval_image_size", eval_image_size)
         )
-    if resize_size and resize_size < image_size:
         raise UserError(
-            f"dataset.resize_size={resize_size} is smaller than dataset.image_size={image_size}: "
-            "images are resized to resize_size, then cropped to image_size. Set "
-            "`dataset.resize_size=0` (= image_size / 0.875) or a value >= image_size."
+            f"dataset.{key}={value} must be >= 1: it is the side in pixels of the square "
+            "images the model sees (eval_image_size: in evaluation; null = image_size), e.g. "
+            f"`dataset.{key}=224`."
         )
-    if augment not in AUGMENTS:
+    eval_size = eval_image_size or image_size
+    if resize_size and resize_size < eval_size:
         raise UserError(
-            f"dataset.augment={augment!r} is not one of {', '.join(AUGMENTS)}: `cpu` crops and "
-            "flips in the loader workers, `device` on the device batch-wise, `none` only "
-            "center-crops. Set e.g. `dataset.augment=cpu`."
+            f"dataset.resize_size={resize_size} is smaller than the evaluation size {eval_size}: "
+            "images are resized to resize_size, then center-cropped. Set "
+            "`dataset.resize_size=0` (= eval_image_size / crop_pct) or a value >= it."
         )
-    if cache not in CACHES:
-        raise UserError(
-            f"dataset.cache={cache!r} is not one of {', '.join(CACHES)}: `none` decodes every "
-            "image every epoch, `ram` decodes once into memory, `disk` into a memory-mapped file "
-            "reused by later runs. Set e.g. `dataset.cache=ram`."
-        )
+    _check_choices(augment, cache, crop_pct, interpolation, decode)
     if not 0 <= val_fraction < 1:
         raise UserError(
             f"dataset.val_fraction={val_fraction} must be in [0, 1): the share of the training "
@@ -166,9 +227,40 @@ def _check_options(image_size, resize_size, augment, cache, val_fraction, crop_s
         raise UserError(
             f"dataset.crop_scale={list(crop_scale)} must be two numbers 0 < min <= max <= 1: "
             "the range of the random crop's area as a share of the image, e.g. "
-            "`dataset.crop_scale=[0.35,1.0]`."
+            "`dataset.crop_scale=[0.08,1.0]` (torchvision's and timm's)."
         )
     return lo, hi
+
+
+def _check_choices(augment, cache, crop_pct, interpolation, decode) -> None:
+    if not 0 < crop_pct <= 1:
+        raise UserError(
+            f"dataset.crop_pct={crop_pct} must be in (0, 1]: evaluation resizes the shorter "
+            "side to eval_image_size / crop_pct, then center-crops (timm's crop_pct; ImageNet's "
+            "usual 0.875 turns 224 into 256). Set e.g. `dataset.crop_pct=0.875`."
+        )
+    for key, value, allowed, why in (
+        ("interpolation", interpolation, INTERPOLATIONS, "the resize kernel, antialiased"),
+        ("augment", augment, AUGMENTS, "`cpu` crops and flips in the loader workers, "
+         "`device` on the device batch-wise (from cached base images), `none` only "
+         "center-crops"),
+        ("cache", cache, CACHES, "`none` decodes every image every epoch, `ram` decodes base "
+         "images once into memory, `disk` into a memory-mapped file reused by later runs"),
+        ("decode", decode, DECODES, "`cpu` decodes in the loader workers, `gpu` on the CUDA "
+         "device with nvJPEG"),
+    ):  # fmt: skip
+        if value not in allowed:
+            raise UserError(
+                f"dataset.{key}={value!r} is not one of {', '.join(allowed)}: {why}. Set e.g. "
+                f"`dataset.{key}={allowed[0]}`."
+            )
+    if decode == "gpu" and (cache != "none" or augment == "device"):
+        raise UserError(
+            f"dataset.decode=gpu decodes each JPEG on the device with its crop, and "
+            f"dataset.{'cache=' + cache if cache != 'none' else 'augment=device'} reads decoded "
+            "base images instead. Use one: `dataset.cache=none dataset.augment=cpu` with "
+            "decode=gpu, or `dataset.decode=cpu`."
+        )
 
 
 # ---- the folder ----------------------------------------------------------------------------
@@ -267,13 +359,7 @@ def decode_base_image(data: torch.Tensor, size: int, what: str) -> torch.Tensor:
     return center_crop(img, size).contiguous()
 
 
-def _unreadable(err: Exception, what: str) -> UnreadableImageError:
-    # torchvision's message starts with its C++ source location: keep the reason only.
-    reason = re.sub(r"^.*?\.cpp:\d+, ", "", str(err).strip().splitlines()[0])
-    return UnreadableImageError(
-        f"{what} is corrupt or unreadable ({reason}). Delete or replace that file (or "
-        "re-download the data set)."
-    )
+_unreadable = unreadable  # (its old name)
 
 
 class BaseImages:

@@ -108,15 +108,16 @@ class _Items(Dataset):
 
 
 class _CheckedCollate:
-    """default_collate, then the training labels checked on the host (in the worker, before
-    any transfer): a label outside [0, num_classes) stops the run with a clear error instead of
-    an index error (or a device-side assert on CUDA) inside the loss."""
+    """The split's collate (default_collate unless it has a ``collate``), then the training
+    labels checked on the host (in the worker, before any transfer): a label outside
+    [0, num_classes) stops the run with a clear error instead of an index error (or a
+    device-side assert on CUDA) inside the loss."""
 
-    def __init__(self, num_classes: int):
-        self.num_classes = num_classes
+    def __init__(self, num_classes: int, collate=default_collate):
+        self.num_classes, self.collate = num_classes, collate
 
     def __call__(self, items):
-        images, labels = default_collate(items)
+        images, labels = self.collate(items)
         check_labels(labels, self.num_classes)
         return images, labels
 
@@ -150,11 +151,15 @@ class TorchLoader:
     ):
         workers = loader_cfg.num_workers
         self.order, self.device = order, device
+        # A split whose items do not stack (dataset.decode=gpu: encoded bytes) brings its own.
+        collate = getattr(split, "collate", None) or default_collate
+        if order.train and labelled:
+            collate = _CheckedCollate(num_classes, collate)
         self.loader = DataLoader(
             _Items(split, labelled),
             batch_sampler=order,
             num_workers=workers,
-            collate_fn=_CheckedCollate(num_classes) if order.train and labelled else None,
+            collate_fn=collate,
             pin_memory=loader_cfg.pin_memory and device.type == "cuda",
             persistent_workers=loader_cfg.persistent_workers and workers > 0,
             prefetch_factor=loader_cfg.prefetch_factor if workers > 0 else None,

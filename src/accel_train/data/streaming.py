@@ -16,8 +16,9 @@ an epoch is the loop's `batch_in_epoch`; data/shard_reader.py's StreamingLoader 
 the state LitData resumes from, so a resumed run reads exactly the samples the epoch had left.
 Validation and test (small) are read by index in order, through the usual torch loader.
 
-Images are decoded by data/image_folder.py's code and augmented by data/image_crops.py's, so
-`dataset=streaming` and `dataset=image_folder` of the same files give the same pixels.
+Images are decoded and cropped by data/decode.py's code at full size (or, with augment=device,
+into data/image_folder.py's base images), so `dataset=streaming` and `dataset=image_folder` of
+the same files give the same pixels.
 
 This module holds only what is particular to images (the decoder and the splits' options). The
 shard set's index and checks are in data/shard_set.py, the S3 access in data/object_store.py,
@@ -28,12 +29,14 @@ the index's `kind` keeps each option to its own kind of shards.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from accel_train.data.image_crops import DeviceRandomResizedCrop, RandomResizedCrop, view_of
+from accel_train.data.decode import decode_eval, decode_train
+from accel_train.data.image_crops import DeviceRandomResizedCrop, RandomResizedCrop, eval_resize_to
 from accel_train.data.image_folder import _check_options, decode_base_image
 from accel_train.data.shard_reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
 from accel_train.data.shard_set import SPLITS, check_shards, open_shard_set
@@ -42,18 +45,26 @@ from accel_train.errors import UserError
 
 
 class _Decoder:
-    """An item of the shards -> (uint8 image, label), as dataset=image_folder makes it."""
+    """An item of the shards -> (uint8 image, label), as dataset=image_folder makes it: a
+    random resized crop of the whole photo (``crop`` given), the evaluation resize and center
+    crop (``view="center"``), or the base image (``view="base"``, for augment=device)."""
 
-    def __init__(self, base_size, size, view, crop, seed, where):
-        self.base_size, self.size, self.view = base_size, size, view
-        self.crop, self.seed, self.where = crop, seed, where
+    def __init__(self, size, resize_to, view, crop, seed, where, mode):
+        self.size, self.resize_to, self.view = size, resize_to, view
+        self.crop, self.seed, self.where, self.mode = crop, seed, where, mode
 
     def __call__(self, item: dict, epoch: int) -> tuple[torch.Tensor, int]:
         index = int(item["index"])
-        data = torch.frombuffer(bytearray(item["image"]), dtype=torch.uint8)
+        data = bytes(item["image"])
         what = f"dataset.remote: sample {index} of the shards {self.where}"
-        base = decode_base_image(data, self.base_size, what)
-        image = view_of(base, self.view, self.crop, self.size, f"{self.seed}/{epoch}/{index}")
+        if self.view == "random":
+            rng = random.Random(f"{self.seed}/{epoch}/{index}")
+            image = decode_train(data, what, self.crop, self.size, rng)
+        elif self.view == "center":
+            image = decode_eval(data, what, self.size, self.resize_to, self.mode)
+        else:
+            encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            image = decode_base_image(encoded, self.resize_to, what)
         return image, int(item["label"])
 
 
@@ -64,19 +75,25 @@ def build_streaming(
     cache_limit: Any = "20gb",
     seed: int = 0,
     image_size: int = 64,
+    eval_image_size: int | None = None,
+    crop_pct: float = 0.875,
+    interpolation: str = "bilinear",
     resize_size: int = 0,
     augment: str = "cpu",
-    crop_scale: Sequence[float] = (0.35, 1.0),
+    crop_scale: Sequence[float] = (0.08, 1.0),
     random_hflip: bool = True,
     num_classes: int | None = None,
     **_,
 ) -> Splits:
     """The `dataset=streaming` splits (see the module docstring)."""
-    scale = _check_options(image_size, resize_size, augment, "none", 0.0, crop_scale)
+    scale = _check_options(
+        image_size, resize_size, augment, "none", 0.0, crop_scale,
+        eval_image_size=eval_image_size, crop_pct=crop_pct, interpolation=interpolation,
+    )  # fmt: skip
     remote, meta, cache, limit = open_shard_set(remote, local, cache_limit, "image_folder")
-    size = int(image_size)
-    base_size = int(resize_size) or round(size / 0.875)
-    crop = RandomResizedCrop(size, scale, random_hflip) if augment == "cpu" else None
+    size, eval_size = int(image_size), int(eval_image_size or image_size)
+    resize_to = int(resize_size) or eval_resize_to(eval_size, crop_pct)
+    crop = RandomResizedCrop(size, scale, random_hflip, interpolation) if augment == "cpu" else None
     train_view = {"cpu": "random", "device": "base", "none": "center"}[augment]
     splits = {}
     for name in SPLITS:
@@ -86,7 +103,9 @@ def build_streaming(
             continue
         check_shards(remote, name, int(info["samples"]))
         view = train_view if name == "train" else "center"
-        decoder = _Decoder(base_size, size, view, crop, seed, f"{remote.rstrip('/')}/{name}")
+        where = f"{remote.rstrip('/')}/{name}"
+        shown = size if name == "train" else eval_size
+        decoder = _Decoder(shown, resize_to, view, crop, seed, where, interpolation)
         source = StreamingSource(remote, name, cache, limit, decoder)
         labels = torch.tensor(info["labels"], dtype=torch.int64)
         cls = StreamingTrainSplit if name == "train" else StreamingEvalSplit

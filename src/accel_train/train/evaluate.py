@@ -122,7 +122,7 @@ def sample_batch(splits, device: torch.device) -> Any:
     """Two real training items collated as the loader does, on the device (what a task's
     contract is checked on)."""
     items = [splits.train[i] for i in range(min(2, len(splits.train)))]
-    batch = default_collate(items)
+    batch = (getattr(splits.train, "collate", None) or default_collate)(items)
     return to_device(tuple(batch) if isinstance(batch, list) else batch, device)
 
 
