@@ -268,6 +268,8 @@ def cfg_with(compose_cfg):
     [
         (["scheduler=onecycle", "scheduler.max_lr=0"], "scheduler.max_lr=0"),
         (["scheduler=onecycle", "scheduler.pct_start=1.0"], "scheduler.pct_start"),
+        (["scheduler=onecycle", "scheduler.anneal_strategy=lin"], "scheduler.anneal_strategy"),
+        (["scheduler=onecycle", "scheduler.div_factor=0.5"], "scheduler.div_factor"),
         (["scheduler=cosine", "scheduler.min_lr=0.5"], "scheduler.min_lr=0.5"),
         (["scheduler=step", "scheduler.gamma=0"], "scheduler.gamma=0"),
         (["scheduler=step", "scheduler.step_size=0"], "scheduler.step_size=0"),

@@ -196,6 +196,16 @@ def test_a_fast_forwarded_schedule_equals_one_planned_for_that_length():
     for sched in (
         {"name": "cosine", "warmup_steps": 2, "min_lr": 0.0},
         {"name": "onecycle", "warmup_steps": 0, "max_lr": 0.01, "pct_start": 0.3},
+        # FFCV's piecewise-linear "cyclic" lr (+experiment=imagenet_resnet50).
+        {
+            "name": "onecycle",
+            "warmup_steps": 0,
+            "max_lr": 0.01,
+            "pct_start": 0.1,
+            "anneal_strategy": "linear",
+            "div_factor": 1.0e4,
+            "final_div_factor": 1.0e4,
+        },
     ):
         planned = _expected_lrs(sched, 20)
         opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=LR)
@@ -205,6 +215,16 @@ def test_a_fast_forwarded_schedule_equals_one_planned_for_that_length():
             opt.step()
             scheduler.step()
             assert opt.param_groups[0]["lr"] == planned[step]
+
+
+def test_a_linear_onecycle_falls_in_equal_steps_from_its_peak_to_zero():
+    """anneal_strategy=linear with FFCV's factors: a straight line down to ~0 after the peak."""
+    sched = {"name": "onecycle", "warmup_steps": 0, "max_lr": 1.0, "pct_start": 0.2}
+    sched |= {"anneal_strategy": "linear", "div_factor": 1.0e4, "final_div_factor": 1.0e4}
+    lrs = list(_expected_lrs(sched, 41).values())
+    peak = lrs.index(max(lrs))
+    falls = [a - b for a, b in zip(lrs[peak:], lrs[peak + 1 :])]
+    assert falls == pytest.approx([falls[0]] * len(falls)) and lrs[-1] < max(lrs) * 1e-3
 
 
 def test_carrying_best_links_files_and_sharded_directories(tmp_path):

@@ -193,6 +193,10 @@ def _build_scheduler(optimizer, sched_cfg: DictConfig, total_steps: int, lr_scal
             max_lr=sched_cfg.max_lr * lr_scale,
             total_steps=total_steps,
             pct_start=sched_cfg.pct_start,
+            # .get: a schedule built in code (tests, the resume checks) may give only the above.
+            anneal_strategy=sched_cfg.get("anneal_strategy", "cos"),
+            div_factor=sched_cfg.get("div_factor", 25.0),
+            final_div_factor=sched_cfg.get("final_div_factor", 1.0e4),
         )
     if warmup >= total_steps and warmup > 0:
         # A recipe's warm-up on a run shortened for a quick try (trainer.max_steps, fewer

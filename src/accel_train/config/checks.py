@@ -369,6 +369,18 @@ def check_scheduler(cfg: DictConfig) -> None:
                 f"scheduler.pct_start={sched.pct_start} must be in (0, 1): the share of the run "
                 "spent raising the lr, e.g. `scheduler.pct_start=0.3`."
             )
+        if sched.anneal_strategy not in ("cos", "linear"):
+            raise UserError(
+                f"scheduler.anneal_strategy={sched.anneal_strategy!r} is not cos or linear: the "
+                "shape of OneCycle's rise and fall (torch's OneCycleLR), e.g. "
+                "`scheduler.anneal_strategy=linear`."
+            )
+        if sched.div_factor < 1 or sched.final_div_factor < 1:
+            raise UserError(
+                f"scheduler.div_factor={sched.div_factor} and scheduler.final_div_factor="
+                f"{sched.final_div_factor} must be >= 1: OneCycle starts at max_lr / div_factor "
+                "and ends at that / final_div_factor, e.g. `scheduler.div_factor=25`."
+            )
     if sched.name == "cosine":
         if sched.min_lr < 0:
             raise UserError(f"scheduler.min_lr={sched.min_lr} must be >= 0.")

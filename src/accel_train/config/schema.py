@@ -451,6 +451,9 @@ class CosineSchedulerConfig(SchedulerConfig):
 class OneCycleSchedulerConfig(SchedulerConfig):
     max_lr: float = 0.01
     pct_start: float = 0.3
+    anneal_strategy: str = "cos"
+    div_factor: float = 25.0
+    final_div_factor: float = 1.0e4
 
 
 # ---- quant: quantization-aware training (techniques/qat.py) -----------------------------
