@@ -103,7 +103,7 @@ def _check_progressive(node) -> None:
     default), each an int, 1 <= sizes and step, 0 <= start_epoch <= end_epoch."""
     key = "trainer.progressive_resize"
     defaults = {f.name: f.default for f in fields(ProgressiveResizeConfig)}
-    given = OmegaConf.to_container(node) if isinstance(node, DictConfig) else node
+    given = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
     ok = isinstance(given, dict) and set(given) <= set(defaults)
     values = {**defaults, **given} if ok else {}
     ok = ok and all(isinstance(v, int) and not isinstance(v, bool) for v in values.values())
