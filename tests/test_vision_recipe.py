@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from accel_train.checkpoint import load_checkpoint
 from accel_train.config.checks import validate
+from accel_train.config.recipe_checks import check_recipe
 from accel_train.data.batch_mix import _ERASE, _MIX, build_batch_mix
 from accel_train.data.image_crops import RandomResizedCrop
 from accel_train.data.image_folder import build_image_folder
@@ -320,6 +321,9 @@ def test_the_config_refuses_what_cannot_work(compose_cfg, tmp_path):
     ):  # fmt: skip
         with pytest.raises(UserError, match=match):
             validate(compose_cfg([*base, *overrides]))
+    gpu = compose_cfg([*base, "dataset.auto_augment=trivial", "dataset.decode=gpu"])
+    with pytest.raises(UserError, match="decodes on the device, after the loader"):
+        check_recipe(gpu)  # (validate refuses decode=gpu on a machine without CUDA first)
     validate(compose_cfg([*base, "trainer.progressive_resize={start_size:128,end_epoch:3}"]))
 
 

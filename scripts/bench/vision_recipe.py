@@ -11,7 +11,7 @@ variants alternating in each round:
     PIL round trip included): images/s of one core;
 (b) per batch, on the device (here the CPU): a normalised float batch 64 x 3 x 224 x 224
     through data/batch_mix.py's BatchMix with random erasing (0.25, pixel), mixup + cutmix
-    (0.8 / 1.0, label smoothing 0.1) and both, against BatchTransform's normalisation of the
+    (0.8 / 1.0, label smoothing 0.1) and both, against a plain float normalisation of the
     same uint8 batch for scale: ms per batch.
 
 ``optimizer.layer_decay`` costs nothing per step (more param groups, the same kernels), and

@@ -24,6 +24,12 @@ def check_recipe(cfg: DictConfig) -> None:
     if "mixup_alpha" in ds:  # the options with the recipe keys (image_folder)
         _check_values(ds)
         _check_task(cfg, ds)
+        if ds.auto_augment and ds.get("decode") == "gpu":
+            raise UserError(
+                f"dataset.auto_augment={ds.auto_augment} runs on each decoded sample in the "
+                "loader workers, and dataset.decode=gpu decodes on the device, after the loader. "
+                "Use `dataset.decode=cpu` with auto_augment, or drop `dataset.auto_augment`."
+            )
     _check_layer_decay(cfg.optimizer)
     resize = cfg.trainer.get("progressive_resize")
     if resize is not None:
