@@ -223,6 +223,16 @@ def test_several_bad_files_are_counted_in_one_message(tmp_path):
         check_images(paths)
 
 
+def test_a_large_folder_is_checked_by_processes(tmp_path, monkeypatch):
+    import accel_train.data.decode as decode
+
+    monkeypatch.setattr(decode, "SCAN_PROCESSES_FROM", 2)
+    monkeypatch.setattr(decode, "SCAN_PROCESSES", 2)
+    paths = [str(p) for p in bad_files(tmp_path).values()]
+    with pytest.raises(UserError, match=r"corrupt.jpg is corrupt .* 5 other file\(s\)"):
+        check_images(paths)
+
+
 def test_with_the_check_off_a_bad_file_stops_its_sample(tmp_path):
     """dataset.check_images=false: the decode refuses the same file, in one paragraph."""
     path = save(tmp_path / "gray.jpg", photo(24, 32), "L")

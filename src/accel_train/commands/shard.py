@@ -111,9 +111,6 @@ def shrink(data: bytes, max_side: int, quality: int, path: str) -> bytes:
     return out.getvalue()
 
 
-read_item = ReadItem()  # the bytes as they are
-
-
 def shard(cfg: DictConfig) -> str:
     if OmegaConf.is_missing(cfg, "out"):
         raise UserError(
@@ -153,15 +150,7 @@ def shard(cfg: DictConfig) -> str:
         parts["test"] = [
             (str(test.path / f), int(y)) for f, y in zip(test.files, test.labels.tolist())
         ]
-    if ds.get("check_images", True):  # a bad file is refused before anything is written
-        check_images([path for items in parts.values() for path, _ in items], log=log)
-    max_side, quality = int(cfg.max_side), int(cfg.jpeg_quality)
-    if max_side < 0 or not 1 <= quality <= 100:
-        raise UserError(
-            f"max_side={max_side}, jpeg_quality={quality}: max_side is the longest side in "
-            "pixels images are shrunk to (0 keeps them as they are), jpeg_quality the JPEG "
-            "quality they are re-encoded at (1-100). E.g. `max_side=512 jpeg_quality=90`."
-        )
+    reader = _image_reader(cfg, [path for items in parts.values() for path, _ in items])
     for name, items in parts.items():
         if not items:  # LitData refuses an empty input list with a bare ValueError
             raise UserError(
@@ -173,7 +162,7 @@ def shard(cfg: DictConfig) -> str:
         "format": META_FORMAT,
         "kind": "image_folder",
         "source": str(root.absolute()),
-        "max_side": max_side,
+        "max_side": reader.max_side,
         "classes": train_folder.classes,
         "splits": {
             name: {"samples": len(items), "labels": [y for _, y in items]}
@@ -184,11 +173,25 @@ def shard(cfg: DictConfig) -> str:
         name: [(i, path, label) for i, (path, label) in enumerate(items)]
         for name, items in parts.items()
     }
-    reader = ReadItem(max_side, quality) if max_side else read_item
     _write(cfg, out, reader, inputs, meta, None, (root, "dataset.root"))
     counts = ", ".join(f"{len(v):,} {k}" for k, v in parts.items())
     print(f"accel-data: {counts} images of {len(train_folder.classes)} classes -> {out}/")
     return out
+
+
+def _image_reader(cfg: DictConfig, paths: list[str]) -> ReadItem:
+    """The items' reader for `max_side` / `jpeg_quality`, after every file's header is checked
+    as training checks it (a bad file is refused before anything is written)."""
+    if cfg.dataset.get("check_images", True):
+        check_images(paths, log=log)
+    max_side, quality = int(cfg.max_side), int(cfg.jpeg_quality)
+    if max_side < 0 or not 1 <= quality <= 100:
+        raise UserError(
+            f"max_side={max_side}, jpeg_quality={quality}: max_side is the longest side in "
+            "pixels images are shrunk to (0 keeps them as they are), jpeg_quality the JPEG "
+            "quality they are re-encoded at (1-100). E.g. `max_side=512 jpeg_quality=90`."
+        )
+    return ReadItem(max_side, quality)
 
 
 def read_tokens(entry: tuple[str, str, int, int]) -> np.ndarray:

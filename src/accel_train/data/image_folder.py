@@ -112,19 +112,7 @@ def build_image_folder(
     )  # fmt: skip
     size, eval_size = int(image_size), int(eval_image_size or image_size)
     resize_to = int(resize_size) or eval_resize_to(eval_size, crop_pct)
-    root_dir = Path(root).expanduser()
-    if not root_dir.is_dir():
-        raise UserError(
-            f"dataset.root={root!r}: no such folder. Point `dataset.root=/path/to/data` at the "
-            f"folder that holds `{train_split}/<class>/*.jpg` (torchvision's ImageFolder layout)."
-        )
-    # Scan both folders before decoding anything: a layout error should not wait for a cache.
-    train_folder = scan_folder(root_dir, train_split, "dataset.train_split")
-    test_folder = None
-    if test_split and (root_dir / test_split).is_dir():
-        test_folder = scan_folder(root_dir, test_split, "dataset.test_split", train_folder.classes)
-    elif test_split:
-        log.info("dataset.test_split=%s: no folder %s, no test split", test_split, root_dir)
+    train_folder, test_folder = _folders(root, train_split, test_split)
     if check_images:
         folders = [f for f in (train_folder, test_folder) if f is not None]
         paths = [str(f.path / rel) for f in folders for rel in f.files]
@@ -150,6 +138,24 @@ def build_image_folder(
         num_classes=len(train_folder.classes),
         device_augment=device_augment,
     )
+
+
+def _folders(root: str, train_split: str, test_split: str | None):
+    """(train Folder, test Folder or None), both scanned before anything is decoded: a layout
+    error should not wait for a cache."""
+    root_dir = Path(root).expanduser()
+    if not root_dir.is_dir():
+        raise UserError(
+            f"dataset.root={root!r}: no such folder. Point `dataset.root=/path/to/data` at the "
+            f"folder that holds `{train_split}/<class>/*.jpg` (torchvision's ImageFolder layout)."
+        )
+    train_folder = scan_folder(root_dir, train_split, "dataset.train_split")
+    test_folder = None
+    if test_split and (root_dir / test_split).is_dir():
+        test_folder = scan_folder(root_dir, test_split, "dataset.test_split", train_folder.classes)
+    elif test_split:
+        log.info("dataset.test_split=%s: no folder %s, no test split", test_split, root_dir)
+    return train_folder, test_folder
 
 
 def _photo_splits(size, eval_size, resize_to, scale, hflip, augment, seed, mode, decode):
@@ -211,6 +217,23 @@ def _check_options(
             "images are resized to resize_size, then center-cropped. Set "
             "`dataset.resize_size=0` (= eval_image_size / crop_pct) or a value >= it."
         )
+    _check_choices(augment, cache, crop_pct, interpolation, decode)
+    if not 0 <= val_fraction < 1:
+        raise UserError(
+            f"dataset.val_fraction={val_fraction} must be in [0, 1): the share of the training "
+            "folder held out for validation, e.g. `dataset.val_fraction=0.1`."
+        )
+    lo, hi = (float(x) for x in crop_scale) if len(crop_scale) == 2 else (0.0, -1.0)
+    if not 0 < lo <= hi <= 1:
+        raise UserError(
+            f"dataset.crop_scale={list(crop_scale)} must be two numbers 0 < min <= max <= 1: "
+            "the range of the random crop's area as a share of the image, e.g. "
+            "`dataset.crop_scale=[0.08,1.0]` (torchvision's and timm's)."
+        )
+    return lo, hi
+
+
+def _check_choices(augment, cache, crop_pct, interpolation, decode) -> None:
     if not 0 < crop_pct <= 1:
         raise UserError(
             f"dataset.crop_pct={crop_pct} must be in (0, 1]: evaluation resizes the shorter "
@@ -239,19 +262,6 @@ def _check_options(
             "base images instead. Use one: `dataset.cache=none dataset.augment=cpu` with "
             "decode=gpu, or `dataset.decode=cpu`."
         )
-    if not 0 <= val_fraction < 1:
-        raise UserError(
-            f"dataset.val_fraction={val_fraction} must be in [0, 1): the share of the training "
-            "folder held out for validation, e.g. `dataset.val_fraction=0.1`."
-        )
-    lo, hi = (float(x) for x in crop_scale) if len(crop_scale) == 2 else (0.0, -1.0)
-    if not 0 < lo <= hi <= 1:
-        raise UserError(
-            f"dataset.crop_scale={list(crop_scale)} must be two numbers 0 < min <= max <= 1: "
-            "the range of the random crop's area as a share of the image, e.g. "
-            "`dataset.crop_scale=[0.08,1.0]` (torchvision's and timm's)."
-        )
-    return lo, hi
 
 
 # ---- the folder ----------------------------------------------------------------------------

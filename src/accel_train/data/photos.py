@@ -128,8 +128,11 @@ class EncodedBatch:
         files = list(torch.split(self.flat, self.lengths))
         with warnings.catch_warnings():  # torchvision 0.29 deprecates its decoders (TorchCodec)
             warnings.simplefilter("ignore", DeprecationWarning)
-            # One batched nvJPEG call on CUDA (libjpeg-turbo on the CPU, for the tests), queued
-            # on the device's current stream like the kernels after it.
+            # One batched nvJPEG call on CUDA (libjpeg-turbo on the CPU, for the tests).
+            # torchvision decodes on a stream of its own, orders it with the current one by
+            # events, and parses the headers on the host (nvJPEG's hybrid stage): the host may
+            # wait here for that stage, not for the training step's kernels. Unmeasured without
+            # a GPU: scripts/gpu_check.sh logs the data-wait share of decode=gpu.
             images = decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
         return crop_resize_each(images, self.boxes, self.size, self.mode)
 

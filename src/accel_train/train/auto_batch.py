@@ -192,7 +192,8 @@ class _Probe:
 
     def batch(self, size: int) -> Any:
         n = len(self.splits.train)
-        batch = default_collate([self.splits.train[i % n] for i in range(size)])
+        collate = getattr(self.splits.train, "collate", None) or default_collate  # decode=gpu
+        batch = collate([self.splits.train[i % n] for i in range(size)])
         batch = to_device(tuple(batch) if isinstance(batch, list) else batch, self.device)
         return self.task.prepare(batch, train=True)
 
