@@ -230,8 +230,8 @@ else
     echo "| gpt | | skipped: no GPT recipe yet (configs/experiment/*gpt*.yaml) | | | | |" >> "$REPORT"
 fi
 
-# Photos at full size (issue 38): decode=cpu against decode=gpu on ResNet-50 (model=torchvision
-# once it exists; resnet18 before), bf16, channels_last, 224 px crops of whole photos.
+# Photos at full size (issue 38): decode=cpu against decode=gpu on ResNet-50 (model=torchvision),
+# bf16, channels_last, 224 px crops of whole photos.
 if [ -z "${PHOTO_DIR:-}" ]; then
     PHOTO_DIR=$OUT/photos
     "$PYTHON" - "$PHOTO_DIR" "$(cd "$(dirname "$0")" && pwd)/bench" <<'EOF'
@@ -242,11 +242,7 @@ from image_loader import write_data  # 400-560 x 300-440 px, ~78 KB, 10 classes
 write_data(Path(sys.argv[1]), 2000, 10)
 EOF
 fi
-if "$PYTHON" -c 'from accel_train.config import CONFIG_DIR; import sys; sys.exit(not (CONFIG_DIR / "model" / "torchvision.yaml").is_file())'; then
-    photo_model=(model=torchvision model.name=resnet50)
-else
-    photo_model=(model=resnet18)
-fi
+photo_model=(model=torchvision model.name=resnet50)
 workers=$("$PYTHON" -c 'import os; print(max(2, min(16, len(os.sched_getaffinity(0)) - 2)))')
 photos=(dataset=image_folder "dataset.root=$PHOTO_DIR" dataset.image_size=224 "${photo_model[@]}"
         precision=bf16 trainer.channels_last=true loader.batch_size=128 loader.pin_memory=true

@@ -164,12 +164,14 @@ def slurm_job_field(job_id: str, field: str) -> str:
     return match.group(1) if match else ""
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll `predicate` every half second; fail naming `what` after `timeout` seconds."""
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str | Callable[[], str]) -> None:
+    """Poll `predicate` every half second; fail naming `what` after `timeout` seconds (a
+    callable `what` is read then: e.g. a job's log as it stands at the timeout)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout}s waiting for {said}")
         time.sleep(0.5)
 
 

@@ -92,6 +92,7 @@ def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
     where = re.sub(r"\W", "_", command.source)
     text = text.replace("/models/my-finetune", f"models/my-finetune-{where}")
     text = text.replace("/models/resnet18.pth", "models/resnet18.pth")
+    text = text.replace("/models/convnext_atto.d2_in1k", "models/convnext_atto.d2_in1k")
     text = text.replace("/data/pets", "imagenette2-160")
     argv = [a for a in shlex.split(text) if a != "..."]
     if any(a.startswith("hparams_search=") for a in argv):
@@ -146,6 +147,12 @@ def workspace(tmp_path_factory, mnist_dir) -> Path:
     sft += ["dataset.max_length=64", "trainer.max_steps=2", "scheduler.warmup_steps=0"]
     check_ok(run_cli([*sft, f"hydra.run.dir=outputs/sft_lora/{RUN}", *fast], root))
     (root / RUN).symlink_to(root / "outputs" / "my_run")
+    # docs/vision.md: a folder as timm saves a model for the hub (the launch step reads it).
+    from timm import create_model
+    from timm.models import save_for_hf
+
+    folder = root / "models" / "convnext_atto.d2_in1k"
+    save_for_hf(create_model("convnext_atto", num_classes=1000), folder, safe_serialization=True)
     for name in ("mnist_amp", "train"):
         (root / "outputs" / name).mkdir(parents=True, exist_ok=True)
         (root / "outputs" / name / RUN).symlink_to(root / "outputs" / "my_run")

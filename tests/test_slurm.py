@@ -204,6 +204,15 @@ def _slurm_log(run_dir: Path) -> str:
     return "\n".join(p.read_text() for p in run_dir.glob("slurm-*.out"))
 
 
+def _job_state(job_id: str, log_dir: Path) -> str:
+    """What a timed-out wait shows: the job's state and reason, the queue, and its log."""
+    state = (
+        f"JobState={slurm_job_field(job_id, 'JobState')} Reason={slurm_job_field(job_id, 'Reason')}"
+    )
+    queue = subprocess.run(["squeue"], capture_output=True, text=True).stdout
+    return f"{state}\n{queue}\n{_slurm_log(log_dir)[-4000:]}"
+
+
 @slurm_cluster
 def test_job_runs_on_slurm_and_a_preempted_job_requeues_and_resumes(tmp_path):
     """`launcher=slurm` submits a 2-process DDP job that runs to the end, preempted once on
@@ -218,10 +227,16 @@ def test_job_runs_on_slurm_and_a_preempted_job_requeues_and_resumes(tmp_path):
         "dataset.num_train=512",
     )
     last = run_dir / "checkpoints" / "last.pt"
-    wait_for(last.exists, 240, f"a checkpoint of job {job_id}\n{_slurm_log(run_dir)}")
+    wait_for(
+        last.exists, 240, lambda: f"a checkpoint of job {job_id}\n{_job_state(job_id, run_dir)}"
+    )
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
     summary = run_dir / "summary.json"
-    wait_for(summary.exists, 300, f"the requeued job {job_id} to finish\n{_slurm_log(run_dir)}")
+    wait_for(
+        summary.exists,
+        300,
+        lambda: f"the requeued job {job_id} to finish\n{_job_state(job_id, run_dir)}",
+    )
     assert int(slurm_job_field(job_id, "Restarts") or 0) >= 1
     result = json.loads(summary.read_text())
     assert result["world_size"] == 2 and result["steps"] == 10 * 4  # 512 / (64 x 2) per epoch
@@ -319,10 +334,16 @@ def test_shipped_single_node_script_survives_preemption(tmp_path):
     ).stdout.strip()
     run_dir = tmp_path / "outputs" / "train" / f"slurm_{job_id}_0"
     last = run_dir / "checkpoints" / "last.pt"
-    wait_for(last.exists, 240, f"a checkpoint of job {job_id}")
+    wait_for(
+        last.exists, 240, lambda: f"a checkpoint of job {job_id}\n{_job_state(job_id, tmp_path)}"
+    )
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
     summary = run_dir / "summary.json"
-    wait_for(summary.exists, 300, f"the requeued job {job_id} to finish")
+    wait_for(
+        summary.exists,
+        300,
+        lambda: f"the requeued job {job_id} to finish\n{_job_state(job_id, tmp_path)}",
+    )
     assert json.loads(summary.read_text())["steps"] == 10 * 4
     assert int(slurm_job_field(job_id, "Restarts") or 0) >= 1
     assert [r.get("event") for r in read_jsonl(run_dir / "metrics.jsonl")].count("resume") >= 1

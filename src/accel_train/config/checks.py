@@ -310,10 +310,11 @@ def check_compression(cfg: DictConfig) -> None:
             )
         if isinstance(d.teacher, str):
             teacher = Path(d.teacher).expanduser()
-            if not (teacher.is_file() or (teacher / "meta.pt").is_file()):
+            found = (teacher, teacher / "meta.pt", teacher / "config.json")  # (timm's folder)
+            if not any(p.is_file() for p in found):
                 raise UserError(
                     f"distill.teacher={d.teacher!r}: no such checkpoint. Give the path of a .pt "
-                    "file (or an FSDP .dcp directory) written by accel-train, e.g. "
+                    "file (or an FSDP .dcp dir) written by accel-train, or a timm folder, e.g. "
                     "`distill.teacher=outputs/<run>/checkpoints/best.pt`, or a model by "
                     "`+distill.teacher._target_=pkg.module.make_teacher`."
                 )

@@ -3,6 +3,7 @@ workers (typed again against the schema), compare two configs key by key."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from pathlib import Path
@@ -71,7 +72,7 @@ def typed(tree: dict[str, Any], *, resolved: bool = True) -> DictConfig:
         node = tree.get(group)
         if not isinstance(node, dict):
             continue
-        schema = options.get(node.get("name"))
+        schema = options.get(node.get("name")) or _schema_by_target(options, node)
         if schema is None and group in OPEN_GROUPS:
             schema = options["custom"]
         elif schema is None and "name" not in node and list(options) == ["default"]:
@@ -91,6 +92,17 @@ def typed(tree: dict[str, Any], *, resolved: bool = True) -> DictConfig:
     return merged
 
 
+def _schema_by_target(options: dict[str, type], node: dict[str, Any]) -> type | None:
+    """The schema of an option whose `name` is not the option's but a value of its own (the
+    architecture of model=timm / model=torchvision): the one whose `_target_` it builds."""
+    target = node.get("_target_")
+    for schema in options.values() if target is not None else ():
+        default = {f.name: f.default for f in dataclasses.fields(schema)}.get("_target_")
+        if default == target:
+            return schema
+    return None
+
+
 def resolve(cfg: DictConfig) -> DictConfig:
     """The composed config with every interpolation evaluated, typed against the schema.
 
@@ -106,6 +118,20 @@ def command_line_keys() -> set[str]:
         return set()
     task = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
     return {str(o).lstrip("+~").partition("=")[0] for o in task}
+
+
+def set_beyond_option(group: str, node: DictConfig, keys: tuple[str, ...]) -> set[str]:
+    """Which of `keys` of `node` (the group's composed config) hold another value than the
+    chosen option's own file gives them: set by an experiment or another added config. Empty
+    outside a Hydra run or for an option file accel-train does not ship (a user's config dir)."""
+    if not HydraConfig.initialized():
+        return set()
+    choice = HydraConfig.get().runtime.choices.get(group)
+    path = CONFIG_DIR / group / f"{choice}.yaml"
+    if not choice or not path.is_file():
+        return set()
+    own = OmegaConf.load(path)
+    return {k for k in keys if k in node and k in own and node[k] != own[k]}
 
 
 def group_chosen(group: str) -> bool:

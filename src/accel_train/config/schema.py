@@ -24,7 +24,7 @@ from accel_train.config.sweeper import register_optuna_sweeper
 @dataclass
 class ModelConfig:
     _target_: str = MISSING
-    name: str = "custom"
+    name: str = "custom"  # this option's name (model=timm and torchvision: the architecture)
     # Every model: a state dict loaded before training, and parameters frozen by name.
     weights: str | None = None
     freeze: list[str] = field(default_factory=list)
@@ -74,6 +74,23 @@ class HfModelConfig(ModelConfig):
     head: str = "causal_lm"
     pretrained: bool = True
     attn_implementation: str = "sdpa"
+
+
+# Models by name from the vision libraries (models/timm.py, models/torchvision.py): `name` is
+# the architecture, not the option; the option is known by its `_target_` (config/run_config.py).
+# Their own keyword arguments go through untyped: `+model.drop_path_rate=0.1`.
+
+
+@dataclass
+class TimmModelConfig(ModelConfig):
+    _target_: str = "accel_train.models.timm.timm_model"
+    name: str = MISSING
+
+
+@dataclass
+class TorchvisionModelConfig(ModelConfig):
+    _target_: str = "accel_train.models.torchvision.torchvision_model"
+    name: str = MISSING
 
 
 # ---- dataset: a factory by _target_ returning the splits ---------------------------------
@@ -768,6 +785,8 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "resnet18": Resnet18Config,
         "gpt": GptConfig,
         "hf": HfModelConfig,
+        "timm": TimmModelConfig,
+        "torchvision": TorchvisionModelConfig,
         "custom": ModelConfig,
     },
     "dataset": {

@@ -20,6 +20,7 @@ from accel_train.environment import inside_torchrun
 from accel_train.launchers.base import Launcher
 from accel_train.launchers.lock import hold_run_dir
 from accel_train.launchers.registry import launcher_for
+from accel_train.models import prepare_model_config
 from accel_train.strategies import default_for_world
 from accel_train.train.checkpointing import check as check_checkpointing
 from accel_train.train.checkpointing import known_metrics
@@ -34,6 +35,9 @@ def launch(cfg: DictConfig) -> float | None:
     launcher = launcher_for(cfg)
     # Before validate: its checks see the strategy the run trains with.
     choose_default_strategy(cfg, launcher)
+    # Before validate: a timm weights folder may name the architecture (model.name); before
+    # resolve: the model's pretrained data config is written into config.yaml with the rest.
+    prepare_model_config(cfg)
     validate(cfg)
     cfg = resolve(cfg)
     launcher.check(cfg)  # before anything is written

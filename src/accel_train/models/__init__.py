@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from accel_train.errors import UserError
 from accel_train.models.weights import freeze, load_weights
-from accel_train.targets import build
+from accel_train.targets import build, locate
 
 log = logging.getLogger("accel_train")
 
@@ -120,6 +120,8 @@ def build_model(
         model_cfg,
         "model",
         runtime={**data_args, "dtype": dtype},
+        # `name` is the option's, or the architecture a model source builds (model=timm).
+        optional={"name": model_cfg.get("name")} if _is_source(model_cfg) else None,
         exclude=("name", "weights", "freeze"),
         hints=DATA_GIVEN,
     )
@@ -134,6 +136,26 @@ def build_model(
         n = freeze(model, list(model_cfg.freeze))
         log.info("model.freeze: %d parameter tensors frozen (no gradient, no optimizer state)", n)
     return model
+
+
+def _is_source(model_cfg: DictConfig) -> bool:
+    """A model source of ours that builds an architecture by name (model=timm, torchvision):
+    it has a launch-time step (prepare_config)."""
+    target = str(model_cfg.get("_target_") or "")
+    return target.startswith(OURS) and hasattr(locate(target, "model._target_"), "prepare_config")
+
+
+def prepare_model_config(cfg: DictConfig) -> None:
+    """The model source's own step in the launching process, before config.yaml is written
+    (models/timm.py: the name checked, the weights checked, the pretrained data config given
+    to the dataset). Only our own sources are imported here: a user's model is imported by the
+    workers alone."""
+    if OmegaConf.is_missing(cfg.model, "_target_") or not _is_source(cfg.model):
+        return
+    locate(str(cfg.model._target_), "model._target_").prepare_config(cfg)
+
+
+OURS = "accel_train.models."
 
 
 def check_output(model: nn.Module, sample: torch.Tensor, num_classes: int, target: str) -> None:

@@ -3,10 +3,12 @@ sharded over the mesh's `dp_shard` dimension; with `strategy.tp=N` the layers ar
 over `tp` (FSDP x TP, torchtitan's 2-D layout).
 
 FSDP shards the model in units: the modules named by ``strategy.wrap_classes`` (class names),
-or by default the outermost repeated blocks: every outermost module that has sub-modules, holds
-parameters and whose class occurs at least twice (a ResNet's stages, a transformer's blocks);
-a model with no such blocks (a flat Sequential) is sharded by its repeated layers instead. Then
-the root. Each unit is one all-gather in forward and one reduce-scatter in backward."""
+or the blocks the model declares (``block_names``: model=timm's stages or transformer blocks,
+from timm's own grouping), or by default the outermost repeated blocks: every outermost module
+that has sub-modules, holds parameters and whose class occurs at least twice (a ResNet's
+stages, a transformer's blocks); a model with no such blocks (a flat Sequential) is sharded by
+its repeated layers instead. Then the root. Each unit is one all-gather in forward and one
+reduce-scatter in backward."""
 
 from __future__ import annotations
 
@@ -78,6 +80,9 @@ def shard_units(model: nn.Module, wrap_classes: list[str]) -> list[nn.Module]:
                 f"(it has: {', '.join(found)}). Name classes from that list, or [] for the default."
             )
         return units
+    declared = declared_blocks(model)
+    if declared:
+        return declared
     counts = Counter(type(m) for m in model.modules() if m is not model)
     repeated = {cls for cls, n in counts.items() if n >= 2}
 
@@ -92,6 +97,17 @@ def shard_units(model: nn.Module, wrap_classes: list[str]) -> list[nn.Module]:
 
     blocks = _outermost(model, is_block)
     return blocks or _outermost(model, lambda m: type(m) in repeated and has_params(m))
+
+
+def declared_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks a model names itself (`block_names`, a capability: model=timm's stages or
+    transformer blocks from timm's own grouping); [] when it names none, or names a module it
+    no longer has (an adapter moved it)."""
+    names = getattr(model, "block_names", None) or ()
+    try:
+        return [model.get_submodule(n) for n in names]
+    except AttributeError:
+        return []
 
 
 def _outermost(model: nn.Module, wanted) -> list[nn.Module]:

@@ -5,11 +5,16 @@ about one more forward of compute.
 Which blocks (in this order):
 
 - `activation_checkpointing.classes=[pkg.mod.Block]`: the outermost modules of those classes;
+- else the blocks the model declares (`block_names`: model=timm's, from timm's grouping: a
+  ViT's blocks, a ResNet's or EfficientNet's stages);
 - else the model's repeated blocks: the outermost modules whose class occurs at least twice, that
   hold parameters and have children, and that are not plain containers (Sequential, ModuleList):
   torchvision ResNet's BasicBlocks/Bottlenecks, a transformer's layers;
 - else a model that is one flat nn.Sequential (mnist_cnn, mlp) is cut into segments, one per
   layer with parameters plus the parameter-free layers after it (ReLU, pooling, dropout).
+
+A model that checkpoints its own blocks (timm's `set_grad_checkpointing`) and has no BatchNorm
+does it itself with `full` (a ViT's blocks, a ConvNeXt's): the placement its authors chose.
 
 `full` checkpoints every block, `selective` every `activation_checkpointing.every`-th one
 (blocks 0, every, 2 * every, ...). Blocks are wrapped with torch's `checkpoint_wrapper`, whose
@@ -72,6 +77,11 @@ class ActivationCheckpointing(Technique):
         self.mode, self.every, self.classes = mode, every, list(classes or [])
 
     def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
+        if self.mode == "full" and not self.classes and own_checkpointing(model):
+            model.set_grad_checkpointing(True)
+            if ctx.env.is_main:
+                log.info("activation checkpointing (full): the model's own (timm's)")
+            return model
         eager = not ctx.cfg.trainer.compile
         blocks = find_blocks(model, self.classes)
         if blocks:
@@ -107,6 +117,15 @@ class ActivationCheckpointing(Technique):
         return model
 
 
+def own_checkpointing(model: nn.Module) -> bool:
+    """The model checkpoints its own blocks (timm's `set_grad_checkpointing`, a capability), and
+    has no BatchNorm, whose running statistics its recompute would update a second time (the
+    blocks wrapped here restore them: a BatchNorm model is wrapped here instead)."""
+    return callable(getattr(model, "set_grad_checkpointing", None)) and not any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
+    )
+
+
 def find_blocks(model: nn.Module, classes: list[str]) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute name, block) of the blocks to checkpoint, in forward order."""
     if classes:
@@ -125,6 +144,9 @@ def find_blocks(model: nn.Module, classes: list[str]) -> list[tuple[nn.Module, s
                 "for the model's repeated blocks."
             )
         return found
+    declared = _declared(model)
+    if declared:
+        return declared
     counts = Counter(type(m) for m in model.modules() if m is not model)
 
     def is_block(m: nn.Module) -> bool:
@@ -136,6 +158,19 @@ def find_blocks(model: nn.Module, classes: list[str]) -> list[tuple[nn.Module, s
         )
 
     return _outermost(model, is_block)
+
+
+def _declared(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """The blocks the model names itself (`block_names`, a capability: model=timm's, from
+    timm's own grouping), as (parent, attribute, block); [] when none or no longer there."""
+    found = []
+    try:
+        for name in getattr(model, "block_names", None) or ():
+            parent, _, attr = name.rpartition(".")
+            found.append((model.get_submodule(parent), attr, model.get_submodule(name)))
+    except AttributeError:
+        return []
+    return found
 
 
 def _outermost(model: nn.Module, wanted) -> list[tuple[nn.Module, str, nn.Module]]:

@@ -7,12 +7,15 @@ labels). Validation and test score the hard loss only.
 The teacher is either a checkpoint written by accel-train (``distill.teacher=<path>``), rebuilt
 from the checkpoint's own recorded config (its ``model._target_``, a user's model included, as
 ``accel-eval`` does) and loaded with torch's weights-only unpickler (loading never runs code from
-the file), or any model by ``_target_`` (``+distill.teacher._target_=pkg.make_teacher``; it must
-bring its own weights). It gets the student's input shape and number of classes, runs on the same
-device and parameter dtype, in eval mode, without gradients, under the loop's autocast, on the
-same (augmented) micro-batch, and is never wrapped in DDP: each rank holds a copy. It is not part
-of the student: it is not in the student's checkpoints, only recorded there (path and sha256 in
-the technique state, and in summary.json); a resume with another teacher file warns.
+the file); a folder timm's ``save_for_hf`` wrote (``distill.teacher=<folder>``: model=timm builds
+the architecture its config.json names, with the folder's weights); or any model by ``_target_``
+(``+distill.teacher._target_=pkg.make_teacher``, or a model source with its ``name`` and
+``weights``: it must bring its own weights, and a head that fits the student's classes). It gets
+the student's input shape and number of classes, runs on the same device and parameter dtype, in
+eval mode, without gradients, under the loop's autocast, on the same (augmented) micro-batch, and
+is never wrapped in DDP: each rank holds a copy. It is not part of the student: it is not in the
+student's checkpoints, only recorded there (path and sha256 in the technique state, and in
+summary.json); a resume with another teacher file warns.
 
 The student's logits are taken from the training forward itself (a forward hook on the training
 model that keeps the output of the last forward with gradients), so distillation wraps whatever
@@ -28,11 +31,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from accel_train.errors import UserError
 from accel_train.models import build_model
+from accel_train.models.timm import read_folder_config, timm_model
 from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.techniques import PREPARE, BuildContext, LossFn, Technique
 
@@ -65,7 +69,9 @@ class Distill(Technique):
         shape = (sample.shape[1], sample.shape[-1], num_classes)
         param = next(model.parameters(), None)
         dtype = param.dtype if param is not None else torch.float32
-        if isinstance(self.source, str):
+        if isinstance(self.source, str) and read_folder_config(self.source).get("architecture"):
+            teacher, self.record = _from_timm_folder(Path(self.source).expanduser(), shape)
+        elif isinstance(self.source, str):
             teacher, self.record = _from_checkpoint(Path(self.source).expanduser(), shape)
         else:
             teacher, self.record = _from_target(self.source, shape)
@@ -213,16 +219,35 @@ def _classes_message(path: Path, what: str, num_classes: int) -> str:
     )
 
 
+def _from_timm_folder(path: Path, shape: tuple[int, int, int]) -> tuple[nn.Module, dict]:
+    """A teacher saved by timm (`save_for_hf`: config.json naming the architecture, and the
+    weights): built by model=timm for the student's data, its weights loaded."""
+    arch = read_folder_config(str(path))["architecture"]
+    node = OmegaConf.create({"_target_": f"{timm_model.__module__}.timm_model", "name": arch})
+    node.weights = str(path)
+    teacher, record = _from_target(node, shape)
+    return teacher, {**record, "teacher": f"{path.resolve()} (timm {arch})"}
+
+
 def _from_target(node: DictConfig, shape: tuple[int, int, int]) -> tuple[nn.Module, dict]:
     try:
         teacher = build_model(node, _data_args(shape))
     except UserError as err:
         raise UserError(f"distill.teacher._target_={node._target_}: {err}") from None
+    if getattr(teacher, "fresh_head", None):  # model.weights re-initialised its classifier
+        raise UserError(
+            _classes_message(
+                Path(str(node.weights)), "other classes (its head does not fit)", shape[2]
+            )
+        )
     digest = hashlib.sha256()
     for name, tensor in sorted(teacher.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
-    return teacher, {"teacher": str(node._target_), "sha256": digest.hexdigest()}
+    # (a model source's architecture and weights name it better than its builder alone)
+    named = " ".join(str(node[k]) for k in ("name", "weights") if node.get(k))
+    shown = f"{node._target_} ({named})" if named else str(node._target_)
+    return teacher, {"teacher": shown, "sha256": digest.hexdigest()}
 
 
 def _data_args(shape: tuple[int, int, int]) -> dict:
