@@ -9,7 +9,6 @@ run with every switch on, stopped mid-epoch and resumed, against an uninterrupte
 from __future__ import annotations
 
 import random
-import textwrap
 
 import numpy as np
 import pytest
@@ -333,19 +332,13 @@ def test_the_config_refuses_what_cannot_work(compose_cfg, tmp_path):
 # short) = 3 optimizer steps an epoch; the interrupted run checkpoints at step 4 (epoch 1,
 # batch 1 of 3) and stops there. A step schedule, as tests/test_resume.py's: its first steps do
 # not depend on the run's length, which the interrupted run's max_steps changes (a cosine would).
-FACTORY = """
-import timm
-
-def tiny(num_classes, in_channels):
-    return timm.create_model("test_efficientnet", num_classes=num_classes, in_chans=in_channels)
-"""
 
 
 def _cli_args(root, run_dir):
     return [
         "dataset=image_folder", f"dataset.root={root}", "dataset.test_split=null",
         "dataset.val_fraction=0.2", "dataset.image_size=24",
-        "model=custom", "model._target_=tinymodel.tiny",
+        "model=timm", "model.name=test_efficientnet",
         "dataset.auto_augment=rand-m9-mstd0.5-inc1", "dataset.random_erasing=0.25",
         "dataset.mixup_alpha=0.8", "dataset.cutmix_alpha=1.0", "loss.label_smoothing=0.1",
         "trainer.progressive_resize={start_size:16,end_size:32,start_epoch:0,end_epoch:2,step:16}",
@@ -358,7 +351,6 @@ def _cli_args(root, run_dir):
 
 def test_every_switch_resumes_mid_epoch_exactly_and_reports_hard_label_accuracy(run_cli, tmp_path):
     root = _folder(tmp_path / "data", n=12)
-    (tmp_path / "tinymodel.py").write_text(textwrap.dedent(FACTORY))
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     full = run_cli(_cli_args(root, reference))
     check_ok(full)
