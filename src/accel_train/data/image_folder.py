@@ -34,10 +34,9 @@ import glob
 import hashlib
 import logging
 import os
-import random
 import re
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +44,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from accel_train.data.decode import SampleAugment, UnreadableImageError, unreadable
+from accel_train.data.decode import UnreadableImageError, unreadable
 from accel_train.data.decode import check_images as check_headers
 from accel_train.data.image_crops import (
     INTERPOLATIONS,
@@ -57,6 +56,7 @@ from accel_train.data.image_crops import (
     view_of,
 )
 from accel_train.data.photos import Files, PhotoSplit
+from accel_train.data.recipe import hooked_crop
 from accel_train.data.splits import ImageSet, Splits, held_out_indices
 from accel_train.errors import UserError
 
@@ -546,8 +546,7 @@ class ImageFolderSplit(Dataset):
         self.crop, self.seed = crop, seed
         self.labels = all_labels[indices]  # int64 [N]: the labels without reading any image
         # data/photos.py's per-sample hooks, read with view="random" (data/recipe.py sets them).
-        self.size_at: Callable[[int], int] | None = None
-        self.sample_augment: SampleAugment | None = None
+        self.size_at = self.sample_augment = None
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -559,18 +558,9 @@ class ImageFolderSplit(Dataset):
         base = self.bases[int(self.indices[i])]
         draw = f"{self.seed}/{epoch}/{i}"
         if self.view == "random" and (self.size_at or self.sample_augment):
-            return self._recipe_item(base, draw, epoch), int(self.labels[i])
+            return hooked_crop(self, base, draw, epoch), int(self.labels[i])
         image = view_of(base, self.view, self.crop, self.size, draw)
         return image, int(self.labels[i])
-
-    def _recipe_item(self, base: torch.Tensor, draw: str, epoch: int) -> torch.Tensor:
-        """view="random" with the recipe's hooks: the crop of the base at the epoch's size,
-        then the sample augmentation, from the same seeded draws as without them."""
-        rng = random.Random(draw)
-        size = self.size_at(epoch) if self.size_at else self.size
-        top, left, h, w = self.crop.box(base.shape[-2], base.shape[-1], rng)
-        image = self.crop.finish(base[:, top : top + h, left : left + w], size, rng)
-        return self.sample_augment(image, rng) if self.sample_augment else image
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self)} images of {self.bases.folder}, {self.view})"

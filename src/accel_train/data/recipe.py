@@ -135,6 +135,17 @@ def progressive_sizes(node) -> ProgressiveSizes:
     return ProgressiveSizes(**values)
 
 
+def hooked_crop(split, base: torch.Tensor, draw: str, epoch: int) -> torch.Tensor:
+    """A cached base image's training crop (image_folder's ImageFolderSplit, view="random")
+    with the hooks set: the crop drawn as without them, resized to the epoch's size, then the
+    sample augmentation, all from the sample's seeded draws (as data/photos.py does)."""
+    rng = random.Random(draw)
+    size = split.size_at(epoch) if split.size_at else split.size
+    top, left, h, w = split.crop.box(base.shape[-2], base.shape[-1], rng)
+    image = split.crop.finish(base[:, top : top + h, left : left + w], size, rng)
+    return split.sample_augment(image, rng) if split.sample_augment else image
+
+
 def takes_sample_hooks(split) -> bool:
     """Whether the split crops each training sample itself (then it reads ``size_at`` and
     ``sample_augment``): image_folder's photos and its cached base images with augment=cpu."""
