@@ -10,6 +10,7 @@ schedulers and the GradScaler, one state dict for checkpoints.
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 
 import torch
@@ -36,9 +37,27 @@ def scaled_lr(opt_cfg: DictConfig, global_batch: int) -> float:
     return opt_cfg.lr * factor
 
 
-def build_optimizer(model: torch.nn.Module, opt_cfg: DictConfig, lr: float, device: torch.device):
-    """The optimizer of the model's trained parameters (frozen ones get no state)."""
+def build_optimizer(
+    model: torch.nn.Module,
+    opt_cfg: DictConfig,
+    lr: float,
+    device: torch.device,
+    bare: torch.nn.Module | None = None,
+):
+    """The optimizer of the model's trained parameters (frozen ones get no state).
+    ``optimizer.layer_decay``: timm's layer-wise groups of ``bare`` (the unwrapped model, whose
+    parameter names its group_matcher reads; default ``model``), see :func:`layer_decay_groups`."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if opt_cfg.get("layer_decay") is not None:
+        groups = layer_decay_groups(bare or model, opt_cfg, lr)
+        fused = opt_cfg.fused if opt_cfg.fused is not None else fusable(params)
+        kwargs = {"lr": lr, "weight_decay": 0.0, "fused": fused or None}  # set per group
+        if opt_cfg.name == "sgd":
+            return torch.optim.SGD(
+                groups, momentum=opt_cfg.momentum, nesterov=opt_cfg.nesterov, **kwargs
+            )
+        cls = torch.optim.Adam if opt_cfg.name == "adam" else torch.optim.AdamW
+        return cls(groups, betas=tuple(opt_cfg.betas), eps=opt_cfg.eps, **kwargs)
     if opt_cfg.name == "muon":
         matrices = hidden_matrices(model)
         return MuonWithAdamW(
@@ -56,6 +75,34 @@ def build_optimizer(model: torch.nn.Module, opt_cfg: DictConfig, lr: float, devi
         )
     cls = torch.optim.Adam if opt_cfg.name == "adam" else torch.optim.AdamW
     return cls(params, betas=tuple(opt_cfg.betas), eps=opt_cfg.eps, **kwargs)
+
+
+def layer_decay_groups(model: torch.nn.Module, opt_cfg: DictConfig, lr: float) -> list[dict]:
+    """timm's ``param_groups_layer_decay`` as timm's ``create_optimizer_v2`` calls it: the
+    model's layer groups (its ``group_matcher``) get lr x layer_decay^(depth below the head);
+    1-D parameters (norms, biases) and the model's ``no_weight_decay()`` names get no weight
+    decay; frozen parameters (model.freeze, a LoRA base) are left out. Each group keeps timm's
+    ``lr_scale``, and its ``lr`` starts at lr x lr_scale, so torch's schedules (which scale each
+    group's own lr) scale every group alike."""
+    if not callable(getattr(model, "group_matcher", None)):
+        raise UserError(
+            f"optimizer.layer_decay={opt_cfg.layer_decay} needs the model's layer groups, which "
+            f"timm models declare (`group_matcher`), and {type(model).__name__} does not. Use a "
+            "timm model (`model=timm model.name=vit_small_patch16_224`, or your own model with "
+            "a timm-style `group_matcher(coarse=False)`), or `optimizer.layer_decay=null`."
+        )
+    from timm.optim import param_groups_layer_decay
+
+    skip = getattr(model, "no_weight_decay", lambda: set())()
+    groups = param_groups_layer_decay(
+        model,
+        weight_decay=opt_cfg.weight_decay,
+        no_weight_decay_list=skip,
+        layer_decay=opt_cfg.layer_decay,
+    )
+    for group in groups:
+        group["lr"] = lr * group["lr_scale"]
+    return groups
 
 
 def hidden_matrices(model: torch.nn.Module) -> set[int]:
@@ -132,7 +179,8 @@ def base_learning_rates(optimizer: torch.optim.Optimizer) -> list[float]:
     if isinstance(optimizer, MuonWithAdamW):
         parts = (optimizer.muon, optimizer.adamw)
         return [o.defaults["lr"] for o in parts for _ in o.param_groups]
-    return [optimizer.defaults["lr"]] * len(optimizer.param_groups)
+    # optimizer.layer_decay: each group at its share (layer_decay_groups)
+    return [optimizer.defaults["lr"] * g.get("lr_scale", 1.0) for g in optimizer.param_groups]
 
 
 def fusable(params: list) -> bool:
@@ -190,7 +238,10 @@ def _build_scheduler(optimizer, sched_cfg: DictConfig, total_steps: int, lr_scal
             )
         return lr_scheduler.OneCycleLR(
             optimizer,
-            max_lr=sched_cfg.max_lr * lr_scale,
+            # (each layer-decay group at its share: layer_decay_groups)
+            max_lr=[
+                sched_cfg.max_lr * lr_scale * g.get("lr_scale", 1.0) for g in optimizer.param_groups
+            ],
             total_steps=total_steps,
             pct_start=sched_cfg.pct_start,
             # .get: a schedule built in code (tests, the resume checks) may give only the above.
@@ -214,9 +265,7 @@ def _build_scheduler(optimizer, sched_cfg: DictConfig, total_steps: int, lr_scal
     if sched_cfg.name == "step":
         main = lr_scheduler.StepLR(optimizer, step_size=sched_cfg.step_size, gamma=sched_cfg.gamma)
     elif sched_cfg.name == "cosine":
-        main = lr_scheduler.CosineAnnealingLR(
-            optimizer, T_max=max(after, 1), eta_min=sched_cfg.min_lr
-        )
+        main = _cosine(optimizer, max(after, 1), sched_cfg.min_lr)
     elif warmup:
         main = lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
     else:
@@ -225,3 +274,22 @@ def _build_scheduler(optimizer, sched_cfg: DictConfig, total_steps: int, lr_scal
         return main
     ramp = lr_scheduler.LinearLR(optimizer, start_factor=1.0 / warmup, total_iters=warmup)
     return lr_scheduler.SequentialLR(optimizer, [ramp, main], milestones=[warmup])
+
+
+def _cosine(optimizer, steps: int, min_lr: float):
+    """torch's cosine schedule; with layer-decay groups (lr_scale) and a floor, the floor scaled
+    per group as timm's schedulers scale the whole schedule (lr_scale x (min_lr + ...)): the
+    same curve in closed form, since CosineAnnealingLR has one eta_min for all groups."""
+    scales = [g.get("lr_scale", 1.0) for g in optimizer.param_groups]
+    if min_lr == 0 or all(s == 1.0 for s in scales):
+        return lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps, eta_min=min_lr)
+
+    def factor(base: float, floor: float):
+        return lambda t: (
+            (floor + (base - floor) * (1 + math.cos(math.pi * min(t, steps) / steps)) / 2) / base
+        )
+
+    bases = [g["lr"] for g in optimizer.param_groups]
+    return lr_scheduler.LambdaLR(
+        optimizer, [factor(b, min_lr * s) for b, s in zip(bases, scales, strict=True)]
+    )

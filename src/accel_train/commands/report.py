@@ -67,6 +67,21 @@ VARIANTS: dict[str, list[str]] = {
     "selective_backprop": ["selective_backprop.keep=0.5"],
     "activation_checkpointing": ["activation_checkpointing.mode=full"],
 }
+# The vision recipe switches (issue 38, docs/vision.md "Recipe switches"): they trade speed for
+# accuracy on image_folder data, so they run only when named (`--variants auto_augment,...`,
+# with `dataset=image_folder ...`; layer_decay with a timm model). The progressive resize is
+# FFCV's ResNet-50 ramp (160 -> 192 px) over the whole run.
+RECIPE_VARIANTS: dict[str, list[str]] = {
+    "auto_augment": ["dataset.auto_augment=rand-m9-mstd0.5-inc1"],
+    "random_erasing": ["dataset.random_erasing=0.25"],
+    "mixup_cutmix": ["dataset.mixup_alpha=0.8", "dataset.cutmix_alpha=1.0"],
+    "progressive_resize": [
+        "trainer.progressive_resize={start_size:160,end_size:192,start_epoch:0,"
+        "end_epoch:${trainer.max_epochs}}"
+    ],
+    "layer_decay": ["optimizer.layer_decay=0.65"],
+}
+ALL_VARIANTS = {**VARIANTS, **RECIPE_VARIANTS}
 # Variants that are alternatives to each other: a combination takes the best one of each set.
 EXCLUSIVE = [{"amp", "bf16"}]
 
@@ -106,7 +121,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--variants",
         default=",".join(VARIANTS),
-        help=f"comma-separated, from: {', '.join(VARIANTS)} (baseline is always run)",
+        help=f"comma-separated, from: {', '.join(ALL_VARIANTS)} (baseline is always run; "
+        f"by default all but the vision recipe's {', '.join(RECIPE_VARIANTS)})",
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant (default 3)")
     parser.add_argument(
@@ -139,20 +155,20 @@ def plan(variants: list[str], base: list[str], out: Path) -> list[str]:
     """Validate every variant's config; drop those that change nothing. Returns the kept ones."""
     register_configs()
     register_resolvers()
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v not in ALL_VARIANTS]
     if unknown:
         raise UserError(
             f"accel-report --variants: unknown {', '.join(unknown)}; pick from "
-            f"{', '.join(VARIANTS)}."
+            f"{', '.join(ALL_VARIANTS)}."
         )
     configs = {}
     for name in ["baseline", *[v for v in variants if v != "baseline"]]:
         try:
-            cfg = compose_run([*base, *VARIANTS[name]], out / name)
+            cfg = compose_run([*base, *ALL_VARIANTS[name]], out / name)
             validate(cfg)
             typed(OmegaConf.to_container(cfg), resolved=False)  # a key added with `+`
         except UserError as err:
-            shown = " ".join(VARIANTS[name]) or "no change"
+            shown = " ".join(ALL_VARIANTS[name]) or "no change"
             raise UserError(f"the {name} variant ({shown}): {err}") from None
         except Exception as err:  # Hydra's compose errors: a misspelled override
             user = as_user_error(err)
@@ -165,7 +181,7 @@ def plan(variants: list[str], base: list[str], out: Path) -> list[str]:
         if name == "baseline":
             continue
         if configs[name] == configs["baseline"]:
-            log.info("%s: the base config already has %s; left out", name, VARIANTS[name])
+            log.info("%s: the base config already has %s; left out", name, ALL_VARIANTS[name])
         else:
             kept.append(name)
     return kept
@@ -403,13 +419,13 @@ def main(argv: list[str] | None = None) -> None:
     wanted = [v.strip() for v in opts.variants.split(",") if v.strip()]
     kept = plan(wanted, base, out)
     out.mkdir(parents=True, exist_ok=True)
-    overrides_of = {name: VARIANTS[name] for name in kept}
+    overrides_of = {name: ALL_VARIANTS[name] for name in kept}
     runs: list[Run] = []
     run_rounds(kept, opts.repeats, 1, out, base, overrides_of, runs)
-    rows = [(n, 1, " ".join(VARIANTS[n])) for n in kept]
+    rows = [(n, 1, " ".join(ALL_VARIANTS[n])) for n in kept]
     best = [] if opts.no_combine else combination(runs, kept, opts.min_gain, opts.max_acc_drop)
     if len(best) > 1:  # one winner is already measured as it is
-        combo = [o for n in best for o in VARIANTS[n]]
+        combo = [o for n in best for o in ALL_VARIANTS[n]]
         try:
             validate(compose_run([*base, *combo], out / "best"))
         except UserError as err:

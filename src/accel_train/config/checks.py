@@ -23,6 +23,7 @@ from accel_train.config.option_checks import (
     check_muon,
     check_warmup,
 )
+from accel_train.config.recipe_checks import check_recipe
 from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS
 from accel_train.errors import UserError
 
@@ -625,6 +626,7 @@ CHECKS = (
     check_objective,
     check_resume,
     check_gpu_decode,
+    check_recipe,
 )
 
 

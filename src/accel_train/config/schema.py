@@ -9,7 +9,7 @@ their extra constructor arguments are added with ``+group.key=value``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -146,8 +146,26 @@ class SftDatasetConfig(DatasetConfig):
     ignore_index: int = -100
 
 
+# The recipe switches of issue 38 (timm's spellings; data/recipe.py, data/batch_mix.py): keys
+# accel-train consumes itself, never passed to the dataset's factory.
 @dataclass
-class ImageFolderDatasetConfig(DatasetConfig):
+class RecipeDatasetConfig:
+    auto_augment: str | None = None
+    random_erasing: float = 0.0
+    random_erasing_mode: str = "pixel"
+    random_erasing_count: int = 1
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    mixup_prob: float = 1.0
+    mixup_switch_prob: float = 0.5
+    mixup_mode: str = "batch"
+
+
+DATASET_RECIPE_KEYS = tuple(f.name for f in fields(RecipeDatasetConfig))
+
+
+@dataclass
+class ImageFolderDatasetConfig(RecipeDatasetConfig, DatasetConfig):
     root: str = MISSING
     train_split: str = "train"
     test_split: str | None = "val"
@@ -404,6 +422,7 @@ class OptimizerConfig:
     fused: bool | None = None
     scale_lr_with_batch: bool = False
     reference_batch_size: int = 256
+    layer_decay: float | None = None  # timm's layer-wise lr decay (optim.py; issue 38)
 
 
 @dataclass
@@ -474,6 +493,17 @@ class QatConfig(QuantConfig):
 
 
 @dataclass
+class ProgressiveResizeConfig:
+    """trainer.progressive_resize: FFCV's schedule of training image sizes (data/recipe.py)."""
+
+    start_size: int = 160
+    end_size: int = 192
+    start_epoch: int = 0
+    end_epoch: int = 1
+    step: int = 32
+
+
+@dataclass
 class TrainerConfig:
     name: str = "default"
     max_epochs: int = 3
@@ -504,6 +534,10 @@ class TrainerConfig:
     plot_curves: bool = True
     memory_fraction: float = 0.9
     global_batch_size: int = 0
+    # FFCV's progressive resizing (issue 38): null or a dict of ProgressiveResizeConfig's keys,
+    # untyped here because OmegaConf cannot merge a command line's dict into a null dataclass
+    # node; config/recipe_checks.py checks it against ProgressiveResizeConfig.
+    progressive_resize: Any = None
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from accel_train.config.schema import DATASET_COMMON_KEYS
+from accel_train.config.schema import DATASET_COMMON_KEYS, DATASET_RECIPE_KEYS
 from accel_train.data.splits import ImageSet, Splits, held_out_indices
 from accel_train.errors import UserError
 from accel_train.targets import build
@@ -35,7 +35,9 @@ def build_splits(
     own = (*DATASET_COMMON_KEYS, "val_fraction", "seed")  # passed when the target names them
     # ...and set: a key left null (num_classes) leaves the target's own default in place
     given = {k: ds[k] for k in own if ds.get(k) is not None}
-    made = build(ds, "dataset", optional={"data_dir": data_dir, **given}, exclude=own)
+    # The recipe switches are applied around the factory's splits (data/recipe.py), not by it.
+    exclude = (*own, *DATASET_RECIPE_KEYS)
+    made = build(ds, "dataset", optional={"data_dir": data_dir, **given}, exclude=exclude)
     if isinstance(made, Splits):
         splits = made
         check_task_fits(splits, ds, task, labelled)

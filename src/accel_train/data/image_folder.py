@@ -56,6 +56,7 @@ from accel_train.data.image_crops import (
     view_of,
 )
 from accel_train.data.photos import Files, PhotoSplit
+from accel_train.data.recipe import hooked_crop
 from accel_train.data.splits import ImageSet, Splits, held_out_indices
 from accel_train.errors import UserError
 
@@ -544,6 +545,8 @@ class ImageFolderSplit(Dataset):
         self.bases, self.indices, self.view, self.size = bases, indices, view, size
         self.crop, self.seed = crop, seed
         self.labels = all_labels[indices]  # int64 [N]: the labels without reading any image
+        # data/photos.py's per-sample hooks, read with view="random" (data/recipe.py sets them).
+        self.size_at = self.sample_augment = None
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -553,7 +556,10 @@ class ImageFolderSplit(Dataset):
 
     def getitem(self, i: int, epoch: int) -> tuple[torch.Tensor, int]:
         base = self.bases[int(self.indices[i])]
-        image = view_of(base, self.view, self.crop, self.size, f"{self.seed}/{epoch}/{i}")
+        draw = f"{self.seed}/{epoch}/{i}"
+        if self.view == "random" and (self.size_at or self.sample_augment):
+            return hooked_crop(self, base, draw, epoch), int(self.labels[i])
+        image = view_of(base, self.view, self.crop, self.size, draw)
         return image, int(self.labels[i])
 
     def __repr__(self) -> str:

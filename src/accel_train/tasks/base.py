@@ -16,7 +16,8 @@ building anything): the validation metrics it logs (`metric_modes`), whether it 
 each sample alone (`per_sample_loss`, for selective backprop), whether its model outputs class
 logits (`class_logits`, for distillation and export's agreement check), whether its data are
 (input, class index) pairs (`labelled_data`), whether it reads the `loss` group
-(`uses_loss_group`), and whether it runs under the pipeline schedule (`pipeline`).
+(`uses_loss_group`), whether it runs under the pipeline schedule (`pipeline`), and whether it
+trains on the soft targets of mixed batches (`soft_targets`: mixup, cutmix, random erasing).
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ class Task:
     class_logits = False
     labelled_data = False
     pipeline = False
+    soft_targets = False  # takes data/batch_mix.py's (x, soft targets, labels) training batches
     generates_text = False  # accel-sample may sample it: token ids in, next-token logits out
 
     def __init__(self) -> None:

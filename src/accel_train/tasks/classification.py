@@ -1,6 +1,13 @@
 """task=classification (the default): `model(x)` gives class logits `(batch, classes)`, the loss
 is the `loss` group's module (cross-entropy by default) on the labels; logs loss and accuracy
-(top-1 as `acc`, `task.top_k=[1,5]` adds `acc_top5`)."""
+(top-1 as `acc`, `task.top_k=[1,5]` adds `acc_top5`).
+
+Soft targets (issue 38): with the dataset's batch switches (data/batch_mix.py) a training batch
+is (x, soft targets float [B, C], labels), and the loss is the `loss` module on the soft
+targets: torch's CrossEntropyLoss takes class probabilities, which is timm's
+SoftTargetCrossEntropy (-sum p log softmax, the batch mean). The loss's label_smoothing is
+folded into mixup's targets (timm's Mixup label_smoothing), so the loss itself is built without
+it. train/acc stays the top-1 on the hard labels; validation and test never mix."""
 
 from __future__ import annotations
 
@@ -10,9 +17,10 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from accel_train.data.batch_mix import BatchMix, build_batch_mix, mixing_on
 from accel_train.errors import UserError
 from accel_train.losses import build_loss
 from accel_train.models import check_output
@@ -28,6 +36,7 @@ class Classification(Task):
     class_logits = True
     labelled_data = True
     pipeline = True
+    soft_targets = True
 
     def __init__(self, top_k: list[int] | tuple[int, ...] = (1,)):
         super().__init__()
@@ -37,6 +46,7 @@ class Classification(Task):
         self.num_classes = 0
         self.transform: Any = None
         self.device: torch.device | None = None
+        self.mix: BatchMix | None = None  # the batch switches on training batches (or None)
 
     @classmethod
     def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
@@ -64,35 +74,68 @@ class Classification(Task):
                 "of classes), e.g. `task.top_k=[1,5]`."
             )
         self.num_classes, self.transform, self.device = ctx.num_classes, ctx.transform, ctx.device
-        self.loss_cfg = ctx.cfg.loss
-        self.loss_fn = build_loss(ctx.cfg.loss, ctx.num_classes).to(ctx.device)
+        self.loss_cfg, smoothing = _folded_smoothing(ctx.cfg.loss, ctx.cfg.dataset, ctx.warn)
+        self.loss_fn = build_loss(self.loss_cfg, ctx.num_classes).to(ctx.device)
+        self.mix = build_batch_mix(
+            ctx.cfg.dataset,
+            ctx.num_classes,
+            smoothing,
+            seed=ctx.cfg.trainer.seed,
+            rank=getattr(ctx.transform, "rank", 0),
+            device=ctx.device,
+        )
+        if self.mix is not None and self.mix.soft_targets:
+            self._check_soft_loss()
         super().setup(ctx)
-        x, _ = ctx.prepared(self)
+        x = ctx.prepared(self)[0]
         check_output(ctx.model, x, ctx.num_classes, ctx.cfg.model._target_)
+
+    def _check_soft_loss(self) -> None:
+        """The loss must take soft targets (float [B, C] class probabilities), as torch's
+        CrossEntropyLoss does: probed on a batch of 2 (any failure of the user's module is
+        the answer, hence the broad except)."""
+        c = self.num_classes
+        try:
+            out = self.loss_fn(torch.zeros(2, c, device=self.device),
+                               torch.full((2, c), 1 / c, device=self.device))  # fmt: skip
+            why = None if isinstance(out, torch.Tensor) and out.dim() == 0 else f"returned {out!r}"
+        except Exception as err:  # noqa: BLE001 - the user's loss: any error means "cannot"
+            why = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        if why is not None:
+            raise UserError(
+                f"dataset.mixup_alpha/cutmix_alpha train on soft targets (class probabilities, "
+                f"float [batch, classes]), and loss._target_={self.loss_cfg._target_} does not "
+                f"take them ({why}). Use `loss=cross_entropy` (torch's CrossEntropyLoss takes "
+                "probabilities: timm's SoftTargetCrossEntropy), make your loss take them, or "
+                "turn mixing off (`dataset.mixup_alpha=0 dataset.cutmix_alpha=0`)."
+            )
 
     def prepare(self, batch: Any, *, train: bool, epoch: int = 0, index: int = 0) -> Any:
         images, labels = batch
-        return self.transform(images, train=train, epoch=epoch, batch=index), labels
+        x = self.transform(images, train=train, epoch=epoch, batch=index)
+        if train and self.mix is not None:  # (x, labels) or (x, soft targets, labels)
+            return self.mix(x, labels, epoch, index)
+        return x, labels
 
     def inputs(self, batch: Any) -> Any:
         return batch[0]
 
     def step(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        x, labels = batch
+        x, target, labels = batch[0], batch[1], batch[-1]  # target: labels or soft targets
         logits = model(x)
         if logits.dim() == 2 and labels.dim() == 1:  # class scores and class indices
             with torch.no_grad():
                 # train/acc, counted on the device (no host sync), read at the logging step.
                 correct = (logits.argmax(1) == labels).sum()
             self.train_metrics.add("acc", correct, labels.shape[0])
-        return self.loss_fn(logits, labels)
+        return self.loss_fn(*_loss_args(logits, target))
 
     # ---- what techniques and the pipeline ask of a classifier ---------------------------
 
     def loss_split(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets): the pipeline runs model(inputs) over its stages and the loss on
-        the last one."""
-        return batch
+        the last one (targets: the labels, or the soft targets of a mixed batch)."""
+        return batch[0], batch[1]
 
     def per_sample(self) -> Callable[[nn.Module, Any], torch.Tensor]:
         """A function (model, batch) -> the loss of each sample, shape (batch,): selective
@@ -130,8 +173,7 @@ class Classification(Task):
             )
 
         def score(model: nn.Module, batch: Any) -> torch.Tensor:
-            x, labels = batch
-            return per_sample(model(x), labels)
+            return per_sample(*_loss_args(model(batch[0]), batch[1]))
 
         return score
 
@@ -158,3 +200,27 @@ class Classification(Task):
             if top != 1:
                 hits = (logits.topk(top, dim=1).indices == labels[:, None]).any(1).sum()
                 m.add(f"acc_top{top}", hits, k)
+
+
+def _loss_args(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Soft targets (float32) with float32 logits: a bf16 copy of the targets would round the
+    smoothed probabilities (e.g. 0.9125); the [B, C] cast is cheap next to the model."""
+    if target.is_floating_point():
+        return logits.float(), target.float()
+    return logits, target
+
+
+def _folded_smoothing(loss: DictConfig, ds: DictConfig, warn: bool) -> tuple[DictConfig, float]:
+    """(the loss config to build, mixup's label smoothing): with mixup/cutmix on, the loss's
+    label_smoothing moves into the mixed targets (timm's Mixup smooths them) and the loss is
+    built with 0, so the targets are not smoothed twice."""
+    smoothing = float(loss.get("label_smoothing") or 0.0)
+    if not mixing_on(ds) or "label_smoothing" not in loss:
+        return loss, 0.0
+    if warn and smoothing:
+        log.info(
+            "loss.label_smoothing=%g is folded into mixup/cutmix's soft targets (timm's Mixup "
+            "label_smoothing); the loss itself is built without it",
+            smoothing,
+        )
+    return OmegaConf.merge(loss, {"label_smoothing": 0.0}), smoothing

@@ -17,6 +17,7 @@ from torch.utils.data import TensorDataset
 
 from accel_train.data.build import build_splits
 from accel_train.data.loaders import build_loader
+from accel_train.data.recipe import apply_sample_recipe, progressive_sizes
 from accel_train.data.splits import ImageSet, Splits
 from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError
@@ -38,6 +39,7 @@ from accel_train.techniques.lora import Lora, base_is_reloadable
 from accel_train.techniques.malloc import TuneMalloc
 from accel_train.techniques.nonfinite import NonFinite
 from accel_train.techniques.profiler import Profiler
+from accel_train.techniques.progressive_resize import ProgressiveResize
 from accel_train.techniques.prune import Prune
 from accel_train.techniques.qat import QAT
 from accel_train.techniques.selective_backprop import SelectiveBackprop
@@ -75,6 +77,8 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
     if cfg.prune.amount > 0:
         p, s = cfg.prune, cfg.prune.schedule
         chosen.append(Prune(p.amount, p.method, p.scope, s.start, s.end, s.ramp, s.every_n_steps))
+    if t.get("progressive_resize") is not None:
+        chosen.append(ProgressiveResize(progressive_sizes(t.progressive_resize)))
     if cfg.ema.enabled:
         ema = cfg.ema
         chosen.append(Ema(ema.decay, ema.every_n_steps, ema.start_step, ema.warmup))
@@ -209,7 +213,7 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
     build_ctx = BuildContext(cfg, env, transform, task.inputs(batch), task, batch, strategy)
     wrapped = apply_transforms(module, techniques, build_ctx, strategy, precision)
     optimizer, scheduler = optimizer_and_schedule(
-        wrapped.model, cfg, env, global_batch, total_steps
+        wrapped.model, cfg, env, global_batch, total_steps, bare=wrapped.module
     )
     return Components(
         splits=splits,
@@ -267,6 +271,7 @@ def build_data(cfg: DictConfig, env: DistEnv, task: Task) -> tuple[Splits, Any, 
     """The splits and the training and validation loaders (this process's shard of them)."""
     t, labelled = cfg.trainer, task.labelled_data
     splits = build_splits(cfg.dataset, cfg.paths.data_dir, labelled, cfg.task)
+    apply_sample_recipe(cfg.dataset, cfg.trainer, splits)  # auto_augment, progressive_resize
     if cfg.loader.name == "device":
         check_device_loader(cfg, splits, env.device, labelled)
     train_loader = make_loader(
@@ -295,12 +300,18 @@ def run_length(cfg: DictConfig, train_loader: Any) -> tuple[int, int]:
 
 
 def optimizer_and_schedule(
-    model: nn.Module, cfg: DictConfig, env: DistEnv, global_batch: int, total_steps: int
+    model: nn.Module,
+    cfg: DictConfig,
+    env: DistEnv,
+    global_batch: int,
+    total_steps: int,
+    bare: nn.Module | None = None,
 ) -> tuple[torch.optim.Optimizer, Any]:
     """The optimizer over the trained parameters (frozen ones, model.freeze or a LoRA base, get
-    no state) at the batch-scaled lr, and its per-step schedule."""
+    no state) at the batch-scaled lr, and its per-step schedule. `bare`: the unwrapped model,
+    whose layer groups optimizer.layer_decay reads."""
     lr = scaled_lr(cfg.optimizer, global_batch)
-    optimizer = build_optimizer(model, cfg.optimizer, lr, env.device)
+    optimizer = build_optimizer(model, cfg.optimizer, lr, env.device, bare=bare)
     scheduler = build_scheduler(
         optimizer,
         cfg.scheduler,

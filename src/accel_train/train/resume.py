@@ -343,7 +343,10 @@ def _restore_schedule(loop: Loop, state: dict, changed: set[str], total: int) ->
     for group, base_lr in zip(loop.optimizer.param_groups, base_lrs, strict=True):
         group["lr"] = base_lr
         group.pop("initial_lr", None)
-    lr_scale = base_lrs[0] / loop.cfg.optimizer.lr
+    # (the linear scaling rule's factor: a layer-decay group's own share divided out)
+    lr_scale = (
+        base_lrs[0] / loop.cfg.optimizer.lr / loop.optimizer.param_groups[0].get("lr_scale", 1.0)
+    )
     scheduler = build_scheduler(
         loop.optimizer,
         loop.cfg.scheduler,
