@@ -232,3 +232,50 @@ def test_a_pretrained_data_config_keeps_what_an_experiment_set(compose_cfg):
     finally:
         HydraConfig.instance().cfg = None  # the next tests of this process run outside Hydra
     assert cfg.dataset.mean == [0.5, 0.5, 0.5] and cfg.dataset.std == [0.3, 0.3, 0.3]
+
+
+def test_the_two_vision_recipes_run_shrunk(run_cli, photos, tmp_path):
+    """+experiment=imagenet_resnet50 (FFCV's recipe: OneCycle linear, progressive resizing, its
+    crop ratio kept over torchvision's data config) and +experiment=vit_finetune (a timm folder's
+    weights, layer decay, mixup/cutmix, RandAugment, erasing, EMA) at 32 px, a few steps each,
+    as one sweep per recipe would be two processes: the recipes differ in their groups."""
+    vit = save_timm(tmp_path / "vit", "test_vit", 5)
+    shrink = [f"dataset.root={photos}", "loader.batch_size=4", "loader.num_workers=0"]
+    shrink += ["trainer.progress=none", "logger=none", "dataset.val_fraction=0.25"]
+    runs = {
+        "rn50": [
+            "+experiment=imagenet_resnet50",
+            "model.name=resnet18",  # the same builder, a quarter of the compute
+            "dataset.image_size=32",
+            "dataset.eval_image_size=32",
+            "trainer.max_epochs=2",
+            "trainer.progressive_resize.start_size=32",
+            "trainer.progressive_resize.end_size=64",
+            "trainer.progressive_resize.start_epoch=0",
+            "trainer.progressive_resize.end_epoch=1",
+        ],
+        "vit": [
+            "+experiment=vit_finetune",
+            f"model.weights={vit}",
+            "+model.drop_path_rate=0.1",
+            "dataset.image_size=32",
+            "scheduler.warmup_steps=2",
+            "trainer.max_steps=4",
+        ],
+    }
+    for name, overrides in runs.items():
+        run = tmp_path / name
+        proc = run_cli([*overrides, *shrink, f"hydra.run.dir={run}"])
+        check_ok(proc)
+        assert json.loads((run / "summary.json").read_text())["steps"] > 0
+        cfg = OmegaConf.load(run / "config.yaml")
+        out = proc.stdout + proc.stderr
+        if name == "rn50":
+            # The recipe's crop ratio (FFCV's 224/256) stays; torchvision's mean/std are taken.
+            assert cfg.dataset.crop_pct == 0.875 and cfg.scheduler.anneal_strategy == "linear"
+            assert "kept the run's own dataset.crop_pct" in out and "64" in out
+        else:
+            assert cfg.model.name == "test_vit" and cfg.optimizer.layer_decay == 0.65
+            assert cfg.ema.enabled and cfg.dataset.mixup_alpha == 0.8
+            # test_vit's 160-px table (10 x 10 + 1) for 32 px (2 x 2 + 1), as timm resamples.
+            assert "pos_embed resampled from 101 to 5 positions" in out

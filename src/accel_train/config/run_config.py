@@ -72,7 +72,7 @@ def typed(tree: dict[str, Any], *, resolved: bool = True) -> DictConfig:
         node = tree.get(group)
         if not isinstance(node, dict):
             continue
-        schema = options.get(node.get("name")) or _schema_by_target(options, node)
+        schema = _schema_by_target(options, node) or options.get(node.get("name"))
         if schema is None and group in OPEN_GROUPS:
             schema = options["custom"]
         elif schema is None and "name" not in node and list(options) == ["default"]:
@@ -93,8 +93,8 @@ def typed(tree: dict[str, Any], *, resolved: bool = True) -> DictConfig:
 
 
 def _schema_by_target(options: dict[str, type], node: dict[str, Any]) -> type | None:
-    """The schema of an option whose `name` is not the option's but a value of its own (the
-    architecture of model=timm / model=torchvision): the one whose `_target_` it builds."""
+    """The schema whose `_target_` the node builds, looked up first: an option's `name` may be
+    a value of its own (model=torchvision model.name=resnet18 is not model=resnet18's option)."""
     target = node.get("_target_")
     for schema in options.values() if target is not None else ():
         default = {f.name: f.default for f in dataclasses.fields(schema)}.get("_target_")
@@ -121,17 +121,23 @@ def command_line_keys() -> set[str]:
 
 
 def set_beyond_option(group: str, node: DictConfig, keys: tuple[str, ...]) -> set[str]:
-    """Which of `keys` of `node` (the group's composed config) hold another value than the
-    chosen option's own file gives them: set by an experiment or another added config. Empty
-    outside a Hydra run or for an option file accel-train does not ship (a user's config dir)."""
+    """Which of `keys` of `node` (the group's composed config) an added config set: the chosen
+    experiment names them under `group`, or they hold another value than the chosen option's
+    own file gives them. Empty outside a Hydra run; options and experiments accel-train does
+    not ship (a user's config dir) count by value only where the file is found."""
     if not HydraConfig.initialized():
         return set()
-    choice = HydraConfig.get().runtime.choices.get(group)
-    path = CONFIG_DIR / group / f"{choice}.yaml"
-    if not choice or not path.is_file():
-        return set()
-    own = OmegaConf.load(path)
-    return {k for k in keys if k in node and k in own and node[k] != own[k]}
+    choices = HydraConfig.get().runtime.choices
+    found = set()
+    experiment = CONFIG_DIR / "experiment" / f"{choices.get('experiment')}.yaml"
+    if choices.get("experiment") and experiment.is_file():
+        named = OmegaConf.load(experiment).get(group) or {}
+        found |= {k for k in keys if k in named}
+    option = CONFIG_DIR / group / f"{choices.get(group)}.yaml"
+    if choices.get(group) and option.is_file():
+        own = OmegaConf.load(option)
+        found |= {k for k in keys if k in node and k in own and node[k] != own[k]}
+    return found
 
 
 def group_chosen(group: str) -> bool:

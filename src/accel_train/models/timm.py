@@ -81,6 +81,9 @@ def read_folder_config(path: str | None) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
+POS_EMBED = "pos_embed"  # a ViT's absolute position table, as timm names it
+
+
 def timm_model(
     *,
     name: str,
@@ -121,8 +124,34 @@ def timm_model(
         ) from None
     model.head_modules = _head_modules(model)
     model.block_names = _block_names(model)
-    model.adapt_weights = functools.partial(_adapt_stem, model)
+    model.adapt_weights = functools.partial(_adapt_weights, model)
     return model
+
+
+def _adapt_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What timm converts when it loads pretrained weights into a model built otherwise: the
+    stem for other input channels, a ViT's position table for another image size."""
+    return _adapt_pos_embed(model, _adapt_stem(model, state))
+
+
+def _adapt_pos_embed(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A ViT's absolute position table for another grid (fine-tuning at another image size):
+    resampled as timm's vision_transformer.checkpoint_filter_fn does (bicubic, antialiased)."""
+    own, given = model.state_dict().get(POS_EMBED), state.get(POS_EMBED)
+    grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
+    if own is None or given is None or own.shape == given.shape or grid is None:
+        return state
+    from timm.layers import resample_abs_pos_embed  # (timm's own resampling)
+
+    prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
+    table = resample_abs_pos_embed(given, new_size=list(grid), num_prefix_tokens=prefix)
+    log.info(
+        "model.weights: %s resampled from %d to %d positions for this image size (as timm does)",
+        POS_EMBED,
+        given.shape[1],
+        table.shape[1],
+    )
+    return {**state, POS_EMBED: table}
 
 
 def _adapt_stem(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -233,6 +262,7 @@ def _check_weights(cfg: DictConfig, name: str, weights: str, folder: dict) -> No
     skip = {k for m in _head_modules(model) for k in own if k.startswith(m + ".")}
     stem = (model.pretrained_cfg or {}).get("first_conv")
     skip |= {k for k in own if stem and k.startswith(stem + ".")}
+    skip |= {POS_EMBED}  # resampled to the image size on load (_adapt_pos_embed)
     check_fits(own, shapes, skip, f"model.weights={weights}", _arch_hint(file, name, folder))
 
 
