@@ -93,6 +93,8 @@ def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
     text = text.replace("/models/my-finetune", f"models/my-finetune-{where}")
     text = text.replace("/models/resnet18.pth", "models/resnet18.pth")
     text = text.replace("/models/convnext_atto.d2_in1k", "models/convnext_atto.d2_in1k")
+    text = text.replace("/models/vit_small_patch16_224", "models/vit_small_patch16_224")
+    text = text.replace("/data/imagenet", "imagenette2-160")
     text = text.replace("/data/pets", "imagenette2-160")
     argv = [a for a in shlex.split(text) if a != "..."]
     if any(a.startswith("hparams_search=") for a in argv):
@@ -153,6 +155,9 @@ def workspace(tmp_path_factory, mnist_dir) -> Path:
 
     folder = root / "models" / "convnext_atto.d2_in1k"
     save_for_hf(create_model("convnext_atto", num_classes=1000), folder, safe_serialization=True)
+    # (+experiment=vit_finetune's folder: timm's tiny test ViT stands in for a ViT-S)
+    folder = root / "models" / "vit_small_patch16_224"
+    save_for_hf(create_model("test_vit", num_classes=1000), folder, safe_serialization=True)
     for name in ("mnist_amp", "train"):
         (root / "outputs" / name).mkdir(parents=True, exist_ok=True)
         (root / "outputs" / name / RUN).symlink_to(root / "outputs" / "my_run")
