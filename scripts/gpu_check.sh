@@ -253,6 +253,14 @@ for decode in "${decodes[@]}"; do
     check "photos_decode_$decode" "${photo_model[*]} dataset.decode=$decode (bf16, channels_last, $workers workers)" \
         "$ACCEL_TRAIN" "${photos[@]}" "dataset.decode=$decode" "hydra.run.dir=$OUT/photos_decode_$decode"
 done
+# The ViT fine-tuning recipe (issue 38) on the same photos: a vit_small_patch16_224 saved as timm
+# saves it (random weights: the throughput and the recipe's switches are what is checked).
+VIT_DIR=$OUT/vit_small_patch16_224
+"$PYTHON" -c 'import sys, timm; from timm.models import save_for_hf; save_for_hf(timm.create_model("vit_small_patch16_224"), sys.argv[1], safe_serialization=True)' "$VIT_DIR"
+check vit_finetune "+experiment=vit_finetune (bf16, $workers workers)" \
+    "$ACCEL_TRAIN" +experiment=vit_finetune "model.weights=$VIT_DIR" +model.drop_path_rate=0.1 \
+    "dataset.root=$PHOTO_DIR" loader.batch_size=128 "loader.num_workers=$workers" scheduler.warmup_steps=10 \
+    "${length[@]}" "${common[@]}" "hydra.run.dir=$OUT/vit_finetune"
 {
     echo
     echo "| photos, ${photo_model[*]} | train images/s | data-wait share (last log) |"
