@@ -279,3 +279,14 @@ def test_the_two_vision_recipes_run_shrunk(run_cli, photos, tmp_path):
             assert cfg.ema.enabled and cfg.dataset.mixup_alpha == 0.8
             # test_vit's 160-px table (10 x 10 + 1) for 32 px (2 x 2 + 1), as timm resamples.
             assert "pos_embed resampled from 101 to 5 positions" in out
+
+
+def test_pretrained_true_is_refused_for_it_would_download():
+    from accel_train.errors import UserError
+    from accel_train.models.timm import timm_model
+    from accel_train.models.torchvision import torchvision_model
+
+    for build in (timm_model, torchvision_model):
+        name = "test_vit" if build is timm_model else "resnet18"
+        with pytest.raises(UserError, match="never downloads: give them as a local"):
+            build(name=name, num_classes=2, pretrained=True)

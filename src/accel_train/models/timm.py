@@ -35,7 +35,7 @@ from torch import nn
 
 from accel_train.errors import UserError
 from accel_train.models.data_config import apply_data_config
-from accel_train.models.weights import check_fits, file_shapes, weights_file
+from accel_train.models.weights import check_fits, file_shapes, refuse_download, weights_file
 
 log = logging.getLogger("accel_train")
 
@@ -96,12 +96,7 @@ def timm_model(
     """timm.create_model(name) for this data, never pretrained (see the module docstring)."""
     timm = _timm()
     check_name(name)
-    if kwargs.pop("pretrained", False):
-        raise UserError(
-            "model.pretrained=true would download weights, and accel-train never downloads: "
-            "give them as a local folder or file, `model.weights=<folder timm's save_for_hf "
-            "wrote>`."
-        )
+    refuse_download(kwargs, "<folder timm's save_for_hf wrote>")
     args: dict[str, Any] = {"num_classes": num_classes, "in_chans": in_channels, **kwargs}
     cfg = timm.get_pretrained_cfg(name)
     if cfg is not None and cfg.fixed_input_size and "img_size" not in kwargs:

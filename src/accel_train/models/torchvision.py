@@ -28,7 +28,7 @@ from torch import nn
 
 from accel_train.errors import UserError
 from accel_train.models.data_config import apply_data_config
-from accel_train.models.weights import check_fits, file_shapes, weights_file
+from accel_train.models.weights import check_fits, file_shapes, refuse_download, weights_file
 
 log = logging.getLogger("accel_train")
 
@@ -73,11 +73,7 @@ def torchvision_model(
     """torchvision.models.get_model(name, weights=None) for this data (module docstring)."""
     models = _models()
     check_name(name)
-    if kwargs.pop("pretrained", False):
-        raise UserError(
-            "model.pretrained=true would download weights, and accel-train never downloads: "
-            "give them as a local file, `model.weights=<torchvision's .pth>`."
-        )
+    refuse_download(kwargs, "<torchvision's .pth>")
     args = {"num_classes": num_classes, **kwargs}
     try:
         with torch.device("meta"):  # (no memory) whether it is built for an input size

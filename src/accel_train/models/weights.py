@@ -61,6 +61,16 @@ def file_shapes(file: Path, key: str = "model.weights") -> tuple[Path, dict[str,
     return file, {k: tuple(v.shape) for k, v in state.items()}
 
 
+def refuse_download(kwargs: dict, weights: str) -> None:
+    """`+model.pretrained=true` for a library's model by name: it would download, and nothing
+    is downloaded; `weights` says what to give instead (popped from kwargs otherwise)."""
+    if kwargs.pop("pretrained", False):
+        raise UserError(
+            "model.pretrained=true would download weights, and accel-train never downloads: "
+            f"give them as a local folder or file, `model.weights={weights}`."
+        )
+
+
 def read_state_dict(
     path: str, key: str = "model.weights", mmap: bool = False
 ) -> dict[str, torch.Tensor]:
