@@ -119,13 +119,22 @@ def test_adapters_on_another_base_are_refused(folders, reference, run_cli, tmp_p
         assert "other base weights" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.fixture(scope="module")
+def four_steps(folders, run_cli_in):
+    """One process, 4 rows a step, 4 deterministic steps: what two processes must agree with
+    (trained once for both strategies)."""
+    run_dir = folders["root"] / "four_steps"
+    common = [*_sft(folders), "trainer.max_steps=4", "trainer.deterministic=true"]
+    check_ok(run_cli_in([*common, f"hydra.run.dir={run_dir}"], folders["root"]))
+    return common, run_dir
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_processes_agree_with_one(strategy, folders, run_cli, tmp_path):
+def test_two_processes_agree_with_one(strategy, four_steps, run_cli, tmp_path):
     """2 processes x 2 rows = 1 process x 4 rows: the same adapters (fp32, reduction order).
     FSDP's checkpoint is a .dcp folder of the adapters alone; format=hf reads it."""
-    single, multi = tmp_path / "single", tmp_path / strategy
-    common = [*_sft(folders), "trainer.max_steps=4", "trainer.deterministic=true"]
-    check_ok(run_cli([*common, f"hydra.run.dir={single}"]))
+    common, single = four_steps
+    multi = tmp_path / strategy
     check_ok(
         run_cli(
             [
@@ -143,11 +152,15 @@ def test_two_processes_agree_with_one(strategy, folders, run_cli, tmp_path):
     else:  # the merged export of each, compared in transformers' own key names
         from safetensors.torch import load_file
 
-        for run, ckpt in ((single, "last.pt"), (multi, "last.dcp")):
-            out = run / "hf"
+        for run, ckpt, out in (
+            (single, "last.pt", tmp_path / "hf_single"),
+            (multi, "last.dcp", multi / "hf"),
+        ):
             args = [f"ckpt_path={run / 'checkpoints' / ckpt}", "format=hf", f"out_path={out}"]
             check_ok(run_cli(args, prog="accel-export"))
-        a, b = (load_file(run / "hf" / "model.safetensors") for run in (single, multi))
+        a, b = (
+            load_file(out / "model.safetensors") for out in (tmp_path / "hf_single", multi / "hf")
+        )
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
