@@ -204,6 +204,16 @@ def _slurm_log(run_dir: Path) -> str:
     return "\n".join(p.read_text() for p in run_dir.glob("slurm-*.out"))
 
 
+def _wait_until_started(job_id: str, log_dir: Path) -> None:
+    """A job may wait in the queue behind another test's (test_submitit_slurm.py's jobs run on
+    another test process): the time it pends is not the job's, so it gets its own long wait."""
+    wait_for(
+        lambda: slurm_job_field(job_id, "JobState") not in ("PENDING", ""),
+        900,
+        lambda: f"job {job_id} to start\n{_job_state(job_id, log_dir)}",
+    )
+
+
 def _job_state(job_id: str, log_dir: Path) -> str:
     """What a timed-out wait shows: the job's state and reason, the queue, and its log."""
     state = (
@@ -227,6 +237,7 @@ def test_job_runs_on_slurm_and_a_preempted_job_requeues_and_resumes(tmp_path):
         "dataset.num_train=512",
     )
     last = run_dir / "checkpoints" / "last.pt"
+    _wait_until_started(job_id, run_dir)
     wait_for(
         last.exists, 240, lambda: f"a checkpoint of job {job_id}\n{_job_state(job_id, run_dir)}"
     )
@@ -234,7 +245,7 @@ def test_job_runs_on_slurm_and_a_preempted_job_requeues_and_resumes(tmp_path):
     summary = run_dir / "summary.json"
     wait_for(
         summary.exists,
-        300,
+        600,  # (a requeued job may wait in the queue again)
         lambda: f"the requeued job {job_id} to finish\n{_job_state(job_id, run_dir)}",
     )
     assert int(slurm_job_field(job_id, "Restarts") or 0) >= 1
@@ -271,6 +282,7 @@ def _own_batch_job(tmp_path: Path, sbatch_lines: list[str], command: str) -> Pat
             ["squeue", "-h", "-j", job_id], capture_output=True, text=True
         ).stdout.strip()
 
+    _wait_until_started(job_id, tmp_path)
     wait_for(finished, 240, f"job {job_id}")
     return out
 
@@ -334,6 +346,7 @@ def test_shipped_single_node_script_survives_preemption(tmp_path):
     ).stdout.strip()
     run_dir = tmp_path / "outputs" / "train" / f"slurm_{job_id}_0"
     last = run_dir / "checkpoints" / "last.pt"
+    _wait_until_started(job_id, tmp_path)
     wait_for(
         last.exists, 240, lambda: f"a checkpoint of job {job_id}\n{_job_state(job_id, tmp_path)}"
     )
@@ -341,7 +354,7 @@ def test_shipped_single_node_script_survives_preemption(tmp_path):
     summary = run_dir / "summary.json"
     wait_for(
         summary.exists,
-        300,
+        600,  # (a requeued job may wait in the queue again)
         lambda: f"the requeued job {job_id} to finish\n{_job_state(job_id, tmp_path)}",
     )
     assert json.loads(summary.read_text())["steps"] == 10 * 4
