@@ -50,6 +50,8 @@ REFUSED = {
     "dataset=sft": "dataset.path",
     "dataset=streaming_sft": "dataset.remote",
     "+experiment=sft_lora": ".path",
+    "+experiment=imagenet_resnet50": "dataset.root",
+    "+experiment=vit_finetune": "dataset.root",
 }
 # Trackers that are optional extras are refused, naming the extra, where not installed.
 REFUSED.update(
