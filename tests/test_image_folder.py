@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset
 
 from accel_train.config import CONFIG_DIR
+from accel_train.config.schema import DATASET_RECIPE_KEYS
 from accel_train.data import image_folder
 from accel_train.data.image_crops import DeviceRandomResizedCrop, RandomResizedCrop
 from accel_train.data.image_folder import (
@@ -467,8 +468,9 @@ def test_a_corrupt_image_read_in_a_worker_process_is_still_one_paragraph(tree_co
 
 YAML = CONFIG_DIR / "dataset" / "image_folder.yaml"
 # Keys accel-train consumes itself (DATASET_COMMON_KEYS) except random_hflip, which the builder
-# takes as well.
+# takes as well, and the recipe switches (data/recipe.py, data/batch_mix.py wire them).
 CONSUMED = {"defaults", "_target_", "name", "num_classes", "mean", "std", "random_shift"}
+CONSUMED |= set(DATASET_RECIPE_KEYS)
 
 
 def test_the_yaml_keys_are_the_builder_arguments():
