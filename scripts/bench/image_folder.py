@@ -60,6 +60,9 @@ def write_data(root: Path, n: int, size: int, classes: int) -> Path:
     done = root / "COMPLETE"
     if done.is_file() and done.read_text() == stamp:
         return root
+    if root.is_dir() and not done.is_file() and any(root.iterdir()):
+        # Only a tree this script finished (its COMPLETE stamp) is ever replaced.
+        raise SystemExit(f"{root} holds files this script did not write: give a new folder")
     shutil.rmtree(root, ignore_errors=True)
     tmp = root.with_name(root.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
