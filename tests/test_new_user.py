@@ -53,17 +53,49 @@ def _gpt2_shrunk(cwd: Path, run_cli) -> list[str]:
     return [*_tokens(cwd, run_cli), *shrunk, "trainer.compile=false", "precision=fp32"]
 
 
+def _photos(cwd: Path, run_cli) -> list[str]:
+    # FFCV's ResNet-50 recipe shrunk: a tiny JPEG folder, 32-pixel sizes, a ResNet-18 (the same
+    # builder), a batch the folder fills.
+    from test_image_folder import write_image_folder
+
+    root = write_image_folder(cwd / "photos", 4, 1)
+    where = [f"dataset.root={root}", "dataset.val_fraction=0.25"]  # (the recipe's 1 %: none here)
+    sizes = ["dataset.image_size=32", "dataset.eval_image_size=32"]
+    sizes += [f"trainer.progressive_resize.{k}=32" for k in ("start_size", "end_size")]
+    return [
+        *where,
+        *sizes,
+        "model.name=resnet18",
+        "loader.batch_size=4",
+        "loader.num_workers=0",
+    ]
+
+
+def _vit(cwd: Path, run_cli) -> list[str]:
+    # MAE's fine-tuning recipe on timm's tiny test ViT, saved as timm saves it for the hub.
+    import timm
+    from timm.models import save_for_hf
+
+    folder = cwd / "vit"
+    save_for_hf(timm.create_model("test_vit", num_classes=3), folder, safe_serialization=True)
+    photos = _photos(cwd, run_cli)[:3]  # the folder, val_fraction, image_size
+    return [*photos, f"model.weights={folder}", "loader.batch_size=4", "loader.num_workers=0"]
+
+
 # Each experiment's data, made by the test: a new experiment must say what it needs here.
 EXPERIMENT_DATA = {
     "cifar10_resnet18_bf16": _cifar_shaped,
     "gpt_char": _tokens,
     "gpt_char_fast": _tokens,
     "gpt2_small": _gpt2_shrunk,
+    "imagenet_resnet50": _photos,
     "mnist_amp": _mnist,
     "sft_lora": _sft,
+    "vit_finetune": _vit,
 }
 # The experiments whose warm-up is longer than the smoke run's one step.
 WARMUP = {"gpt_char": 100, "gpt_char_fast": 20, "gpt2_small": 200, "sft_lora": 10}
+WARMUP["vit_finetune"] = 6250
 
 
 def test_every_experiment_names_its_test_data():
