@@ -187,3 +187,24 @@ def timed(cmd: list[str], cwd=None) -> tuple[subprocess.CompletedProcess, float,
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         sys.exit(f"failed: {' '.join(cmd)}")
     return proc, wall, cpu
+
+
+def fresh_tree(root: Path, stamp: str) -> Path | None:
+    """None when `root` holds a tree this script family finished with the same `stamp` (its
+    COMPLETE file); else an empty `<root>.tmp` to write into, then `finish_tree`. A folder of
+    other files at `root` is refused, never replaced."""
+    done = root / "COMPLETE"
+    if done.is_file() and done.read_text() == stamp:
+        return None
+    if root.is_dir() and not done.is_file() and any(root.iterdir()):
+        raise SystemExit(f"{root} holds files this script did not write: give a new folder")
+    shutil.rmtree(root, ignore_errors=True)
+    tmp = root.with_name(root.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return tmp
+
+
+def finish_tree(tmp: Path, root: Path, stamp: str) -> None:
+    """Stamp the written tree and move it into place (a killed run leaves only `<root>.tmp`)."""
+    (tmp / "COMPLETE").write_text(stamp)
+    tmp.rename(root)

@@ -34,6 +34,8 @@ from _common import (  # noqa: E402
     REPO,
     cpu_busy,
     epoch_times,
+    finish_tree,
+    fresh_tree,
     load_avg,
     machine,
     median,
@@ -57,15 +59,9 @@ def write_data(root: Path, n: int, size: int, classes: int) -> Path:
     from torchvision.io import encode_jpeg
 
     stamp = f"{n} {size} {classes}\n"
-    done = root / "COMPLETE"
-    if done.is_file() and done.read_text() == stamp:
+    tmp = fresh_tree(root, stamp)
+    if tmp is None:
         return root
-    if root.is_dir() and not done.is_file() and any(root.iterdir()):
-        # Only a tree this script finished (its COMPLETE stamp) is ever replaced.
-        raise SystemExit(f"{root} holds files this script did not write: give a new folder")
-    shutil.rmtree(root, ignore_errors=True)
-    tmp = root.with_name(root.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(SEED)
     tints = torch.rand(classes, 3, 1, 1, generator=gen) * 0.8 + 0.2
@@ -83,8 +79,7 @@ def write_data(root: Path, n: int, size: int, classes: int) -> Path:
             (tmp / "train" / f"class{int(labels[j]):02d}" / f"{i:06d}.jpg").write_bytes(
                 data.numpy().tobytes()
             )
-    (tmp / "COMPLETE").write_text(stamp)
-    tmp.rename(root)
+    finish_tree(tmp, root, stamp)
     print(f"wrote {n} JPEGs under {root} in {time.perf_counter() - t0:.0f} s", flush=True)
     return root
 

@@ -31,13 +31,12 @@ from __future__ import annotations
 import argparse
 import io
 import resource
-import shutil
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, load_avg, machine, median, table  # noqa: E402
+from _common import REPO, finish_tree, fresh_tree, load_avg, machine, median, table  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 SIZE = 224
@@ -73,23 +72,16 @@ def write_data(root: Path, n: int, classes: int) -> Path:
     import numpy as np
 
     stamp = f"photos {n} {classes}\n"
-    done = root / "COMPLETE"
-    if done.is_file() and done.read_text() == stamp:
+    tmp = fresh_tree(root, stamp)
+    if tmp is None:
         return root
-    if root.is_dir() and not done.is_file() and any(root.iterdir()):
-        # Only a tree this script finished (its COMPLETE stamp) is ever replaced.
-        raise SystemExit(f"{root} holds files this script did not write: give a new folder")
-    shutil.rmtree(root, ignore_errors=True)
-    tmp = root.with_name(root.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.perf_counter()
     rng = np.random.default_rng(0)
     for i in range(n):
         folder = tmp / "train" / f"class{i % classes:02d}"
         folder.mkdir(parents=True, exist_ok=True)
         photo(rng).save(folder / f"{i:06d}.jpg", quality=90)
-    (tmp / "COMPLETE").write_text(stamp)
-    tmp.rename(root)
+    finish_tree(tmp, root, stamp)
     print(f"wrote {n} JPEGs under {root} in {time.perf_counter() - t0:.0f} s", flush=True)
     return root
 
