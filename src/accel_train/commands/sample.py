@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train.data.streaming_tokens import dataset_tokenizer
+from accel_train.data.data_tokenizer import dataset_tokenizer
 from accel_train.data.tokenizer import CharTokenizer, tokenizer_from_meta
 from accel_train.data.tokens import window_splits
 from accel_train.errors import UserError

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from accel_train.data.streaming_tokens import dataset_tokenizer, tokenizer_data
+from accel_train.data.data_tokenizer import dataset_tokenizer, tokenizer_data
 from accel_train.data.tokenizer import tokenizer_from_meta
 from accel_train.errors import UserError
 from accel_train.models.generate import generate
