@@ -193,8 +193,15 @@ if [ -n "$gpt" ]; then
             "$ACCEL_TRAIN" +experiment=gpt_char "dataset.path=$GPT_DATA" precision=bf16 \
             strategy=tp launcher.nproc_per_node=2 "${length[@]}" "${common[@]}" \
             "hydra.run.dir=$OUT/tp_two_gpus"
+        # Context parallelism (issue 41): each row split over 2 GPUs, ring attention, FSDP over
+        # dp_shard x cp; the loss curve must match the 1-GPU run's (the report's loss column).
+        check cp_two_gpus "+experiment=gpt_char strategy=fsdp strategy.cp=2 launcher.nproc_per_node=2" \
+            "$ACCEL_TRAIN" +experiment=gpt_char "dataset.path=$GPT_DATA" precision=bf16 \
+            strategy=fsdp strategy.cp=2 launcher.nproc_per_node=2 "${length[@]}" "${common[@]}" \
+            "hydra.run.dir=$OUT/cp_two_gpus"
     else
         echo "| tp_two_gpus | | skipped: 1 GPU visible | | | | |" >> "$REPORT"
+        echo "| cp_two_gpus | | skipped: 1 GPU visible | | | | |" >> "$REPORT"
     fi
     if [ "$gpus" -gt 3 ]; then
         check fsdp_tp_four_gpus "+experiment=gpt_char strategy=fsdp strategy.tp=2 launcher.nproc_per_node=4" \

@@ -306,6 +306,7 @@ class FsdpConfig(StrategyConfig):
     tp: int = 1
     sequence_parallel: bool = False
     tp_plan: dict[Any, str] = field(default_factory=dict)  # int keys: a Sequential's layers
+    cp: int = 1
 
 
 @dataclass

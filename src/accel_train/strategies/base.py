@@ -7,7 +7,8 @@ the loop, resume and the techniques ask. None of them asks a strategy its name.
                                                wrap(module, env, sample, precision)
     in the loop                                forward_backward (when the strategy owns it: the
                                                pipeline schedule), before_optimizer_step,
-                                               clip_grad_norm_, logged_samples, spread
+                                               clip_grad_norm_, logged_samples, spread,
+                                               sequence_shards, sequence_split
     checkpoints                                checkpoint_format (checkpoint_formats/: a .dcp
                                                directory or one file), optimizer_state_by_name
     techniques                                 shards_parameters, replicates_buffers
@@ -18,6 +19,7 @@ The refusals keyed by a strategy's name (config/combinations.py) are a table of 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -76,6 +78,8 @@ class Strategy:
         # Processes holding each data-parallel rank's loss (the TP group), as this process
         # trains: set by a tensor-parallel strategy's `wrap`.
         self.spread = 1
+        # Processes holding parts of each batch's sequences (context parallelism): set by `wrap`.
+        self.sequence_split = 1
         # How the launcher's keys give the processes, for the refusals of `check_world` and
         # `layout` (set by launchers/world.check_strategy before it asks).
         self.keys = WorldKeys()
@@ -145,6 +149,11 @@ class Strategy:
 
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+    def sequence_shards(self, task, batch) -> contextlib.AbstractContextManager:
+        """Around one micro-batch's forward and backward: the batch as this process trains on
+        it (context parallelism: its part of each sequence, strategies/context_parallel.py)."""
+        return contextlib.nullcontext(batch)
 
     def logged_samples(self, samples: int) -> int:
         """Samples whose loss this rank holds (the pipeline's loss is on its last stages)."""

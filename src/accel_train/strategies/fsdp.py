@@ -8,7 +8,11 @@ from timm's own grouping), or by default the outermost repeated blocks: every ou
 that has sub-modules, holds parameters and whose class occurs at least twice (a ResNet's
 stages, a transformer's blocks); a model with no such blocks (a flat Sequential) is sharded by
 its repeated layers instead. Then the root. Each unit is one all-gather in forward and one
-reduce-scatter in backward."""
+reduce-scatter in backward.
+
+With `strategy.cp=N` (context parallelism, context_parallel.py) the sequences are split over
+the mesh's `cp` dimension and FSDP shards over dp_shard x cp flattened (torchtitan's
+`dp_shard_cp`)."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from accel_train.errors import UserError
 from accel_train.parallel import DistEnv
 from accel_train.precision import Precision
 from accel_train.strategies.base import Strategy, Wrapped
+from accel_train.strategies.context_parallel import check_context_parallel, sharded_sequences
 from accel_train.strategies.mesh import MeshLayout
 from accel_train.strategies.tp import check_tp_divides
 
@@ -34,11 +39,20 @@ class FSDP(Strategy):
     def tp_degree(self, world: int) -> int:
         return int(self.cfg.get("tp", 1))  # 1 = no tensor parallelism
 
+    def cp_degree(self) -> int:
+        return int(self.cfg.get("cp", 1))  # 1 = no context parallelism
+
     def layout(self, world: int) -> MeshLayout:
-        tp = self.tp_degree(world)
+        tp, cp = self.tp_degree(world), max(self.cp_degree(), 1)
         check_tp_divides(tp, world, self.keys)
         # dp_shard is kept at degree 1 too: FSDP takes its group when TP takes every process.
-        return MeshLayout(dp_shard=world // tp, tp=tp, keep=("dp_shard",))
+        return MeshLayout(dp_shard=world // (tp * cp), cp=cp, tp=tp, keep=("dp_shard",))
+
+    def check_world(self, world: int | None, nproc: int, nnodes: str) -> None:
+        if world is not None:
+            cp, tp = self.cp_degree(), self.tp_degree(world)
+            check_context_parallel(self.run_cfg, cp, tp, world, self.keys)
+        super().check_world(world, nproc, nnodes)
 
     def wrap(self, module: nn.Module, env: DistEnv, sample: Any, precision: Precision) -> Wrapped:
         self.spread = self.tp_degree(env.world_size) if env.distributed else 1
@@ -53,11 +67,21 @@ class FSDP(Strategy):
         sc, mesh = self.cfg, self.mesh(env)
         if self.tp_degree(env.world_size) > 1:
             apply_tp(module, mesh["tp"], sc)
+        shard_mesh = mesh["dp_shard"]
+        self.sequence_split = self.cp_degree()
+        if self.sequence_split > 1:  # the ranks of a cp group train the same weights
+            self.cp_mesh = mesh["cp"]
+            shard_mesh = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")  # noqa: SLF001
         reshard = sc.reshard_after_forward
         for unit in shard_units(module, list(sc.wrap_classes)):
-            fully_shard(unit, mesh=mesh["dp_shard"], reshard_after_forward=reshard)
-        fully_shard(module, mesh=mesh["dp_shard"], reshard_after_forward=reshard)
+            fully_shard(unit, mesh=shard_mesh, reshard_after_forward=reshard)
+        fully_shard(module, mesh=shard_mesh, reshard_after_forward=reshard)
         return Wrapped(module, module, module)
+
+    def sequence_shards(self, task, batch):
+        if self.sequence_split == 1:
+            return super().sequence_shards(task, batch)
+        return sharded_sequences(self.cp_mesh, task, batch)
 
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
         if self.spread > 1:  # gradients on two meshes (FSDP x TP's _StridedShard)

@@ -4,13 +4,16 @@ Each strategy (strategies/*.py) says which layout its processes take (`Strategy.
 
     dp_replicate  data-parallel replicas (DDP; the pipeline's replicas)
     dp_shard      FSDP's sharding dimension
+    cp            context parallelism (strategy.cp under fsdp): the ranks of one group hold
+                  parts of the same sequences; FSDP shards over dp_shard x cp
     tp            tensor parallelism (strategy=tp, or strategy.tp under fsdp)
     pp            pipeline stages (strategy=pipeline)
 
-Ranks are laid out with the last dimension fastest: the processes of one tensor-parallel group
-(or one pipeline) are neighbours, so on a multi-GPU node they share the fast links. Every
-degree is checked against the world size (and a TP degree against the model's heads) before any
-process starts (`Strategy.check_world`, called by the launcher), then again in the workers.
+Ranks are laid out with the last dimension fastest (torchtitan's order): the processes of one
+tensor-parallel group (or one pipeline, one context-parallel group) are neighbours, so on a
+multi-GPU node they share the fast links. Every degree is checked against the world size (and a
+TP degree against the model's heads) before any process starts (`Strategy.check_world`, called
+by the launcher), then again in the workers.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class MeshLayout:
 
     dp_replicate: int = 1
     dp_shard: int = 1
+    cp: int = 1
     pp: int = 1
     tp: int = 1
     # Dimensions kept at degree 1, since the strategy takes their groups (FSDP's dp_shard when
@@ -39,7 +43,7 @@ class MeshLayout:
         dimension's group, e.g. FSDP on one process of each TP pair)."""
         return tuple(
             (name, getattr(self, name))
-            for name in ("dp_replicate", "dp_shard", "pp", "tp")
+            for name in ("dp_replicate", "dp_shard", "cp", "pp", "tp")
             if getattr(self, name) > 1 or name in self.keep
         )
 
@@ -49,9 +53,9 @@ class MeshLayout:
         return self.dp_replicate * self.dp_shard
 
     def data_rank(self, rank: int) -> int:
-        """The data-parallel index of global `rank`: the processes of one TP group or one
-        pipeline read the same batches."""
-        return rank // (self.pp * self.tp)
+        """The data-parallel index of global `rank`: the processes of one TP group, one
+        pipeline or one CP group read the same batches."""
+        return rank // (self.cp * self.pp * self.tp)
 
 
 def check_heads(tp: int, heads: int | None, key: str) -> None:

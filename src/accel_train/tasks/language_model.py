@@ -183,6 +183,16 @@ class LanguageModel(Task):
             logits.flatten(0, 1).float(), targets.flatten(), ignore_index=self.ignore_index
         )
 
+    def sequence_buffers(self, batch: Any) -> tuple[Any, list[torch.Tensor]]:
+        """Context parallelism (strategies/context_parallel.py): the batch with explicit
+        positions, so that each process's part of a row keeps its true positions, and the
+        tensors to split along the sequence (inputs, positions, targets)."""
+        x, y = batch
+        if isinstance(x, Mapping):  # packed rows: refused before the run (a causal ring)
+            raise UserError("strategy.cp cannot split packed rows: set dataset.pack=false.")
+        positions = torch.arange(x.shape[1], device=x.device).expand_as(x).contiguous()
+        return ({"input_ids": x, "position_ids": positions}, y), [x, positions, y]
+
     def derived(self, metrics: dict[str, float]) -> dict[str, float]:
         """Perplexity from the mean token loss (a mean of perplexities would be wrong)."""
         if "loss" in metrics:

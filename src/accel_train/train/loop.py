@@ -128,6 +128,8 @@ class Loop:
         _, self.data_world = self.strategy.data_coords(env)
         # Tensor parallelism: the processes of a TP group hold the same batch (and loss).
         self.tp = self.strategy.spread
+        # Context parallelism: the processes of a CP group hold parts of the same sequences.
+        self.cp = self.strategy.sequence_split
         self.log_every = log_interval(cfg.trainer.log_every_n_steps, parts.steps_per_epoch)
         # The normaliser: a step that returns (loss_sum, n_items) has its items counted on the
         # device; at the accumulation boundary the gradient is divided once by the items of the
@@ -137,7 +139,7 @@ class Loop:
         # One micro-batch a step in one data-parallel process: the window's items are this
         # step's own, so dividing the summed loss before backward gives the same gradient
         # without the normaliser's extra pass over every gradient (BENCHMARKS.md section 16).
-        self.divide_loss = self.accum == 1 and self.data_world == 1
+        self.divide_loss = self.accum == 1 and self.data_world == 1 and self.cp == 1
         # Which files are kept, named and ranked (checkpoint.*): train/checkpointing.py.
         self.checkpoints = Checkpointing(
             cfg.checkpoint,
@@ -356,25 +358,29 @@ class Loop:
         if self.owns_step:  # the pipeline schedule: forward + backward of all stages
             loss = self.strategy.forward_backward(self.task, batch, weight, self.scaler)
             items = None
-        else:
-            with self.precision.autocast():
-                loss, items = self.compute_loss(batch)
-            if items is None:
-                self.scaler.scale(loss * weight).backward()
-            elif self.divide_loss:  # the mean over this step's items, on the device
-                n_items = items.clamp(min=1) if isinstance(items, torch.Tensor) else max(items, 1)
-                self.scaler.scale(loss / n_items).backward()
-            else:
-                self.scaler.scale(loss).backward()
-                self.items.add_(items)
-                self.normalise = True
-            loss = loss.detach()
+        else:  # (context parallelism: this process's part of the sequences, both passes)
+            with self.strategy.sequence_shards(self.task, batch) as part:
+                loss, items = self._step_and_backward(part, weight)
         if self._loss_watchers:
             mean = loss if items is None else loss / items
             n = count_samples(batch)
             for technique in self._loss_watchers:
                 technique.on_loss(self, mean, n)
         return loss, items
+
+    def _step_and_backward(self, batch, weight: float):
+        with self.precision.autocast():
+            loss, items = self.compute_loss(batch)
+        if items is None:
+            self.scaler.scale(loss * weight).backward()
+        elif self.divide_loss:  # the mean over this step's items, on the device
+            n_items = items.clamp(min=1) if isinstance(items, torch.Tensor) else max(items, 1)
+            self.scaler.scale(loss / n_items).backward()
+        else:
+            self.scaler.scale(loss).backward()
+            self.items.add_(items)
+            self.normalise = True
+        return loss.detach(), items
 
     def _base_loss(self, batch):
         """The task's step: (loss, None) for a mean loss, (loss_sum, n_items) for a sum."""
@@ -386,10 +392,11 @@ class Loop:
         by the items of the whole accumulated batch over all data-parallel processes. DDP and
         FSDP average the gradients over the processes, hence the factor world / items. The
         all-reduce of the count runs on the device: no host sync."""
-        # (Summed over all processes: a TP group counts its items tp times, hence data_world * tp.)
-        spread = self.data_world * self.tp
+        # (Summed over all processes: a TP group counts its items tp times, a CP group each of
+        # its items once; FSDP averages over the data-parallel ranks times the CP groups.)
+        spread = self.data_world * self.tp * self.cp
         items = self.env.all_reduce_sum(self.items) if spread > 1 else self.items
-        factor = self.data_world / (items / self.tp).clamp(min=1)
+        factor = self.data_world * self.cp / (items / self.tp).clamp(min=1)
         # (A sharded gradient's local part: FSDP x TP puts gradients on two meshes, which one
         # foreach op over the DTensors refuses.)
         grads = [local(p.grad) for p in self.model.parameters() if p.grad is not None]
