@@ -132,6 +132,7 @@ class TokensDatasetConfig(DatasetConfig):
     block_size: int = 256
     windows_per_epoch: int = 0
     eval_windows: int = 200
+    document_separator: int | None = None
 
 
 @dataclass

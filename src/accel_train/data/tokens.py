@@ -16,6 +16,7 @@ workers too): nothing is loaded whole.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,6 +49,8 @@ class TokenWindows(Dataset):
         self.n = n  # windows in the split (per epoch, for training)
         self.tokens = token_count(Path(path), dtype)
         self.seed = 0
+        # dataset.document_separator: positions restart after this id (None: one stream)
+        self.separator: int | None = None
         self._data: np.memmap | None = None
         self._epoch_starts: tuple[int, np.ndarray] | None = None
 
@@ -68,7 +71,7 @@ class TokenWindows(Dataset):
             self._epoch_starts = (epoch, rng.integers(0, high + 1, size=self.n))
         return self._epoch_starts[1]
 
-    def getitem(self, i: int, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def getitem(self, i: int, epoch: int) -> tuple[Any, torch.Tensor]:
         start = int(self.starts(epoch)[i])
         chunk = np.asarray(self._memmap()[start : start + self.block_size + 1], dtype=np.int64)
         check_token_ids(
@@ -78,13 +81,27 @@ class TokenWindows(Dataset):
             "Tokenize the text again (`accel-data tokenize ... overwrite=true`).",
         )
         window = torch.from_numpy(chunk)
-        return window[:-1], window[1:]
+        x, y = window[:-1], window[1:]
+        if self.separator is None:
+            return x, y
+        return {"input_ids": x, "position_ids": document_positions(x, self.separator)}, y
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, i: int) -> tuple[Any, torch.Tensor]:
         return self.getitem(i, 0)
 
     def __getstate__(self):  # to loader workers: without the open memmap
         return {**self.__dict__, "_data": None}
+
+
+def document_positions(x: torch.Tensor, separator: int) -> torch.Tensor:
+    """Each token's position in its document: 0 after every `separator` (the window's first
+    token counts from 0 too: the model sees no further back than the window)."""
+    t = x.shape[-1]
+    starts = torch.zeros(t, dtype=torch.long)
+    after = (x == separator).nonzero().flatten() + 1  # a document starts after a separator
+    after = after[after < t]
+    starts[after] = after
+    return torch.arange(t) - torch.cummax(starts, 0).values
 
 
 def token_splits(
@@ -93,13 +110,23 @@ def token_splits(
     windows_per_epoch: int = 0,
     eval_windows: int = 200,
     seed: int = 0,
+    document_separator: int | None = None,
     data_dir: str | None = None,
 ) -> Splits:
     """The `dataset=tokens` splits of the folder `path` (relative paths: to the current directory,
-    else to paths.data_dir). windows_per_epoch 0 = train.bin's tokens // block_size."""
+    else to paths.data_dir). windows_per_epoch 0 = train.bin's tokens // block_size.
+    `document_separator`: the id that ends each document; the windows then carry positions
+    that restart after it, and the model keeps each document's attention to itself."""
     folder = token_folder(path, data_dir)
     meta = read_meta(folder)
     dtype = meta.get("dtype", "uint16")
+    vocab = int(meta["vocab_size"])
+    if document_separator is not None and not 0 <= document_separator < vocab:
+        raise UserError(
+            f"dataset.document_separator={document_separator} is not a token id of {folder} "
+            f"(its vocabulary has ids 0-{vocab - 1}). Give the id that ends each document "
+            "(GPT-2's <|endoftext|> is 50256), or null for one stream of text."
+        )
     sets = {}
     for name in ("train", "val"):
         file = folder / f"{name}.bin"
@@ -119,7 +146,8 @@ def token_splits(
             n = max(1, min(eval_windows, tokens - block_size))
             starts = np.linspace(0, tokens - block_size - 1, n).astype(np.int64)
             sets[name] = TokenWindows(file, dtype, block_size, starts, n)
-        sets[name].vocab_size = int(meta["vocab_size"])
+        sets[name].vocab_size = vocab
+        sets[name].separator = document_separator
     return window_splits(sets["train"], sets["val"], int(meta["vocab_size"]))
 
 
