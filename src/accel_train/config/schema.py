@@ -145,6 +145,7 @@ class SftDatasetConfig(DatasetConfig):
     pack: bool = False
     train_on: str = "completion"
     ignore_index: int = -100
+    trim_padding: bool = True
 
 
 # The recipe switches of issue 38 (timm's spellings; data/recipe.py, data/batch_mix.py): keys

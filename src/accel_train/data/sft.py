@@ -15,6 +15,9 @@ markers), checked to be a prefix each time.
 
 Rows: without packing, one record a row, right-padded to the longest record (at most
 `max_length`): causal attention never looks right, so padding changes no real token's logits.
+With `trim_padding=true` each batch is then cut after its last trained token (rounded up to a
+multiple of 8), as Hugging Face's collators pad a batch to its longest row: the same loss, no
+compute on columns that are padding in every row.
 With `pack=true`, records are laid end to end into rows of exactly `max_length` tokens, each
 record's positions starting again at 0 (`position_ids`): transformers keeps the attention inside
 each record from those, so a packed run scores every token as an unpacked one does.
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from accel_train.data.splits import Splits, held_out_indices
 from accel_train.data.tokens import window_splits
@@ -193,6 +196,7 @@ class SFTRows(Dataset):
 
     def __init__(self, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]):
         self.rows = rows
+        self.collate = None  # the loader's collate (TrimPadding), None = default_collate
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -203,6 +207,27 @@ class SFTRows(Dataset):
         if pos is None:
             return x, y
         return {"input_ids": x, "position_ids": pos.long()}, y
+
+
+class TrimPadding:
+    """Collate: the rows stacked, then the columns after the batch's last trained token cut off
+    (rounded up to a multiple of 8, the tensor cores' tile). A causal model's outputs at a
+    position never depend on what follows it, so every loss term is unchanged. Runs on the host
+    in the loader (workers): no device sync."""
+
+    def __init__(self, ignore_index: int):
+        self.ignore_index = ignore_index
+
+    def __call__(self, items: list) -> Any:
+        x, y = default_collate(items)
+        trained = (y != self.ignore_index).any(dim=0).nonzero()
+        end = int(trained[-1]) + 1 if len(trained) else 1
+        end = min(-(-end // 8) * 8, y.shape[1])
+        if end == y.shape[1]:
+            return x, y
+        if isinstance(x, dict):
+            return {k: v[:, :end] for k, v in x.items()}, y[:, :end]
+        return x[:, :end], y[:, :end]
 
 
 def _pairs(enc: Encoded, ignore_index: int, limit: int) -> tuple[list[int], list[int]]:
@@ -262,6 +287,7 @@ def sft_splits(
     test_path: str | None = None,
     val_fraction: float = 0.05,
     seed: int = 0,
+    trim_padding: bool = True,
 ) -> Splits:
     """The instruction splits (see the module docstring); `tokenizer`: the model folder whose
     tokenizer and chat template render the records."""
@@ -277,6 +303,9 @@ def sft_splits(
         val_fraction,
         seed,
     )
+    if trim_padding:
+        for split in rows.values():
+            split.collate = TrimPadding(ignore_index)
     return window_splits(rows["train"], rows["val"], len(tok), rows.get("test"))
 
 
