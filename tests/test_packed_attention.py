@@ -104,31 +104,32 @@ def test_what_cannot_take_packed_rows_refuses_them(compose_cfg, tmp_path):
     _check_named_inputs(GPT(vocab_size=8, n_layer=1, n_head=1, n_embd=8), packed, "gpt")
 
 
-def test_cli_packed_gpt_scores_each_record_as_alone(run_cli, tmp_path):
-    """`model=gpt dataset=sft dataset.pack=true` trains, and its validation loss (records packed
-    three or four to a row) is the loss of the same records run one at a time, in-process, on
-    the run's weights, to 1e-5."""
-    folder = tmp_path / "tok"
-    tok = write_tokenizer(folder)
-    (folder / "config.json").write_text("{}")  # a tokenizer folder is a model folder's layout
-    train, val = write_records(tmp_path / "t.jsonl", 16), write_records(tmp_path / "v.jsonl", 8)
-    gpt = {"block_size": 256, "n_layer": 1, "n_head": 2, "n_embd": 32}
-    run = tmp_path / "run"
-    proc = run_cli(
-        ["dataset=sft", f"dataset.path={train}", f"dataset.val_path={val}"]
-        + [f"dataset.tokenizer={folder}", "dataset.max_length=256", "dataset.pack=true"]
-        + ["model=gpt", *(f"model.{k}={v}" for k, v in gpt.items())]
-        + ["trainer.max_steps=2", "loader.batch_size=2", "trainer.progress=none", "logger=none"]
-        + [f"hydra.run.dir={run}"]
-    )
-    check_ok(proc)
-    assert "rows of 256 tokens (packed" in proc.stdout
-    val_loss = [m["val/loss"] for m in read_jsonl(run / "metrics.jsonl") if "val/loss" in m][-1]
+GPT_SIZE = {"block_size": 256, "n_layer": 1, "n_head": 2, "n_embd": 32}
+RUN = [*(f"model.{k}={v}" for k, v in GPT_SIZE.items()), "model=gpt", "trainer.max_steps=2"]
+RUN += ["loader.batch_size=2", "trainer.progress=none", "logger=none"]
 
-    model = GPT(vocab_size=len(tok), **gpt)
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    """A chat tokenizer folder and records: 16 to train on, 8 to validate (packed three or four
+    to a row of 256 tokens)."""
+    root = tmp_path_factory.mktemp("chat")
+    tok = write_tokenizer(root / "tok")
+    (root / "tok" / "config.json").write_text("{}")  # a tokenizer folder is a model's layout
+    write_records(root / "t.jsonl", 16), write_records(root / "v.jsonl", 8)
+    return root, len(tok)
+
+
+def _val_loss_alone(run, chat) -> tuple[float, float]:
+    """(the run's last validation loss, the loss of its validation records run one at a time
+    in-process on the run's last weights)."""
+    root, vocab = chat
+    val_loss = [m["val/loss"] for m in read_jsonl(run / "metrics.jsonl") if "val/loss" in m][-1]
+    model = GPT(vocab_size=vocab, **GPT_SIZE)
     model.load_state_dict(load_checkpoint(run / "checkpoints" / "last.pt")["model"])
     # The same validation records, one a row (ignore_index -1: the task's default).
-    rows, _ = encode_rows(str(val), str(folder), 256, False, "completion", -1, str(val), None, 0, 0)
+    val, tok = str(root / "v.jsonl"), str(root / "tok")
+    rows, _ = encode_rows(val, tok, 256, False, "completion", -1, val, None, 0, 0)
     total, count = 0.0, 0
     with torch.no_grad():
         for x, y, _pos in rows["val"].rows:  # one record a row, right-padded (causal: no effect)
@@ -136,4 +137,38 @@ def test_cli_packed_gpt_scores_each_record_as_alone(run_cli, tmp_path):
             logits = model(x.long()[None])[0]
             total += F.cross_entropy(logits, y, ignore_index=-1, reduction="sum").item()
             count += int((y != -1).sum())
-    assert abs(val_loss - total / count) < 1e-5
+    return val_loss, total / count
+
+
+def test_cli_packed_gpt_scores_each_record_as_alone(chat, run_cli, tmp_path):
+    """`model=gpt dataset=sft dataset.pack=true` trains (the vocabulary: the tokenizer's), and
+    its validation loss is the loss of the same records run one at a time, to 1e-5."""
+    root, run = chat[0], tmp_path / "run"
+    sft = [
+        "dataset=sft",
+        f"dataset.path={root / 't.jsonl'}",
+        f"dataset.val_path={root / 'v.jsonl'}",
+    ]
+    sft += [f"dataset.tokenizer={root / 'tok'}", "dataset.max_length=256", "dataset.pack=true"]
+    proc = run_cli([*sft, *RUN, f"hydra.run.dir={run}"])
+    check_ok(proc)
+    assert "rows of 256 tokens (packed" in proc.stdout
+    val_loss, alone = _val_loss_alone(run, chat)
+    assert abs(val_loss - alone) < 1e-5
+
+
+def test_cli_packed_shards_stream_to_the_gpt(chat, run_cli, tmp_path):
+    """`accel-data shard dataset=sft dataset.pack=true`, then `dataset=streaming_sft` with
+    model=gpt: the rows arrive packed (positions and all), scored as the records alone."""
+    root, run = chat[0], tmp_path / "run"
+    shard = ["shard", "dataset=sft", f"dataset.path={root / 't.jsonl'}"]
+    shard += [f"dataset.val_path={root / 'v.jsonl'}", f"dataset.tokenizer={root / 'tok'}"]
+    shard += ["dataset.max_length=256", "dataset.pack=true", f"out={tmp_path / 'shards'}"]
+    proc = run_cli(shard, prog="accel-data")
+    check_ok(proc)
+    assert "val rows (packed)" in proc.stdout + proc.stderr
+    stream = ["dataset=streaming_sft", f"dataset.remote={tmp_path / 'shards'}"]
+    stream.append(f"dataset.tokenizer={root / 'tok'}")
+    check_ok(run_cli([*stream, *RUN, f"hydra.run.dir={run}"]))
+    val_loss, alone = _val_loss_alone(run, chat)
+    assert abs(val_loss - alone) < 1e-5
