@@ -62,7 +62,7 @@ def test_offload_sends_what_the_step_saves_and_composes_with_checkpointing(monke
 
     technique = ac.ActivationCheckpointing("off", offload=True)
     assert technique.transform(model, None) is model  # mode=off: nothing to wrap
-    loop = SimpleNamespace(env=SimpleNamespace(device=torch.device("cpu")))
+    loop = SimpleNamespace(env=SimpleNamespace(device=torch.device("cpu"), is_main=False))
     offloaded = technique.wrap_loss(loop, lambda batch: _step(model, batch))
     Recording.packed.clear()
     grads = offloaded(x)

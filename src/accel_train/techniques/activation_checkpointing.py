@@ -128,6 +128,8 @@ class ActivationCheckpointing(Technique):
             return compute
         device_type = loop.env.device.type
         self.offloader = OffloadActivations(device_type, pin_memory=device_type == "cuda")
+        if loop.env.is_main:
+            log.info("activation offloading: what the forward saves waits in pinned host memory")
 
         def offloaded(batch):
             with self.offloader:
