@@ -19,6 +19,10 @@
 #   PHOTO_DIR=/data/imagenet scripts/gpu_check.sh  # a real ImageFolder tree for that check (else
 #                                                  # 2,000 generated 400-560 px JPEGs)
 #
+# Long context (issue 41): packed GPT rows through FlexAttention against the records alone,
+# activation offloading's peak memory (scripts/gpu_long_context.py), a packed, checkpointed and
+# offloaded GPT run, and model=hf with model.liger=true when liger-kernel is installed.
+#
 # GPU_CHECK_ON_CPU=1 runs the same commands on the CPU: a smoke test of the script itself.
 #
 # Exit: 0 when every check passed, 1 when one failed (the report says which, each run dir keeps
@@ -235,6 +239,42 @@ EOF
     } >> "$REPORT"
 else
     echo "| gpt | | skipped: no GPT recipe yet (configs/experiment/*gpt*.yaml) | | | | |" >> "$REPORT"
+fi
+
+# Long context (issue 41): packed rows through FlexAttention and activation offloading in one
+# process (scripts/gpu_long_context.py: the same losses and gradients, less peak memory), then
+# real runs on a tiny chat tokenizer and Llama written as the tests write them: the GPT on
+# packed rows with every block checkpointed and offloaded, and model=hf with Liger's kernels.
+if [ "${#cpu[@]}" -eq 0 ]; then
+    repo=$(cd "$(dirname "$0")/.." && pwd)
+    check long_context_kernels "scripts/gpu_long_context.py" "$PYTHON" "$repo/scripts/gpu_long_context.py"
+    LC=$OUT/long_context
+    "$PYTHON" - "$LC" "$repo/tests" <<'EOF'
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from hf_fixtures import write_records, write_tiny_llama
+root = Path(sys.argv[1])
+write_tiny_llama(root / "llama")
+write_records(root / "train.jsonl", 256)
+write_records(root / "val.jsonl", 16)
+EOF
+    sft=(dataset=sft "dataset.path=$LC/train.jsonl" "dataset.val_path=$LC/val.jsonl"
+         "dataset.tokenizer=$LC/llama" dataset.max_length=512 dataset.pack=true precision=bf16
+         loader.batch_size=8 "${length[@]}" "${common[@]}")
+    check packed_gpt_offload "model=gpt dataset=sft dataset.pack=true activation_checkpointing.mode=full activation_checkpointing.offload=true" \
+        "$ACCEL_TRAIN" "${sft[@]}" model=gpt model.block_size=512 model.n_layer=4 model.n_head=4 \
+        model.n_embd=256 activation_checkpointing.mode=full activation_checkpointing.offload=true \
+        "hydra.run.dir=$OUT/packed_gpt_offload"
+    if "$PYTHON" -c 'import liger_kernel' 2>/dev/null; then
+        check hf_liger "model=hf (tiny Llama) model.liger=true dataset.pack=true" \
+            "$ACCEL_TRAIN" "${sft[@]}" model=hf "model.path=$LC/llama" model.liger=true \
+            "hydra.run.dir=$OUT/hf_liger"
+    else
+        echo "| hf_liger | | skipped: liger-kernel not installed (pip install liger-kernel) | | | | |" >> "$REPORT"
+    fi
+else
+    echo "| long_context | | skipped: GPU_CHECK_ON_CPU (offloading and Liger are refused on the CPU) | | | | |" >> "$REPORT"
 fi
 
 # Photos at full size (issue 38): decode=cpu against decode=gpu on ResNet-50 (model=torchvision),

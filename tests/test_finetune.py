@@ -381,7 +381,6 @@ def test_resnet18_weights_replaced_head_and_frozen_stem(run_cli, tmp_path):
         "no_template",
         "pickle_weights",
         "bad_target",
-        "pack_gpt",
         "quantized_fresh_base",
         "shard_without_tokenizer",
     ],
@@ -395,7 +394,6 @@ def test_bad_inputs_are_one_paragraph(case, folders, run_cli, tmp_path):
         "no_template": "need a chat template",
         "pickle_weights": "import AutoModelForCausalLM as M",
         "bad_target": "lora.target",
-        "pack_gpt": "dataset.pack=false",
         "quantized_fresh_base": "model.weights=<file>",
         "shard_without_tokenizer": "dataset.tokenizer=",
     }[case]
@@ -421,16 +419,6 @@ def test_bad_inputs_are_one_paragraph(case, folders, run_cli, tmp_path):
         args.append(f"model.path={folder}")
     elif case == "bad_target":
         args.append("lora.target=[nonexistent_proj]")
-    elif case == "pack_gpt":
-        args = [a for a in args if not a.startswith("model.path=")]
-        args += [
-            "model=gpt",
-            "model.block_size=96",
-            "model.n_layer=1",
-            "model.n_head=2",
-            "model.n_embd=32",
-            f"dataset.tokenizer={folders['model']}",
-        ]
     elif case == "quantized_fresh_base":  # a base initialised by the run cannot be re-read
         args += ["model.pretrained=false", "lora.base_dtype=int8"]
     elif case == "shard_without_tokenizer":

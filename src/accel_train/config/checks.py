@@ -16,6 +16,7 @@ from accel_train.config.combinations import (
     STRATEGY_REFUSED,
     check_strategy_transforms,
 )
+from accel_train.config.device_checks import check_activation_offload, check_liger
 from accel_train.config.facts import OBJECTIVES, parse_target, task_class, validation_metrics
 from accel_train.config.option_checks import (
     check_gpt_options,
@@ -626,6 +627,8 @@ CHECKS = (
     check_objective,
     check_resume,
     check_gpu_decode,
+    check_activation_offload,
+    check_liger,
     check_recipe,
 )
 

@@ -74,6 +74,7 @@ class HfModelConfig(ModelConfig):
     head: str = "causal_lm"
     pretrained: bool = True
     attn_implementation: str = "sdpa"
+    liger: bool = False
 
 
 # Models by name from the vision libraries (models/timm.py, models/torchvision.py): `name` is
@@ -669,6 +670,7 @@ class ActivationCheckpointingConfig:
     mode: str = "off"
     every: int = 2
     classes: list[str] = field(default_factory=list)
+    offload: bool = False
 
 
 @dataclass

@@ -14,12 +14,16 @@ squared in the MLP), `tie_embeddings=false` (an output head of its own).
 
 `forward(idx)` returns logits (batch, time, vocab); the language-model task computes the loss,
 so every technique that wraps a task's step (accumulation, the normaliser, precision) applies.
+`forward(idx, position_ids)` takes packed rows (`dataset=sft dataset.pack=true`): positions
+restart per record and each record attends only to itself (models/packed_attention.py).
 
 The model is a chain of its children run in order, `embed` -> `blocks` (an nn.Sequential of
 `Block`s) -> `head`, so that what cuts models generically finds the GPT's stages without knowing
 it: strategy=pipeline puts whole blocks on stages (pipeline.chain), activation checkpointing and
 FSDP wrap each `Block`. The tied embedding then lives in the first and the last stage; the
 pipeline keeps the two copies equal by summing their gradients (Pipeline.sync_shared_grads).
+Packed rows run the same blocks one by one, their mask passed to each as an argument;
+strategy=pipeline refuses them (its stages hand each other one tensor).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn import functional as F
 
+from accel_train.models.packed_attention import Documents, attend, documents
+
 POS_EMBEDDINGS = ("learned", "rope")
 ACTIVATIONS = ("gelu", "relu2")
 
@@ -57,10 +63,15 @@ class Rotary(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        """(b, heads, t, head size) -> the same, rotated by position."""
-        t = z.shape[-2]
-        cos, sin = self.cos[:t].to(z.dtype), self.sin[:t].to(z.dtype)
+    def forward(self, z: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """(b, heads, t, head size) -> the same, rotated by position: 0..t-1, or each token's
+        own (packed rows: (b, t), restarting per record)."""
+        if positions is None:
+            t = z.shape[-2]
+            cos, sin = self.cos[:t].to(z.dtype), self.sin[:t].to(z.dtype)
+        else:  # (b, t, half) -> (b, 1, t, half): the same angles for every head
+            cos = self.cos[positions].unsqueeze(1).to(z.dtype)
+            sin = self.sin[positions].unsqueeze(1).to(z.dtype)
         a, b = z.chunk(2, dim=-1)
         return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
 
@@ -87,7 +98,9 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout)
         self.rotary, self.qk_norm = rotary, qk_norm
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, docs: Documents | None = None) -> torch.Tensor:
+        """`docs`: packed rows' records (models/packed_attention.py), each attending only to
+        itself; None: one sequence a row, plain causal attention (no mask is built)."""
         b, t, _ = x.shape
         # (b, t, c) -> (b, heads, t, head size); under tensor parallelism this rank's heads only
         # (the projections' outputs hold n_head / tp heads), hence -1, not n_head.
@@ -96,11 +109,14 @@ class CausalSelfAttention(nn.Module):
         )
         if self.qk_norm:  # unit-RMS queries and keys per head (no learned scale)
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        positions = docs.positions if docs is not None else None
         if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
+        dropout = self.dropout if self.training else 0.0
+        if docs is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        else:
+            y = attend(q, k, v, docs, dropout)
         y = y.transpose(1, 2).contiguous().view(b, t, -1)
         return self.resid_dropout(self.proj(y))
 
@@ -144,8 +160,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
         self.mlp = MLP(n_embd, dropout, bias, activation)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, docs: Documents | None = None) -> torch.Tensor:
+        # docs by keyword: tensor parallelism's input preparation of `attn` lays out its
+        # positional input (the residual stream) only.
+        x = x + self.attn(self.ln_1(x), docs=docs)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -167,7 +185,7 @@ class Embed(nn.Module):
         self.wpe = nn.Embedding(block_size, n_embd) if learned_positions else None
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         t = idx.shape[1]
         if t > self.block_size:
             raise ValueError(
@@ -175,7 +193,8 @@ class Embed(nn.Module):
             )
         x = self.wte(idx)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(t, device=idx.device))
+            pos = torch.arange(t, device=idx.device) if position_ids is None else position_ids
+            x = x + self.wpe(pos)
         return self.drop(x)
 
 
@@ -228,6 +247,7 @@ class GPT(nn.Module):
                 raise ValueError(f"{key}={value}: must be one of {', '.join(allowed)}")
         self.vocab_size, self.block_size = vocab_size, block_size
         self.n_layer, self.n_head, self.n_embd = n_layer, n_head, n_embd
+        self.dropout = dropout
         rope = pos_embedding == "rope"
         self.embed = Embed(vocab_size, block_size, n_embd, dropout, learned_positions=not rope)
 
@@ -270,8 +290,20 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.embed(idx)))
+    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids (b, t) -> logits (b, t, vocab). `position_ids` (b, t): packed rows, whose
+        positions restart at 0 with each record; every record then attends only to itself
+        (models/packed_attention.py) and is scored as it would be alone."""
+        x = self.embed(idx, position_ids)
+        if position_ids is None:
+            return self.head(self.blocks(x))  # the plain chain the generic cutters see
+        # One mask for all blocks, passed to each (a checkpointed block's recompute gets it back
+        # with its saved inputs). FlexAttention on CUDA; it has no dropout: SDPA then.
+        dropout = self.training and self.dropout > 0
+        docs = documents(position_ids, flex=position_ids.is_cuda and not dropout)
+        for block in self.blocks:
+            x = block(x, docs=docs)
+        return self.head(x)
 
     def tp_plan(self, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
         """Tensor parallelism (strategy=tp, strategy.tp): q, k, v and the MLP's up projection

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from accel_train.config.device_checks import LIGER_MODEL_TYPES
 from accel_train.errors import UserError
 
 HEADS = ("causal_lm", "sequence_classification")
@@ -224,6 +225,7 @@ def hf_model(
     dtype: torch.dtype = torch.float32,
     num_classes: int = 0,
     name: str = "hf",
+    liger: bool = False,
 ) -> HFModel:
     """The model of the folder `path` with the chosen head, in `dtype` (the run's parameters)."""
     if head not in HEADS:
@@ -238,6 +240,8 @@ def hf_model(
             f"model.path={path}: transformers could not read its config.json ("
             f"{' '.join(str(err).split())[:300]}). Give {LAYOUT}."
         ) from None
+    if liger:  # before the model is built: Liger patches transformers' module classes
+        apply_liger(getattr(config, "model_type", None))
     kwargs: dict = {"attn_implementation": attn_implementation}
     auto = tf.AutoModelForCausalLM
     if head == "causal_lm":
@@ -273,6 +277,34 @@ def hf_model(
             f"{getattr(config, 'model_type', '?')}."
         ) from None
     return HFModel(hf, str(folder), head)
+
+
+def apply_liger(model_type: str | None, kernels=None) -> str:
+    """`model.liger=true`: Liger's `apply_liger_kernel_to_<model_type>` (RMSNorm, RoPE and the
+    SwiGLU / GeGLU MLP as Triton kernels; transformers' classes of that model type replaced, so
+    the model built next uses them). Its cross-entropy and fused linear cross-entropy stay
+    off: the task computes the loss from the logits (task.chunked_loss uses Liger's fused
+    loss itself). `kernels`: the module holding the apply functions (liger_kernel.transformers;
+    a test passes its own). Returns the function's name."""
+    if model_type not in LIGER_MODEL_TYPES:
+        raise UserError(
+            f"model.liger=true: the model is model_type={model_type}, and accel-train applies "
+            f"Liger's kernels to model types {', '.join(LIGER_MODEL_TYPES)} only. Set "
+            "`model.liger=false` for this model."
+        )
+    if kernels is None:
+        try:
+            import liger_kernel.transformers as kernels
+        except ImportError as err:
+            raise UserError(
+                f"model.liger=true: liger_kernel could not be imported ({err}). Install it: "
+                "`pip install liger-kernel` (CUDA machines), or set `model.liger=false`."
+            ) from None
+    name = f"apply_liger_kernel_to_{model_type}"
+    getattr(kernels, name)(rope=True, rms_norm=True, cross_entropy=False,
+                           fused_linear_cross_entropy=False)  # fmt: skip
+    logging.getLogger("accel_train").info("model.liger: %s (RMSNorm, RoPE, MLP)", name)
+    return name
 
 
 def load_tokenizer(path: str, key: str = "dataset.tokenizer"):

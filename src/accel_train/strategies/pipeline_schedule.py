@@ -22,11 +22,12 @@ launcher and the build import this module for its checks on every run, pipeline 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
@@ -85,6 +86,14 @@ def pipeline_stages(strategy_cfg: DictConfig, world: int, keys: WorldKeys) -> in
     return stages
 
 
+# Why packed rows are refused (the config's dataset.pack, or packed shards seen at build time).
+PACKED_ROWS = (
+    "packed rows pass each record's positions beside the token ids, which keep every record's "
+    "attention to itself, and the stages hand each other one tensor, so the records would see "
+    "each other; use `dataset.pack=false` (one record a row)"
+)
+
+
 def check_pipeline(cfg: DictConfig, world: int | None, keys: WorldKeys) -> None:
     """What can be refused before any process starts (`world`: None when not known yet)."""
     sc, t = cfg.strategy, cfg.trainer
@@ -120,6 +129,10 @@ def check_pipeline(cfg: DictConfig, world: int | None, keys: WorldKeys) -> None:
             or (cfg.precision.name == "amp" and t.device != "cpu" and torch.cuda.is_available()),
             "fp16 needs a GradScaler whose overflow check every stage must agree on; use "
             "`precision=bf16` (no scaler)",
+        ),
+        "dataset.pack=true": (
+            OmegaConf.select(cfg, "dataset.pack") is True,
+            PACKED_ROWS,
         ),
     }
     for key, (on, why) in refused.items():
@@ -365,6 +378,13 @@ def build_pipeline(
 ) -> Pipeline:
     """Cut `module` (in place: it keeps only this process's blocks) and set up the groups on
     the run's `mesh` (its `pp` and `dp_replicate` dimensions)."""
+    if isinstance(sample, Mapping):  # packed shards (dataset=streaming_sft): known only here
+        raise UserError(
+            f"dataset={cfg.dataset.get('name')} gives packed rows ({', '.join(sample)}) and "
+            f"strategy=pipeline cannot train them: {PACKED_ROWS} (shards: write them again with "
+            "`accel-data shard dataset=sft dataset.pack=false ...`), or train with another "
+            "strategy."
+        )
     sc = cfg.strategy
     lay = stage_layout(mesh_layout, env.rank)
     if precision.use_scaler:  # (check_pipeline refuses fp16 up front; a worker checks again)

@@ -202,8 +202,12 @@ class LanguageModel(Task):
 
 def call(model: nn.Module, inputs: Any) -> torch.Tensor:
     """The model on a batch's inputs: token ids, or named tensors (packed instruction rows:
-    `input_ids` and the per-record `position_ids`) passed by name."""
-    return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
+    `input_ids` and the per-record `position_ids`): the ids first, as every model takes them
+    (model=gpt's `idx`, transformers' `input_ids`), the others by name."""
+    if not isinstance(inputs, Mapping):
+        return model(inputs)
+    rest = {k: v for k, v in inputs.items() if k != "input_ids"}
+    return model(inputs["input_ids"], **rest)
 
 
 def _check_named_inputs(model: nn.Module, inputs: Mapping, name: str | None) -> None:
@@ -211,12 +215,13 @@ def _check_named_inputs(model: nn.Module, inputs: Mapping, name: str | None) -> 
     keeps each record's attention to itself)."""
     params = inspect.signature(model.forward).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    missing = [k for k in inputs if k not in params and not takes_any]
+    missing = [k for k in inputs if k != "input_ids" and k not in params and not takes_any]
     if missing:
         raise UserError(
             f"model={name}: its forward takes no {', '.join(missing)}, which packed rows "
             "(dataset.pack=true) pass so that each record attends only to itself. Set "
-            "dataset.pack=false, or use model=hf (transformers models take position_ids)."
+            "dataset.pack=false, or use a model that takes them: model=gpt or model=hf "
+            "(transformers models take position_ids)."
         )
 
 

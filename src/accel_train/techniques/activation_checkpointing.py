@@ -27,6 +27,17 @@ twice per step (validation would then see other statistics than without checkpoi
 recompute restores the block's buffers afterwards, so the run is the same with and without.
 torch.compile (trainer.compile) refuses such custom contexts, and does not need them: its
 recompute is inside the compiled graph, which updates the buffers once.
+
+`activation_checkpointing.offload=true` (CUDA runs): what the forward saves for the backward is
+copied to pinned host memory as it is saved and copied back as the backward needs it, through
+torch's `save_on_cpu(pin_memory=True)` around each training micro-batch's forward (asynchronous
+copies both ways: no host sync). It composes with every mode, because a checkpointed block
+saves its inputs the same way (torch.utils.checkpoint's non-reentrant `_NoopSaveInputs`): with
+`mode=off` every saved activation goes to the host, with `full` only the blocks' inputs are
+saved (and so offloaded), with `selective` the inputs of the checkpointed blocks and the
+activations of the others. Parameters stay where they are (torchtune's OffloadActivations'
+rule: they are on the device anyway), and so do tensors under 1 KiB (a copy each is not worth
+its launch).
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from collections import Counter
 
 import torch
 from torch import nn
+from torch.autograd.graph import save_on_cpu, saved_tensors_hooks
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
     checkpoint_wrapper,
@@ -69,14 +81,65 @@ def _contexts(modules: list[nn.Module]):
     return contextlib.nullcontext(), _restoring(buffers) if buffers else contextlib.nullcontext()
 
 
+class OffloadActivations(saved_tensors_hooks):
+    """Saved tensors of `device_type` (cuda) moved to host memory while the backward does not
+    need them: torch's save_on_cpu, minus parameters and tiny tensors (module docstring).
+    `offloaded` counts the tensors sent (a Python int: no device read)."""
+
+    MIN_BYTES = 1024
+
+    def __init__(self, device_type: str = "cuda", pin_memory: bool = True):
+        inner = save_on_cpu(pin_memory=pin_memory, device_type=device_type)
+        self.offloaded = 0
+
+        def pack(tensor: torch.Tensor):
+            if (
+                tensor.device.type != device_type
+                or isinstance(tensor, nn.Parameter)
+                or isinstance(tensor._base, nn.Parameter)  # a Linear saves its weight.t()
+                or tensor.numel() * tensor.element_size() < self.MIN_BYTES
+            ):
+                return False, tensor
+            self.offloaded += 1
+            return True, inner.pack_hook(tensor)
+
+        def unpack(packed) -> torch.Tensor:
+            moved, value = packed
+            return inner.unpack_hook(value) if moved else value
+
+        super().__init__(pack, unpack)
+
+
 class ActivationCheckpointing(Technique):
     name = "activation_checkpointing"
     order = MEMORY  # before DDP/FSDP wrap the blocks and before compile traces them
 
-    def __init__(self, mode: str, every: int = 2, classes: list[str] | None = None):
+    def __init__(
+        self, mode: str, every: int = 2, classes: list[str] | None = None, offload: bool = False
+    ):
         self.mode, self.every, self.classes = mode, every, list(classes or [])
+        self.offload = offload
+        self.offloader: OffloadActivations | None = None  # made by wrap_loss (offload=true)
+
+    def wrap_loss(self, loop, compute):
+        """offload=true: each training micro-batch's forward under the offloading hooks (the
+        backward, after it, unpacks what they saved). The config refuses it on a CPU run."""
+        if not self.offload:
+            return compute
+        device_type = loop.env.device.type
+        self.offloader = OffloadActivations(device_type, pin_memory=device_type == "cuda")
+        if loop.env.is_main:
+            log.info("activation offloading: what the forward saves waits in pinned host memory")
+
+        def offloaded(batch):
+            with self.offloader:
+                return compute(batch)
+
+        return offloaded
 
     def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
+        if self.mode == "off":  # offload alone: nothing to wrap
+            return model
         if self.mode == "full" and not self.classes and own_checkpointing(model):
             model.set_grad_checkpointing(True)
             if ctx.env.is_main:

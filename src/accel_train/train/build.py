@@ -57,8 +57,8 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
     if t.tune_malloc:
         chosen.append(TuneMalloc())
     ac = cfg.activation_checkpointing
-    if ac.mode != "off":
-        chosen.append(ActivationCheckpointing(ac.mode, ac.every, list(ac.classes)))
+    if ac.mode != "off" or ac.offload:
+        chosen.append(ActivationCheckpointing(ac.mode, ac.every, list(ac.classes), ac.offload))
     if t.channels_last:
         chosen.append(ChannelsLast())
     if cfg.quant.name == "qat":
