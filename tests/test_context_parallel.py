@@ -60,7 +60,7 @@ def test_the_language_model_hands_over_rows_with_their_positions():
     x = torch.arange(12).view(2, 6)
     y = x + 1
     (inputs, targets), buffers = LanguageModel().sequence_buffers((x, y))
-    assert targets is y and inputs["input_ids"] is x
+    assert targets is y and inputs["input_ids"] is x and inputs["packed"] is False
     assert torch.equal(inputs["position_ids"], torch.arange(6).expand(2, 6))
     assert buffers[0] is x and buffers[1] is inputs["position_ids"] and buffers[2] is y
 
@@ -93,3 +93,23 @@ def test_a_cpu_run_with_cp_is_one_paragraph_before_any_process_starts(run_cli, t
     assert "Traceback" not in proc.stderr
     assert "strategy.cp=2 splits each sequence over 2 GPUs" in proc.stderr
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("pos_embedding", ["learned", "rope"])
+def test_the_gpt_at_explicit_unpacked_positions_is_the_plain_gpt(pos_embedding):
+    """What a CP rank runs: its tokens at their true positions, causal attention, no mask
+    (the ring patches SDPA's causal kernel; a mask would not go through it)."""
+    from accel_train.models.gpt import GPT
+
+    torch.manual_seed(0)
+    gpt = GPT(
+        vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=16, pos_embedding=pos_embedding
+    )
+    x = torch.randint(0, 50, (2, 16))
+    positions = torch.arange(16).expand(2, 16)
+    assert torch.equal(gpt(x, position_ids=positions, packed=False), gpt(x))
+    # a later part of the rows, at its own positions, is the plain forward's prefix-free view:
+    # the first 8 tokens at positions 0-7 give what the whole row gives there (causal)
+    assert torch.allclose(
+        gpt(x[:, :8], position_ids=positions[:, :8], packed=False), gpt(x)[:, :8], atol=1e-6
+    )

@@ -113,7 +113,7 @@ class CausalSelfAttention(nn.Module):
         if self.rotary is not None:
             q, k = self.rotary(q, positions), self.rotary(k, positions)
         dropout = self.dropout if self.training else 0.0
-        if docs is None:
+        if docs is None or docs.mask is None:  # (no mask: context parallelism's ring)
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         else:
             y = attend(q, k, v, docs, dropout)
@@ -290,17 +290,24 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, position_ids: torch.Tensor | None = None, packed: bool = True
+    ) -> torch.Tensor:
         """Token ids (b, t) -> logits (b, t, vocab). `position_ids` (b, t): packed rows, whose
         positions restart at 0 with each record; every record then attends only to itself
-        (models/packed_attention.py) and is scored as it would be alone."""
+        (models/packed_attention.py) and is scored as it would be alone. `packed=False`: the
+        positions of one sequence a row (context parallelism hands each process a part of each
+        row, strategies/context_parallel.py): plain causal attention at those positions."""
         x = self.embed(idx, position_ids)
         if position_ids is None:
             return self.head(self.blocks(x))  # the plain chain the generic cutters see
         # One mask for all blocks, passed to each (a checkpointed block's recompute gets it back
         # with its saved inputs). FlexAttention on CUDA; it has no dropout: SDPA then.
         dropout = self.training and self.dropout > 0
-        docs = documents(position_ids, flex=position_ids.is_cuda and not dropout)
+        if packed:
+            docs = documents(position_ids, flex=position_ids.is_cuda and not dropout)
+        else:
+            docs = Documents(position_ids, mask=None, flex=False)
         for block in self.blocks:
             x = block(x, docs=docs)
         return self.head(x)

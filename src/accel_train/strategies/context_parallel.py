@@ -65,6 +65,12 @@ def check_context_parallel(cfg: DictConfig, cp: int, tp: int, world: int, keys: 
             "(context parallelism gives each GPU a chunk from the front of the sequence and "
             f"its mirror from the back). Use a row length that is a multiple of {2 * cp}."
         )
+    if cfg.model.get("name") == "hf":
+        raise UserError(
+            f"strategy.cp={cp} with model=hf is not supported yet: transformers reads the "
+            "positions of a split row (a chunk from each end) as packed records. Use "
+            "`model=gpt` (its positions are passed through), or `strategy.cp=1`."
+        )
     if cfg.dataset.get("pack") or cfg.dataset.get("document_separator") is not None:
         raise UserError(
             f"strategy.cp={cp} with packed rows (dataset.pack / dataset.document_separator): "

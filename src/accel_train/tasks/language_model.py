@@ -191,7 +191,8 @@ class LanguageModel(Task):
         if isinstance(x, Mapping):  # packed rows: refused before the run (a causal ring)
             raise UserError("strategy.cp cannot split packed rows: set dataset.pack=false.")
         positions = torch.arange(x.shape[1], device=x.device).expand_as(x).contiguous()
-        return ({"input_ids": x, "position_ids": positions}, y), [x, positions, y]
+        inputs = {"input_ids": x, "position_ids": positions, "packed": False}
+        return (inputs, y), [x, positions, y]
 
     def derived(self, metrics: dict[str, float]) -> dict[str, float]:
         """Perplexity from the mean token loss (a mean of perplexities would be wrong)."""
