@@ -134,6 +134,15 @@ def check_pipeline(cfg: DictConfig, world: int | None, keys: WorldKeys) -> None:
             OmegaConf.select(cfg, "dataset.pack") is True,
             PACKED_ROWS,
         ),
+        "dataset.trim_padding=true": (
+            OmegaConf.select(cfg, "dataset.trim_padding") is True,
+            "batches cut to their longest row change shape, and the stages exchange "
+            "fixed-size activations; set `dataset.trim_padding=false` (rows of one length)",
+        ),
+        "dataset.document_separator": (
+            OmegaConf.select(cfg, "dataset.document_separator") is not None,
+            PACKED_ROWS.replace("dataset.pack=false", "dataset.document_separator=null"),
+        ),
     }
     for key, (on, why) in refused.items():
         if on:
