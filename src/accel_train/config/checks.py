@@ -19,6 +19,7 @@ from accel_train.config.combinations import (
 from accel_train.config.facts import OBJECTIVES, parse_target, task_class, validation_metrics
 from accel_train.config.option_checks import (
     check_gpt_options,
+    check_lm_loss,
     check_lora,
     check_muon,
     check_warmup,
@@ -616,6 +617,7 @@ CHECKS = (
     check_muon,
     check_lora,
     check_gpt_options,
+    check_lm_loss,
     check_scheduler,
     check_warmup,
     check_compression,

@@ -39,6 +39,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn import functional as F
 
+from accel_train.losses import output_layer
+
 POS_EMBEDDINGS = ("learned", "rope")
 ACTIVATIONS = ("gelu", "relu2")
 
@@ -180,15 +182,22 @@ class Embed(nn.Module):
 
 
 class Head(nn.Module):
-    """The final LayerNorm and the output projection to the vocabulary."""
+    """The final LayerNorm and the output projection to the vocabulary.
+
+    `head_loss` (task.chunked_loss): instead of the logits, `head_loss(hidden, weight, bias)`,
+    the loss computed from the output layer's weight without the (tokens, vocab) logits. It
+    runs inside this forward (the model's) so that FSDP's pre-forward hook has gathered the
+    weight: read outside it, a sharded weight would be one rank's shard."""
 
     def __init__(self, vocab_size: int, n_embd: int, bias: bool):
         super().__init__()
         self.ln_f = nn.LayerNorm(n_embd, bias=bias)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.ln_f(x))
+    def forward(self, x: torch.Tensor, head_loss=None) -> torch.Tensor:
+        if head_loss is None:
+            return self.lm_head(self.ln_f(x))
+        return head_loss(self.ln_f(x), *output_layer(self.lm_head, "the GPT's head.lm_head"))
 
 
 # Checkpoints written before the model was a chain: their keys, renamed on load.
@@ -270,8 +279,9 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.embed(idx)))
+    def forward(self, idx: torch.Tensor, head_loss=None) -> torch.Tensor:
+        # head_loss (task.chunked_loss): the loss instead of the logits, see Head.
+        return self.head(self.blocks(self.embed(idx)), head_loss)
 
     def tp_plan(self, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
         """Tensor parallelism (strategy=tp, strategy.tp): q, k, v and the MLP's up projection
