@@ -146,32 +146,40 @@ def _chunks(h, weight, bias, y, opts: TokenLoss, want: tuple[bool, bool, bool]):
             g = g.to(dtype)
             if grad_h is not None:
                 grad_h[start : start + step] = g @ w
-            if grad_w is not None:
-                grad_w += g.t() @ hc
+            if grad_w is not None and g.dtype == grad_w.dtype:
+                grad_w.addmm_(g.t(), hc)  # (no (vocab, channels) temporary)
+            elif grad_w is not None:
+                grad_w += g.t() @ hc  # bf16 products, summed in fp32
             if grad_b is not None:
                 grad_b += g.float().sum(0)
     return total, grad_h, grad_w, grad_b
 
 
 def _chunk_loss(z: torch.Tensor, y: torch.Tensor, opts: TokenLoss, grad: bool):
-    """One chunk's summed loss and, with `grad`, its gradient w.r.t. the fp32 logits `z`
-    (written over `z`, so a chunk holds one (tokens, vocab) tensor):
-    softmax * (1 + 2 z_loss lse) - (1 - s) onehot - s / V, zero on ignored targets."""
+    """One chunk's summed loss and, with `grad`, its gradient w.r.t. the fp32 logits `z`,
+    softmax * (1 + 2 z_loss lse) - (1 - s) onehot - s / V, zero on ignored targets. Computed
+    over `z` in place: a chunk holds one (tokens, vocab) tensor (torch.logsumexp would make a
+    second)."""
     s, vocab = opts.label_smoothing, z.shape[-1]
     valid = y != opts.ignore_index
     safe = torch.where(valid, y, 0).unsqueeze(1)
-    lse = torch.logsumexp(z, dim=-1)
-    per_token = (1 - s) * (lse - z.gather(1, safe).squeeze(1))
+    picked = z.gather(1, safe).squeeze(1)
+    mean = z.mean(dim=-1) if s else None
+    top = z.amax(dim=-1, keepdim=True)
+    total = z.sub_(top).exp_().sum(dim=-1)  # z := exp(z - max)
+    lse = top.squeeze(1) + total.log()
+    per_token = (1 - s) * (lse - picked)
     if s:
-        per_token = per_token + s * (lse - z.mean(dim=-1))
+        per_token = per_token + s * (lse - mean)
     if opts.z_loss:
         per_token = per_token + opts.z_loss * lse.square()
     loss = torch.where(valid, per_token, 0).sum()
     if not grad:
         return loss, None
-    g = z.sub_(lse.unsqueeze(1)).exp_()  # the softmax, in place
+    scale = 1 / total
     if opts.z_loss:
-        g.mul_((1 + 2 * opts.z_loss * lse).unsqueeze(1))
+        scale = scale * (1 + 2 * opts.z_loss * lse)
+    g = z.mul_(scale.unsqueeze(1))  # the softmax (times the z-loss's factor)
     g.scatter_add_(1, safe, torch.full_like(safe, s - 1, dtype=g.dtype))
     if s:
         g.sub_(s / vocab)
