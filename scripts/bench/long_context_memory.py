@@ -18,7 +18,8 @@ leaves the RSS when freed. One warm-up step (it allocates AdamW's state), then t
 (VmHWM, reset through /proc/self/clear_refs) over --steps timed steps: `step peak` is that peak
 minus the RSS before them (what a step adds on top of the weights and the optimizer state: the
 activations, the logits, the gradients), `process peak` the whole VmHWM. The time is the median
-wall and CPU seconds per step. Linux only (/proc).
+CPU and wall seconds per step; on a machine others share, compare the CPU seconds (the wall
+time follows the neighbours' load). Linux only (/proc).
 """
 
 from __future__ import annotations
@@ -169,14 +170,16 @@ def main() -> None:
                 f"{p['step_peak_mib']:,.0f}", f"{r['step_peak_mib']:,.0f}",
                 f"{p['step_peak_mib'] - r['step_peak_mib']:,.0f}",
                 f"{p['process_peak_mib']:,.0f}", f"{r['process_peak_mib']:,.0f}",
-                f"{p['wall_s']:.2f}", f"{r['wall_s']:.2f}", f"{r['wall_s'] / p['wall_s'] - 1:+.1%}",
+                f"{p['cpu_s']:.2f}", f"{r['cpu_s']:.2f}", f"{r['cpu_s'] / p['cpu_s'] - 1:+.1%}",
+                f"{p['wall_s']:.2f}", f"{r['wall_s']:.2f}",
             ])  # fmt: skip
     layers = f", {a.n_layer} layers" if a.n_layer else ""
     took = time.perf_counter() - started
     print(f"\nbatch 1, chunk {a.chunk} tokens, {a.steps} measured steps a variant{layers}; "
           f"{machine()}; load after: {load_avg()}; {took:.0f} s in all")  # fmt: skip
     headers = ["model", "tokens", "precision", "AC", "step peak MiB plain", "chunked", "saved",
-               "process peak MiB plain", "chunked", "step s plain", "chunked", "time"]  # fmt: skip
+               "process peak MiB plain", "chunked", "CPU s/step plain", "chunked", "CPU time",
+               "wall s/step plain", "chunked"]  # fmt: skip
     print(table(headers, rows))
 
 
