@@ -4,8 +4,8 @@ paths. In process: the loss and its gradients (hidden states, weight, bias) agai
 F.cross_entropy path in fp32 and bf16, ignored targets and chunks that do not divide the tokens;
 no (tokens, vocab) tensor in the forward or the backward of a GPT step; the built-in GPT and a
 tiny HF Llama (packed rows' position_ids) through their `head_loss` capability; the refusals.
-Through the real CLI: a tiny GPT under DDP and FSDP (2 processes) trains with the same losses
-as one process on the plain path. (model=hf under FSDP: tests/test_finetune.py's two-process
+Through the real CLI: a tiny GPT under DDP, FSDP and TP (2 processes) trains with the same
+losses as one process on the plain path. (model=hf under FSDP: tests/test_finetune.py's two-process
 test runs its FSDP case chunked.)"""
 
 from __future__ import annotations
@@ -218,11 +218,6 @@ REFUSALS = {
         ["task.chunked_loss=true", "task.loss_chunk_tokens=0"],
         "task.loss_chunk_tokens=0 must be >= 1",
     ),
-    "tp": (["task.chunked_loss=true", "strategy=tp"], "task.chunked_loss=true with strategy=tp"),
-    "fsdp_tp": (
-        ["task.chunked_loss=true", "strategy=fsdp", "strategy.tp=2"],
-        "strategy=fsdp strategy.tp>1 is not supported",
-    ),
     "pipeline": (
         ["task.chunked_loss=true", "strategy=pipeline"],
         "task.chunked_loss=true with strategy=pipeline",
@@ -238,7 +233,8 @@ def test_refusals_name_the_key(compose_cfg, tmp_path):
         with pytest.raises(UserError) as refused:
             validate(cfg)
         assert text in str(refused.value), (name, str(refused.value))
-    validate(compose_cfg([*base, "task.chunked_loss=true", "task.z_loss=1e-4", "strategy=fsdp"]))
+    for ok in (["strategy=fsdp", "strategy.tp=2"], ["strategy=tp"]):
+        validate(compose_cfg([*base, "task.chunked_loss=true", "task.z_loss=1e-4", *ok]))
 
 
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(100))
@@ -269,14 +265,21 @@ GPT_RUN = [
 
 def test_two_processes_chunked_train_as_one_plain(run_cli, tmp_path):
     """1 process x 8 rows on the plain path = 2 processes x 4 rows chunked, under DDP and
-    under FSDP (the tied head gathered inside the model's forward): the same training and
-    validation losses within 1e-5."""
+    under FSDP (the tied head gathered inside the model's forward), and 2 tensor-parallel
+    processes x 8 rows with sequence parallelism (the head's input gathered from the sequence
+    shards): the same training and validation losses within 1e-5."""
     (tmp_path / "input.txt").write_text(TEXT)
     check_ok(run_cli(["tokenize", "input=input.txt", "out=tokens"], prog="accel-data"))
     runs = {
         "plain": ["loader.batch_size=8"],
         "ddp": ["loader.batch_size=4", "strategy=ddp", "launcher.nproc_per_node=2"],
         "fsdp": ["loader.batch_size=4", "strategy=fsdp", "launcher.nproc_per_node=2"],
+        "tp": [
+            "loader.batch_size=8",
+            "strategy=tp",
+            "strategy.sequence_parallel=true",
+            "launcher.nproc_per_node=2",
+        ],  # fmt: skip
     }
     losses = {}
     for name, extra in runs.items():
@@ -287,5 +290,5 @@ def test_two_processes_chunked_train_as_one_plain(run_cli, tmp_path):
         rows = read_jsonl(tmp_path / name / "metrics.jsonl")
         losses[name] = [r[k] for r in rows for k in ("train/loss", "val/loss") if k in r]
     assert len(losses["plain"]) == 3
-    for name in ("ddp", "fsdp"):
+    for name in ("ddp", "fsdp", "tp"):
         assert losses[name] == pytest.approx(losses["plain"], rel=1e-5), name

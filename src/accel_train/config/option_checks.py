@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train.config.combinations import strategy_key
 from accel_train.config.run_config import command_line_keys
 from accel_train.errors import UserError
 
@@ -95,7 +94,7 @@ def check_warmup(cfg: DictConfig) -> None:
 
 def check_lm_loss(cfg: DictConfig) -> None:
     """task=language_model's loss keys: z_loss, label_smoothing and the chunked loss's chunk
-    size; the chunked loss where the model's output layer is whole on every rank."""
+    size; the chunked loss under every strategy but the pipeline."""
     task = cfg.task
     if "z_loss" in task and not 0 <= task.z_loss < float("inf"):
         raise UserError(
@@ -116,13 +115,11 @@ def check_lm_loss(cfg: DictConfig) -> None:
             f"task.loss_chunk_tokens={task.loss_chunk_tokens} must be >= 1: the tokens whose "
             "logits task.chunked_loss computes at a time. Use e.g. `task.loss_chunk_tokens=1024`."
         )
-    strategy = strategy_key(cfg)
-    if strategy in ("tp", "pipeline"):
-        how = "cuts the model into stages" if strategy == "pipeline" else "shards the layers"
+    if cfg.strategy.name == "pipeline":
         raise UserError(
-            f"task.chunked_loss=true with strategy={cfg.strategy.name}"
-            f"{' strategy.tp>1' if strategy != cfg.strategy.name else ''} is not supported: "
-            f"it {how}, and the chunked loss needs the last hidden states and the whole output "
-            "layer in the model's own forward. Use `strategy=fsdp` or `strategy=ddp` with "
-            "task.chunked_loss, or `task.chunked_loss=false`."
+            "task.chunked_loss=true with strategy=pipeline is not supported: the pipeline cuts "
+            "the model into stages and computes the loss on the last stage's logits, while the "
+            "chunked loss needs the last hidden states and the output layer in the model's own "
+            "forward. Use `strategy=fsdp` (or ddp, tp) with task.chunked_loss, or "
+            "`task.chunked_loss=false`."
         )

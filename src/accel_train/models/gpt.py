@@ -281,7 +281,7 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, head_loss=None) -> torch.Tensor:
         # head_loss (task.chunked_loss): the loss instead of the logits, see Head.
-        return self.head(self.blocks(self.embed(idx)), head_loss)
+        return self.head(self.blocks(self.embed(idx)), head_loss=head_loss)
 
     def tp_plan(self, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
         """Tensor parallelism (strategy=tp, strategy.tp): q, k, v and the MLP's up projection
