@@ -15,7 +15,8 @@
 # activation checkpointing, loader.batch_size=auto); accel-report; DDP over every GPU when more
 # than one is visible; the GPT recipe once an experiment named *gpt* exists; photo-sized JPEGs
 # (issue 38) through ResNet-50 in bf16 and channels_last, decoded by the loader workers
-# (dataset.decode=cpu) and by nvJPEG on the GPU (decode=gpu): images/s and the data-wait share.
+# (dataset.decode=cpu) and by nvJPEG on the GPU (decode=gpu): images/s and the data-wait share;
+# the chunked loss (issue 41) against the plain one on the GPT recipe (Liger's kernel if installed).
 #   PHOTO_DIR=/data/imagenet scripts/gpu_check.sh  # a real ImageFolder tree for that check (else
 #                                                  # 2,000 generated 400-560 px JPEGs)
 #
@@ -191,6 +192,36 @@ if [ -n "$gpt" ]; then
         echo "| async_save | | **FAILED**: no checkpoint/blocked_s in metrics.jsonl | | | | |" >> "$REPORT"
         failed+=(async_save_no_metric)
     fi
+    # The chunked loss (issue 41): gpt_char in bf16, 20 steps with the plain loss and with
+    # task.chunked_loss=true; the first 5 training losses must agree (bf16's precision), and the
+    # log names the path taken (Liger's fused kernel when liger-kernel is installed).
+    for chunked in false true; do
+        check "gpt_chunked_loss_$chunked" "+experiment=gpt_char task.chunked_loss=$chunked" \
+            "$ACCEL_TRAIN" +experiment=gpt_char "dataset.path=$GPT_DATA" precision=bf16 \
+            "task.chunked_loss=$chunked" trainer.max_steps=20 trainer.log_every_n_steps=1 \
+            "${common[@]}" "hydra.run.dir=$OUT/gpt_chunked_loss_$chunked"
+    done
+    if ! verdict=$("$PYTHON" - "$OUT" 2>&1 <<'EOF'
+import json, sys
+def losses(name):
+    rows = [json.loads(line) for line in open(f"{sys.argv[1]}/gpt_chunked_loss_{name}/metrics.jsonl")]
+    return [r["train/loss"] for r in rows if "train/loss" in r][:5]
+try:
+    plain, chunked = losses("false"), losses("true")
+    log = open(f"{sys.argv[1]}/gpt_chunked_loss_true.log").read()
+except OSError as err:
+    sys.exit(f"no metrics ({err})")
+path = "Liger" if "Liger's fused linear cross-entropy" in log else "PyTorch chunks"
+far = [(a, b) for a, b in zip(plain, chunked) if abs(a - b) > 2e-2 * abs(a)]
+if len(plain) < 5 or len(chunked) != len(plain) or far:
+    sys.exit(f"{path}: losses differ: plain {plain}, chunked {chunked}")
+print(f"{path}: the first 5 losses agree within 2 %")
+EOF
+    ); then
+        verdict="**FAILED**: ${verdict:-the comparison did not run}"
+        failed+=(gpt_chunked_loss_agreement)
+    fi
+    echo "| gpt_chunked_loss | plain vs chunked | $verdict | | | | |" >> "$REPORT"
     # Tensor parallelism over NCCL (issue 29): TP over 2 GPUs, FSDP x TP over 4.
     if [ "$gpus" -gt 1 ]; then
         check tp_two_gpus "+experiment=gpt_char strategy=tp launcher.nproc_per_node=2" \

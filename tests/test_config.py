@@ -64,6 +64,7 @@ COMPANIONS = {o: [c for c in LANGUAGE_MODEL if c != o] for o in LANGUAGE_MODEL[:
 COMPANIONS["+experiment=gpt_char"] = ["dataset.path=tokens"]
 COMPANIONS["+experiment=gpt_char_fast"] = ["dataset.path=tokens"]
 COMPANIONS["+experiment=gpt2_small"] = ["dataset.path=tokens"]
+COMPANIONS["+experiment=gpt2_long"] = ["dataset.path=tokens"]
 COMPANIONS["dataset=streaming_tokens"] = [*LANGUAGE_MODEL[:2], "dataset.remote=shards"]
 
 OVERRIDES = [f"{g}={o}" for g in PLAIN_GROUPS for o in _options(g)] + [

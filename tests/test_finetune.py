@@ -132,13 +132,17 @@ def four_steps(folders, run_cli_in):
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_agree_with_one(strategy, four_steps, run_cli, tmp_path):
     """2 processes x 2 rows = 1 process x 4 rows: the same adapters (fp32, reduction order).
-    FSDP's checkpoint is a .dcp folder of the adapters alone; format=hf reads it."""
+    FSDP's checkpoint is a .dcp folder of the adapters alone; format=hf reads it. The FSDP run
+    computes its loss chunked (task.chunked_loss, the head gathered inside the model's forward):
+    the same training losses as the one process's plain loss."""
     common, single = four_steps
     multi = tmp_path / strategy
+    chunked = ["task.chunked_loss=true", "task.loss_chunk_tokens=37"] if strategy == "fsdp" else []
     check_ok(
         run_cli(
             [
                 *common,
+                *chunked,
                 f"strategy={strategy}",
                 "launcher.nproc_per_node=2",
                 "loader.batch_size=2",
@@ -146,6 +150,11 @@ def test_two_processes_agree_with_one(strategy, four_steps, run_cli, tmp_path):
             ]
         )
     )
+    losses = [
+        [m["train/loss"] for m in read_jsonl(run / "metrics.jsonl") if "train/loss" in m]
+        for run in (single, multi)
+    ]
+    assert len(losses[0]) == 4 and losses[1] == pytest.approx(losses[0], rel=1e-5)
     a = load_checkpoint(single / "checkpoints" / "last.pt")["model"]
     if strategy == "ddp":
         b = load_checkpoint(multi / "checkpoints" / "last.pt")["model"]

@@ -53,6 +53,14 @@ def _gpt2_shrunk(cwd: Path, run_cli) -> list[str]:
     return [*_tokens(cwd, run_cli), *shrunk, "trainer.compile=false", "precision=fp32"]
 
 
+def _gpt2_long_shrunk(cwd: Path, run_cli) -> list[str]:
+    # The long-context recipe at 64 tokens: its chunked loss (chunks of 16 tokens), checkpointed
+    # blocks and document separator (the char tokenizer's newline, id 0) as they are.
+    shrunk = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=64"]
+    shrunk += ["task.loss_chunk_tokens=16", "dataset.document_separator=0", "precision=fp32"]
+    return [*_tokens(cwd, run_cli), *shrunk]
+
+
 def _photos(cwd: Path, run_cli) -> list[str]:
     # FFCV's ResNet-50 recipe shrunk: a tiny JPEG folder, 32-pixel sizes, a ResNet-18 (the same
     # builder), a batch the folder fills.
@@ -88,6 +96,7 @@ EXPERIMENT_DATA = {
     "gpt_char": _tokens,
     "gpt_char_fast": _tokens,
     "gpt2_small": _gpt2_shrunk,
+    "gpt2_long": _gpt2_long_shrunk,
     "imagenet_resnet50": _photos,
     "mnist_amp": _mnist,
     "sft_lora": _sft,
@@ -95,6 +104,7 @@ EXPERIMENT_DATA = {
 }
 # The experiments whose warm-up is longer than the smoke run's one step.
 WARMUP = {"gpt_char": 100, "gpt_char_fast": 20, "gpt2_small": 200, "sft_lora": 10}
+WARMUP["gpt2_long"] = 200
 WARMUP["vit_finetune"] = 6250
 
 

@@ -20,6 +20,7 @@ from accel_train.config.device_checks import check_activation_offload, check_lig
 from accel_train.config.facts import OBJECTIVES, parse_target, task_class, validation_metrics
 from accel_train.config.option_checks import (
     check_gpt_options,
+    check_lm_loss,
     check_lora,
     check_muon,
     check_warmup,
@@ -617,6 +618,7 @@ CHECKS = (
     check_muon,
     check_lora,
     check_gpt_options,
+    check_lm_loss,
     check_scheduler,
     check_warmup,
     check_compression,

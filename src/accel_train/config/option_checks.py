@@ -1,8 +1,8 @@
-"""Checks of the model, fine-tuning and optimizer keys (LoRA, the GPT's options, Muon's, the
-warm-up) that types alone cannot express: each raises a UserError naming the key and the fix,
-before any process starts. What needs the built model (a rank larger than a layer, an NF4 base
-that does not divide into blocks) is checked where the adapters are attached:
-accel_train.techniques.lora."""
+"""Checks of the model, fine-tuning, optimizer and loss keys (LoRA, the GPT's options, Muon's,
+the warm-up, the language model's loss) that types alone cannot express: each raises a
+UserError naming the key and the fix, before any process starts. What needs the built model (a
+rank larger than a layer, an NF4 base that does not divide into blocks) is checked where the
+adapters are attached: accel_train.techniques.lora."""
 
 from __future__ import annotations
 
@@ -89,4 +89,37 @@ def check_warmup(cfg: DictConfig) -> None:
             f"scheduler.warmup_steps={warmup} is not below trainer.max_steps={steps}: the run "
             "would end before its learning rate finished warming up. Lower "
             f"`scheduler.warmup_steps` (e.g. to {max(steps // 10, 0)}) or raise trainer.max_steps."
+        )
+
+
+def check_lm_loss(cfg: DictConfig) -> None:
+    """task=language_model's loss keys: z_loss, label_smoothing and the chunked loss's chunk
+    size; the chunked loss under every strategy but the pipeline."""
+    task = cfg.task
+    if "z_loss" in task and not 0 <= task.z_loss < float("inf"):
+        raise UserError(
+            f"task.z_loss={task.z_loss} must be >= 0: the weight of PaLM's z-loss, "
+            "z_loss * logsumexp(logits)^2 per token (a negative one rewards large logits). Use "
+            "e.g. `task.z_loss=1e-4`, or 0 for none."
+        )
+    if "label_smoothing" in task and not 0 <= task.label_smoothing < 1:
+        raise UserError(
+            f"task.label_smoothing={task.label_smoothing} must be in [0, 1): the share of each "
+            "target spread over the whole vocabulary (1 would train towards the uniform "
+            "distribution). Use e.g. `task.label_smoothing=0.1`, or 0 for none."
+        )
+    if not task.get("chunked_loss"):
+        return
+    if task.loss_chunk_tokens < 1:
+        raise UserError(
+            f"task.loss_chunk_tokens={task.loss_chunk_tokens} must be >= 1: the tokens whose "
+            "logits task.chunked_loss computes at a time. Use e.g. `task.loss_chunk_tokens=1024`."
+        )
+    if cfg.strategy.name == "pipeline":
+        raise UserError(
+            "task.chunked_loss=true with strategy=pipeline is not supported: the pipeline cuts "
+            "the model into stages and computes the loss on the last stage's logits, while the "
+            "chunked loss needs the last hidden states and the output layer in the model's own "
+            "forward. Use `strategy=fsdp` (or ddp, tp) with task.chunked_loss, or "
+            "`task.chunked_loss=false`."
         )

@@ -270,6 +270,10 @@ class LanguageModelTaskConfig(TaskConfig):
     ignore_index: int = -1
     sample_lines: int = 0
     sample_tokens: int = 64
+    chunked_loss: bool = False
+    loss_chunk_tokens: int = 1024
+    z_loss: float = 0.0
+    label_smoothing: float = 0.0
 
 
 @dataclass

@@ -43,6 +43,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn import functional as F
 
+from accel_train.losses import output_layer
 from accel_train.models.packed_attention import Documents, attend, documents
 
 POS_EMBEDDINGS = ("learned", "rope")
@@ -199,15 +200,22 @@ class Embed(nn.Module):
 
 
 class Head(nn.Module):
-    """The final LayerNorm and the output projection to the vocabulary."""
+    """The final LayerNorm and the output projection to the vocabulary.
+
+    `head_loss` (task.chunked_loss): instead of the logits, `head_loss(hidden, weight, bias)`,
+    the loss computed from the output layer's weight without the (tokens, vocab) logits. It
+    runs inside this forward (the model's) so that FSDP's pre-forward hook has gathered the
+    weight: read outside it, a sharded weight would be one rank's shard."""
 
     def __init__(self, vocab_size: int, n_embd: int, bias: bool):
         super().__init__()
         self.ln_f = nn.LayerNorm(n_embd, bias=bias)
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.ln_f(x))
+    def forward(self, x: torch.Tensor, head_loss=None) -> torch.Tensor:
+        if head_loss is None:
+            return self.lm_head(self.ln_f(x))
+        return head_loss(self.ln_f(x), *output_layer(self.lm_head, "the GPT's head.lm_head"))
 
 
 # Checkpoints written before the model was a chain: their keys, renamed on load.
@@ -291,16 +299,21 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(
-        self, idx: torch.Tensor, position_ids: torch.Tensor | None = None, packed: bool = True
+        self,
+        idx: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        packed: bool = True,
+        head_loss=None,
     ) -> torch.Tensor:
         """Token ids (b, t) -> logits (b, t, vocab). `position_ids` (b, t): packed rows, whose
         positions restart at 0 with each record; every record then attends only to itself
         (models/packed_attention.py) and is scored as it would be alone. `packed=False`: the
         positions of one sequence a row (context parallelism hands each process a part of each
-        row, strategies/context_parallel.py): plain causal attention at those positions."""
+        row, strategies/context_parallel.py): plain causal attention at those positions.
+        `head_loss` (task.chunked_loss): the loss instead of the logits, see Head."""
         x = self.embed(idx, position_ids)
-        if position_ids is None:
-            return self.head(self.blocks(x))  # the plain chain the generic cutters see
+        if position_ids is None:  # the plain chain the generic cutters see
+            return self.head(self.blocks(x), head_loss=head_loss)
         # One mask for all blocks, passed to each (a checkpointed block's recompute gets it back
         # with its saved inputs). FlexAttention on CUDA; it has no dropout: SDPA then.
         dropout = self.training and self.dropout > 0
@@ -310,7 +323,7 @@ class GPT(nn.Module):
             docs = Documents(position_ids, mask=None, flex=False)
         for block in self.blocks:
             x = block(x, docs=docs)
-        return self.head(x)
+        return self.head(x, head_loss=head_loss)
 
     def tp_plan(self, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
         """Tensor parallelism (strategy=tp, strategy.tp): q, k, v and the MLP's up projection

@@ -27,6 +27,7 @@ from torch import nn
 
 from accel_train.config.device_checks import LIGER_MODEL_TYPES
 from accel_train.errors import UserError
+from accel_train.losses import output_layer
 
 HEADS = ("causal_lm", "sequence_classification")
 # Encoders that transformers builds as a "causal LM" only when config.is_decoder is true; with it
@@ -36,6 +37,11 @@ ENCODERS_AS_DECODERS = (
     "megatron-bert", "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "roformer",
     "xlm-roberta", "xlm-roberta-xl", "xmod",
 )  # fmt: skip
+
+# Config keys of transformers models whose logits are not the output layer's alone: a final
+# soft cap (Gemma 2/3), a scale (Cohere's logit_scale, Granite's logits_scaling, Falcon-H1's
+# lm_head_multiplier). task.chunked_loss refuses a model that sets one.
+LOGIT_CHANGES = ("final_logit_softcapping", "logit_scale", "logits_scaling", "lm_head_multiplier")
 
 LAYOUT = (
     "a folder in the Hugging Face layout: config.json, the weights as model.safetensors (or "
@@ -168,10 +174,40 @@ class HFModel(nn.Module):
         # A classification head is new over the pretrained body: LoRA trains it in full.
         self.fresh_head = "hf.score" if head == "sequence_classification" else None
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None):
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, head_loss=None
+    ):
         if self.head == "sequence_classification":
             return self.hf(input_ids=input_ids, use_cache=False).logits
+        if head_loss is not None:
+            return self._head_loss(input_ids, position_ids, head_loss)
         return self.hf(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+
+    def _head_loss(self, input_ids, position_ids, head_loss) -> torch.Tensor:
+        """task.chunked_loss: the base model's last hidden states and the output layer's
+        weight to `head_loss`, never the logits, as transformers' causal-LM forward computes
+        them (`lm_head(base(...)[0])`) for every model but those that change the logits after
+        the head, refused by name. Inside this forward, so FSDP has gathered the head."""
+        config = self.hf.config
+        for key in LOGIT_CHANGES:
+            if getattr(config, key, None) not in (None, 1, 1.0):
+                raise UserError(
+                    f"task.chunked_loss=true with model.path={self.path}: this "
+                    f"{config.model_type} model's config sets {key}={getattr(config, key)}, "
+                    "which changes the logits after the output layer, and the chunked loss "
+                    "computes the logits from the output layer alone. Set "
+                    "`task.chunked_loss=false` for this model."
+                )
+        base = getattr(self.hf, getattr(self.hf, "base_model_prefix", ""), None)
+        head = self.hf.get_output_embeddings()
+        if base is None or head is None:
+            raise UserError(
+                f"task.chunked_loss=true with model.path={self.path}: transformers' "
+                f"{type(self.hf).__name__} exposes no base model and output layer to compute "
+                "the loss from. Set `task.chunked_loss=false` for this model."
+            )
+        out = base(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        return head_loss(out[0], *output_layer(head, f"{type(self.hf).__name__}'s output layer"))
 
     @torch.no_grad()
     def generate_ids(

@@ -2,27 +2,40 @@
 shape (batch, time), the targets the inputs shifted by one (`dataset=tokens` makes them); the
 model maps ids to logits (batch, time, vocab).
 
-The step returns the *summed* token cross-entropy and the number of target tokens (targets of
+The step returns the *summed* token loss and the number of target tokens (targets of
 `ignore_index` do not count), so the loop's normaliser divides once by the tokens of the whole
-accumulated and all-reduced batch. Validation logs the mean token loss and its perplexity."""
+accumulated and all-reduced batch: cross-entropy, with `task.label_smoothing` and PaLM's
+`task.z_loss` when set (accel_train.losses.TokenLoss). Validation logs the mean token
+cross-entropy (neither of those terms, so runs compare) and its perplexity.
+
+`task.chunked_loss=true`: the model is called with `head_loss=` (a capability: the built-in
+GPT and model=hf take it) and returns the loss computed from its last hidden states and its
+output layer's weight, `task.loss_chunk_tokens` tokens at a time: the (tokens, vocab) logits,
+the largest tensor of a long-context step, are never built (Liger's fused kernel on CUDA when
+liger-kernel is installed)."""
 
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
 from accel_train.data.data_tokenizer import dataset_tokenizer, tokenizer_data
 from accel_train.data.tokenizer import tokenizer_from_meta
 from accel_train.errors import UserError
+from accel_train.losses import TokenLoss, liger_available
 from accel_train.models.generate import generate
 from accel_train.tasks.base import Task, TaskContext
+
+log = logging.getLogger("accel_train")
+HEAD_LOSS = "head_loss"  # the model capability task.chunked_loss calls: forward(..., head_loss=)
 
 
 class LanguageModel(Task):
@@ -33,9 +46,22 @@ class LanguageModel(Task):
     # as every window counts the same number (no ignore_index targets).
     pipeline = True
 
-    def __init__(self, ignore_index: int = -1, sample_lines: int = 0, sample_tokens: int = 64):
+    def __init__(
+        self,
+        ignore_index: int = -1,
+        sample_lines: int = 0,
+        sample_tokens: int = 64,
+        chunked_loss: bool = False,
+        loss_chunk_tokens: int = 1024,
+        z_loss: float = 0.0,
+        label_smoothing: float = 0.0,
+    ):
         super().__init__()
         self.ignore_index = ignore_index
+        self.chunked = chunked_loss
+        self.loss = TokenLoss(
+            ignore_index, label_smoothing, z_loss, loss_chunk_tokens if chunked_loss else 0
+        )
         self.sample_lines, self.sample_tokens = sample_lines, sample_tokens
         self.tokenizer = None  # task.sample_lines: the token folder's, to decode the samples
         self.block_size = 0
@@ -68,6 +94,9 @@ class LanguageModel(Task):
                 "dataset.path=<folder>` (made by `accel-data tokenize input=<text> "
                 "out=<folder>`) with `model=gpt`."
             )
+        if self.chunked:
+            self._setup_chunked(ctx, x, y)
+            return
         was = ctx.model.training
         ctx.model.eval()
         try:
@@ -81,6 +110,41 @@ class LanguageModel(Task):
                 f"model._target_={ctx.cfg.model._target_} with task=language_model returned "
                 f"{got} for token ids of shape {tuple(y.shape)}; it must return logits of shape "
                 "(batch, time, vocab)."
+            )
+
+    def _setup_chunked(self, ctx: TaskContext, x: Any, y: torch.Tensor) -> None:
+        """task.chunked_loss: the model takes `head_loss` (its capability) and returns the
+        loss through it on the sample; Liger's kernel where it runs (CUDA, liger-kernel)."""
+        params = inspect.signature(ctx.model.forward).parameters
+        if HEAD_LOSS not in params:
+            raise UserError(
+                f"task.chunked_loss=true with model={ctx.cfg.model.get('name', 'custom')}: the "
+                "chunked loss needs the model's last hidden states and output layer, and this "
+                f"model's forward takes no `{HEAD_LOSS}=` argument to hand them over (the "
+                "built-in model=gpt and model=hf do). Set `task.chunked_loss=false`."
+            )
+        liger = ctx.device.type == "cuda" and liger_available()
+        self.loss = replace(self.loss, liger=liger)
+        if ctx.warn:
+            log.info(
+                "task.chunked_loss: %s",
+                "Liger's fused linear cross-entropy (liger-kernel)"
+                if liger
+                else f"PyTorch, {self.loss.chunk_tokens} tokens a chunk",
+            )
+        was = ctx.model.training
+        ctx.model.eval()
+        try:
+            with torch.no_grad():
+                loss = call(ctx.model, x, head_loss=self.loss.plain().on_head(y))
+        finally:
+            ctx.model.train(was)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise UserError(
+                f"task.chunked_loss=true with model._target_={ctx.cfg.model._target_}: its "
+                f"forward(..., {HEAD_LOSS}=f) returned {got}; it must return f(hidden states, "
+                "output weight, output bias), the summed loss. Set `task.chunked_loss=false`."
             )
 
     def _keep_tokenizer(self, ctx: TaskContext) -> None:
@@ -156,32 +220,36 @@ class LanguageModel(Task):
         return batch[0]
 
     def forward(self, model: nn.Module, batch: Any) -> Any:
+        if self.chunked:  # (FLOP counting: the same matmuls, without the full logits)
+            return call(model, batch[0], head_loss=self.loss.on_head(batch[1]))
         return call(model, batch[0])
 
     def tokens_in(self, batch: Any) -> int:
         return batch[1].numel()  # the targets' (batch, time): a shape, no host sync
 
     def step(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._summed(model, batch, self.loss)
+
+    def eval_output(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Validation's score: the bare cross-entropy (chunked when the step's is)."""
+        return self._summed(model, batch, self.loss.plain())
+
+    def _summed(self, model: nn.Module, batch: Any, loss: TokenLoss):
         x, y = batch
-        logits = call(model, x)
-        # fp32 cross-entropy (under autocast too), summed: the loop divides by the tokens.
-        loss = F.cross_entropy(
-            logits.flatten(0, 1).float(),
-            y.flatten(),
-            ignore_index=self.ignore_index,
-            reduction="sum",
-        )
-        return loss, (y != self.ignore_index).sum()
+        if self.chunked:
+            out = call(model, x, head_loss=loss.on_head(y))
+        else:  # fp32 (under autocast too), summed: the loop divides by the tokens
+            out = loss.on_logits(call(model, x), y)
+        return out, (y != self.ignore_index).sum()
 
     def loss_split(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets): the pipeline runs the model over its stages, the loss at the end."""
         return batch[0], batch[1]
 
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The mean token cross-entropy of one pipeline micro-batch (fp32)."""
-        return F.cross_entropy(
-            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=self.ignore_index
-        )
+        """The mean token loss of one pipeline micro-batch (fp32)."""
+        counted = (targets != self.ignore_index).sum().clamp(min=1)
+        return self.loss.on_logits(logits, targets) / counted
 
     def sequence_buffers(self, batch: Any) -> tuple[Any, list[torch.Tensor]]:
         """Context parallelism (strategies/context_parallel.py): the batch with explicit
@@ -201,14 +269,14 @@ class LanguageModel(Task):
         return metrics
 
 
-def call(model: nn.Module, inputs: Any) -> torch.Tensor:
+def call(model: nn.Module, inputs: Any, **extra: Any) -> torch.Tensor:
     """The model on a batch's inputs: token ids, or named tensors (packed instruction rows:
     `input_ids` and the per-record `position_ids`): the ids first, as every model takes them
-    (model=gpt's `idx`, transformers' `input_ids`), the others by name."""
+    (model=gpt's `idx`, transformers' `input_ids`), the others by name; `extra` by name too."""
     if not isinstance(inputs, Mapping):
-        return model(inputs)
+        return model(inputs, **extra)
     rest = {k: v for k, v in inputs.items() if k != "input_ids"}
-    return model(inputs["input_ids"], **rest)
+    return model(inputs["input_ids"], **rest, **extra)
 
 
 def _check_named_inputs(model: nn.Module, inputs: Mapping, name: str | None) -> None:
