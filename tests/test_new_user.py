@@ -54,9 +54,9 @@ def _gpt2_shrunk(cwd: Path, run_cli) -> list[str]:
 
 
 def _gpt2_long_shrunk(cwd: Path, run_cli) -> list[str]:
-    # The long-context recipe at 64 tokens: its chunked loss (chunks of 16 tokens), checkpointed
+    # The long-context recipe at 64 tokens, 2 blocks: its chunked loss (chunks of 16), checkpointed
     # blocks and document separator (the char tokenizer's newline, id 0) as they are.
-    shrunk = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=64"]
+    shrunk = ["model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=64"]
     shrunk += ["task.loss_chunk_tokens=16", "dataset.document_separator=0", "precision=fp32"]
     return [*_tokens(cwd, run_cli), *shrunk]
 
