@@ -82,6 +82,12 @@ class Technique:
     def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
         return model
 
+    @property
+    def wraps_loss(self) -> bool:
+        """Whether this technique's `wrap_loss` changes the step (a strategy that runs the step
+        itself, the pipeline, refuses it)."""
+        return type(self).wrap_loss is not Technique.wrap_loss
+
     def wrap_loss(self, loop: Any, compute: LossFn) -> LossFn:
         """Change what a training micro-batch computes: return a function batch -> loss that
         calls `compute` (the task's step, or the next wrapper). Runs under autocast, on device

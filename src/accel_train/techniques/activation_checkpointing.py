@@ -121,6 +121,10 @@ class ActivationCheckpointing(Technique):
         self.offload = offload
         self.offloader: OffloadActivations | None = None  # made by wrap_loss (offload=true)
 
+    @property
+    def wraps_loss(self) -> bool:
+        return self.offload  # checkpointing alone changes the model, not the step
+
     def wrap_loss(self, loop, compute):
         """offload=true: each training micro-batch's forward under the offloading hooks (the
         backward, after it, unpacks what they saved). The config refuses it on a CPU run."""

@@ -353,7 +353,7 @@ def apply_transforms(
 
 
 def refuse_with_own_step(technique: Technique, strategy: str) -> None:
-    if type(technique).wrap_loss is not Technique.wrap_loss:
+    if technique.wraps_loss:
         raise UserError(
             f"{technique.name} with strategy={strategy}: it changes what a training step "
             "computes (wrap_loss), but under pipeline the loss is computed on the last "
