@@ -43,12 +43,15 @@ from finetune_lora import RACE_MODEL, make_folder  # noqa: E402
 LR, WARMUP = 2e-4, 10
 
 
-def make_records(text: str, path: Path, n: int, start: int, chars: int) -> Path:
-    """n records of `chars` characters of code each: the first 30 % the user's turn."""
+def make_records(text: str, path: Path, n: int, start: int, chars: int, vary: bool = False) -> Path:
+    """n records of `chars` characters of code each (`vary`: 20 to 100 % of it, evenly
+    spread): the first 30 % the user's turn."""
     with path.open("w") as f:
+        at = start
         for i in range(n):
-            chunk = text[start + chars * i : start + chars * (i + 1)]
-            cut = int(0.3 * chars)
+            size = int(chars * (0.2 + 0.8 * ((i * 7) % n) / max(n - 1, 1))) if vary else chars
+            chunk, at = text[at : at + size], at + size
+            cut = int(0.3 * size)
             msgs = [
                 {"role": "user", "content": "Complete this Python code:\n" + chunk[:cut]},
                 {"role": "assistant", "content": chunk[cut:]},
@@ -210,11 +213,9 @@ def run_accel(args: list[str], run_dir: Path) -> tuple[float, dict, dict]:
     summary = json.loads((run_dir / "summary.json").read_text())
     phases = accel_phases(proc.stdout + proc.stderr, started)
     phases["exit"] = wall - sum(phases.values())
-    return (
-        wall,
-        {"val_loss": [r["val/loss"] for r in rows if "val/loss" in r][-1]},
-        phases | {"_summary": summary},
-    )
+    real = re.search(r"(\d+) % real tokens", proc.stdout + proc.stderr)  # the sft line's share
+    extra = {"_summary": summary, "_real": int(real.group(1)) / 100 if real else 1.0}
+    return wall, {"val_loss": [r["val/loss"] for r in rows if "val/loss" in r][-1]}, phases | extra
 
 
 # ---- the parts -------------------------------------------------------------------------------
@@ -228,7 +229,7 @@ def race(a, root: Path, model: Path, train: Path, val: Path) -> None:
                 args = accel_args(a, model, train, val, a.steps, a.max_length)
                 args.append("dataset.pack=false")  # one record a row, as the Trainer's
                 wall, res, ph = run_accel(args, root / f"race{r}")
-                ph.pop("_summary")
+                ph.pop("_summary"), ph.pop("_real")
             else:
                 wall, res = run_trainer(a, model, train, val, a.steps, a.max_length, root / "hf")
                 ph = res["phases"] | {"exit": wall - sum(res["phases"].values())}
@@ -249,9 +250,10 @@ def race(a, root: Path, model: Path, train: Path, val: Path) -> None:
 
 
 def long_rows(a, root: Path, model: Path, text: str) -> None:
-    """Training tokens per second (the training phase only) at --long-length tokens a row."""
+    """Real (non-padding) training tokens per second, the training phase only, at rows of
+    --long-length tokens and records of 20 to 100 % of that."""
     chars = int(a.long_length * 3.2)  # ~3.2 characters a token for this tokenizer on code
-    train = make_records(text, root / "long_train.jsonl", a.long_records, 0, chars)
+    train = make_records(text, root / "long_train.jsonl", a.long_records, 0, chars, vary=True)
     val = make_records(text, root / "long_val.jsonl", 8, chars * a.long_records, chars)
     variants = {
         "accel-train, pack": ["dataset.pack=true"],
@@ -267,8 +269,8 @@ def long_rows(a, root: Path, model: Path, text: str) -> None:
             else:
                 args = accel_args(a, model, train, val, a.long_steps, a.long_length)
                 _, _, ph = run_accel([*args, *variants[name]], root / f"long{r}{len(name)}")
-                steady = ph["_summary"].get("tokens_per_s")
-                speeds[name].append(float(steady or 0.0))
+                # the fit's tokens per second (the rows' positions) x the rows' real share
+                speeds[name].append(ph["_summary"]["train_tokens_per_s"] * ph["_real"])
             print(f"round {r + 1} {name}: {speeds[name][-1]:,.0f} tokens/s", flush=True)
     base = median(speeds["Trainer, padded"])
     rows = [[n, f"{median(v):,.0f}", f"{median(v) / base:.2f}"] for n, v in speeds.items()]
