@@ -16,7 +16,7 @@ from accel_train.config.combinations import (
     STRATEGY_REFUSED,
     check_strategy_transforms,
 )
-from accel_train.config.device_checks import check_activation_offload, check_liger
+from accel_train.config.device_checks import check_activation_offload, check_liger, cpu_run
 from accel_train.config.facts import OBJECTIVES, parse_target, task_class, validation_metrics
 from accel_train.config.option_checks import (
     check_gpt_options,
@@ -583,15 +583,8 @@ def check_gpu_decode(cfg: DictConfig) -> None:
     """dataset.decode=gpu (image folders: nvJPEG on the CUDA device) needs that device."""
     if OmegaConf.select(cfg, "dataset.decode") != "gpu":
         return
-    import torch  # only for this option: a refused config should not wait for torch
-
-    if cfg.trainer.device == "cpu" or not torch.cuda.is_available():
-        why = (
-            "trainer.device=cpu"
-            if cfg.trainer.device == "cpu"
-            else f"this machine has no usable CUDA device (torch {torch.__version__}, "
-            "torch.cuda.is_available() is False)"
-        )
+    why = cpu_run(cfg)
+    if why:
         raise UserError(
             f"dataset.decode=gpu decodes the JPEGs on the CUDA device with nvJPEG, but {why}. "
             "Use `dataset.decode=cpu` (the loader workers decode, with libjpeg-turbo's DCT "

@@ -31,6 +31,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from accel_train.config.device_checks import cpu_run
 from accel_train.errors import UserError
 
 
@@ -48,13 +49,12 @@ def check_context_parallel(cfg: DictConfig, cp: int, tp: int, world: int, keys: 
         )
     if cp == 1:
         return
-    import torch  # (only for this option)
-
-    if cfg.trainer.device == "cpu" or not torch.cuda.is_available():
+    why = cpu_run(cfg)
+    if why:
         raise UserError(
             f"strategy.cp={cp} splits each sequence over {cp} GPUs with ring attention, which "
-            "PyTorch implements for CUDA's attention kernels only; this run trains on the CPU "
-            f"({'trainer.device=cpu' if cfg.trainer.device == 'cpu' else 'no CUDA device'}). "
+            f"PyTorch implements for CUDA's attention kernels only; this run trains on the CPU "
+            f"({why}). "
             "Set `strategy.cp=1`; on a CPU, long rows fit with `task.chunked_loss=true` and "
             "`activation_checkpointing.mode=full` (docs/long-context.md)."
         )
