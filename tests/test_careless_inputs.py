@@ -88,6 +88,11 @@ CASES = {
         [CKPT, "format=hf", "out_path=gpt-hf"],
         ["needs a model=hf checkpoint", "this one's model is gpt", "`format=torch_export`"],
     ),
+    "peft-export-of-a-gpt": (
+        "accel-export",
+        [CKPT, "format=peft"],
+        ["LoRA adapters, which needs a model=hf checkpoint", "this one's model is gpt"],
+    ),
 }
 
 

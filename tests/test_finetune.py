@@ -307,6 +307,35 @@ def test_export_hf_reloads_in_transformers_and_samples_the_same(folders, referen
     assert expected.strip() and expected.strip() in sample.stdout
 
 
+def test_export_peft_loads_in_peft_with_the_merged_logits(folders, reference, run_cli):
+    """format=peft: the adapters alone, which PEFT loads onto the base folder; the logits equal
+    the merged format=hf export's."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    out = folders["root"] / "adapters"
+    best = reference / "checkpoints" / "best.pt"
+    check_ok(run_cli([f"ckpt_path={best}", "format=peft", f"out_path={out}"], prog="accel-export"))
+    assert {p.name for p in out.iterdir()} >= {"adapter_model.safetensors", "adapter_config.json"}
+    assert all(".lora_" in k for k in load_file(out / "adapter_model.safetensors"))
+    card = json.loads((out / "accel_export.json").read_text())
+    assert card["max_abs_diff"] < 1e-4
+
+    base = AutoModelForCausalLM.from_pretrained(folders["model"], local_files_only=True)
+    adapted = PeftModel.from_pretrained(base, out).eval()
+    merged_dir = folders["root"] / "merged-for-peft"
+    check_ok(
+        run_cli([f"ckpt_path={best}", "format=hf", f"out_path={merged_dir}"], prog="accel-export")
+    )
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, local_files_only=True).eval()
+    seeded = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, base.config.vocab_size, (2, 12), generator=seeded)
+    with torch.no_grad():
+        diff = (adapted(input_ids=ids).logits - merged(input_ids=ids).logits).abs().max()
+    assert diff < 1e-4, diff
+
+
 def test_accel_eval_scores_instruction_records(folders, reference, run_cli, tmp_path):
     """A run with test records: accel-eval reports the token loss and perplexity on them."""
     run_dir = tmp_path / "run"

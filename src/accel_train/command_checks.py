@@ -18,7 +18,9 @@ EXPORT_FORMATS = {
     "onnx": ".onnx",
     "torchscript": ".torchscript.pt",
     "hf": "-hf",
+    "peft": "-peft",  # the LoRA adapters alone, as PEFT writes them (export_peft.py)
 }
+FOLDER_FORMATS = ("hf", "peft")  # formats that write a folder (they decide what they replace)
 EXPORT_QUANTIZE = ("none", "int8")
 
 
@@ -60,7 +62,7 @@ def check_export_config(ecfg: DictConfig) -> None:
             "by accel-train (e.g. outputs/<run>/checkpoints/best.pt) or an FSDP .dcp directory "
             "(which holds meta.pt)."
         )
-    if ecfg.out_path and ecfg.format == "hf":  # a folder: export_hf decides what it replaces
+    if ecfg.out_path and ecfg.format in FOLDER_FORMATS:  # the exporter decides what it replaces
         refuse_checkpoint_target(str(ecfg.ckpt_path), str(ecfg.out_path), "exports/my-model")
     elif ecfg.out_path:
         check_export_target(str(ecfg.ckpt_path), str(ecfg.out_path), bool(ecfg.overwrite))

@@ -39,6 +39,7 @@ from accel_train.data.splits import Splits
 from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError
 from accel_train.export_hf import export_hf
+from accel_train.export_peft import export_peft
 from accel_train.loggers import json_safe
 from accel_train.models import count_parameters
 from accel_train.run_checkpoint import RunCheckpoint
@@ -59,6 +60,8 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     fmt, quantize = ecfg.format, ecfg.quantize
     if fmt == "hf":
         return export_hf(ecfg, ckpt_path)
+    if fmt == "peft":
+        return export_peft(ecfg, ckpt_path)
     if fmt == "onnx" or quantize == "int8":
         _onnx_modules()  # a missing extra fails before anything is loaded
     opened = RunCheckpoint(ckpt_path, redo="Export it with the version that wrote it.")

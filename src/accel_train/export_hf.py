@@ -41,34 +41,41 @@ HF_TARGET = f"{hf_model.__module__}.{hf_model.__name__}"
 READS = ("model.path", "dataset.tokenizer")
 
 
-def _non_hf(ckpt_path: Path, cfg: DictConfig) -> UserError:
-    """format=hf on another model: what it needs, and what exports this run instead (a
+WRITES_FOLDER = (
+    "format=hf writes a Hugging Face folder (config.json, model.safetensors, the tokenizer), "
+    "which needs"
+)
+
+
+def refuse_non_hf(ckpt_path: Path, cfg: DictConfig, what: str = WRITES_FOLDER) -> UserError:
+    """format=hf/peft on another model: what it needs, and what exports this run instead (a
     language model's torch.export or ONNX artifact takes token ids)."""
     name = cfg.model.get("name") or cfg.model.get("_target_")
     return UserError(
-        f"ckpt_path={ckpt_path}: format=hf writes a Hugging Face folder (config.json, "
-        "model.safetensors, the tokenizer), which needs a model=hf checkpoint (a model loaded "
-        f"from a Hugging Face folder); this one's model is {name} ({cfg.model.get('_target_')}), "
-        "which has no such layout. Export this run with `format=torch_export` or `format=onnx`."
+        f"ckpt_path={ckpt_path}: {what} a model=hf checkpoint (a model loaded from a Hugging "
+        f"Face folder); this one's model is {name} ({cfg.model.get('_target_')}), which has no "
+        "such layout. Export this run with `format=torch_export` or `format=onnx`."
     )
 
 
 def _refuse_non_hf(ckpt_path: Path, cfg: DictConfig):
     def check(model) -> None:
         if not isinstance(model, HFModel):
-            raise _non_hf(ckpt_path, cfg)
+            raise refuse_non_hf(ckpt_path, cfg)
 
     return check
 
 
-def refuse_read_folders(out: Path, cfg: DictConfig, ckpt_path: Path, given: str) -> None:
+def refuse_read_folders(
+    out: Path, cfg: DictConfig, ckpt_path: Path, given: str, fmt: str = "hf"
+) -> None:
     """`out` is never the checkpoint, its base model or its tokenizer, nor a folder inside or
     around one of them: the base's weights would be replaced, and with them every run and
     LoRA checkpoint built on it (whatever `overwrite` says)."""
     at = out.expanduser().resolve()
     reads = [(key, str(OmegaConf.select(cfg, key))) for key in READS if OmegaConf.select(cfg, key)]
     reads.append(("ckpt_path", str(ckpt_path)))
-    default = default_export_path(ckpt_path, "hf")
+    default = default_export_path(ckpt_path, fmt)
     for key, value in reads:
         folder = Path(value).expanduser().resolve()
         if at == folder or at in folder.parents or folder in at.parents:
@@ -86,17 +93,18 @@ def export_hf(ecfg: DictConfig, ckpt_path: Path) -> dict[str, Any]:
     opened = RunCheckpoint(ckpt_path)
     cfg = opened.cfg
     if str(cfg.model.get("_target_")) != HF_TARGET:  # before a model is built for nothing
-        raise _non_hf(ckpt_path, cfg)
-    out = _out_folder(ecfg, ckpt_path)
+        raise refuse_non_hf(ckpt_path, cfg)
+    out = export_folder(ecfg, ckpt_path)
     given = str(ecfg.out_path or out)  # as the user spelled it
     refuse_read_folders(out, cfg, ckpt_path, given)
     check_out_folder(out, "out_path", COMMAND, bool(ecfg.overwrite), "exports/my-model", given)
     model = opened.model({}, torch.float32, before_load=_refuse_non_hf(ckpt_path, cfg))
-    ids = _probe_ids(model)
+    ids = probe_ids(model)
     with torch.no_grad():  # the checkpoint's model as trained: adapters beside the base
         reference = model(ids)
     model = merge_lora(model)
-    tokenizer = load_tokenizer(model.path, "model.path")
+    # with the chat template the run trained with (dataset.chat_template), when not the folder's
+    tokenizer = load_tokenizer(model.path, "model.path", cfg.dataset.get("chat_template"))
     t0 = time.perf_counter()
     partial = out.with_name(f".{out.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -132,15 +140,16 @@ def export_hf(ecfg: DictConfig, ckpt_path: Path) -> dict[str, Any]:
     return card
 
 
-def _out_folder(ecfg: DictConfig, ckpt_path: Path) -> Path:
+def export_folder(ecfg: DictConfig, ckpt_path: Path) -> Path:
+    """out_path, or beside the checkpoint (checkpoints/best-hf, best-peft)."""
     out = Path(ecfg.out_path).expanduser() if ecfg.out_path else None
-    out = out or default_export_path(ckpt_path, "hf")
+    out = out or default_export_path(ckpt_path, ecfg.format)
     if not out.parent.is_dir():
         raise UserError(f"out_path={out}: its parent folder {out.parent} does not exist.")
     return out
 
 
-def _probe_ids(model: HFModel) -> torch.Tensor:
+def probe_ids(model: HFModel) -> torch.Tensor:
     vocab = int(model.hf.config.vocab_size)
     return torch.randint(0, vocab, (2, 16), generator=torch.Generator().manual_seed(0))
 

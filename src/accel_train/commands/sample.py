@@ -101,7 +101,11 @@ def _sample_chat_model(
     """A model fine-tuned on instruction records: its folder's tokenizer, the chat template with
     chat=true, and the model's own generate where it has one (model=hf: a KV cache)."""
     cfg = opened.cfg
-    tok = load_tokenizer(str(cfg.dataset.tokenizer), "the checkpoint's dataset.tokenizer")
+    tok = load_tokenizer(
+        str(cfg.dataset.tokenizer),
+        "the checkpoint's dataset.tokenizer",
+        cfg.dataset.get("chat_template"),  # the template the run trained with
+    )
     device = resolve_device(scfg.device, key="device")
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
     model = opened.model({"vocab_size": len(tok)}, precision.param_dtype, device)

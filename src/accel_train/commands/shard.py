@@ -261,6 +261,7 @@ def _shard_sft(cfg: DictConfig, out: str) -> str:
         ds.test_path,
         float(ds.val_fraction),
         int(seed),
+        ds.get("chat_template"),
     )
     inputs = {name: list(split.rows) for name, split in rows.items()}
     meta = {

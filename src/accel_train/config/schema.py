@@ -147,6 +147,7 @@ class SftDatasetConfig(DatasetConfig):
     train_on: str = "completion"
     ignore_index: int = -100
     trim_padding: bool = True
+    chat_template: str | None = None
 
 
 # The recipe switches of issue 38 (timm's spellings; data/recipe.py, data/batch_mix.py): keys
@@ -210,6 +211,7 @@ class StreamingSftDatasetConfig(DatasetConfig):
     ignore_index: int = -100
     max_length: int | None = None
     pack: bool | None = None
+    chat_template: str | None = None
 
 
 @dataclass

@@ -3,9 +3,11 @@ learn to write (supervised fine-tuning), for `task=language_model`.
 
 Records (JSON Lines, a JSON list, or Parquet), one of two forms:
 - `{"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}`, as chat
-  models take them, rendered with the model folder's chat template;
+  models take them, rendered with the model folder's chat template (or `dataset.chat_template`,
+  a Jinja file, for a folder without one);
 - `{"prompt": "...", "completion": "..."}`: a user and an assistant turn through the chat
-  template, or, for a tokenizer without one, the prompt's tokens then the completion's and EOS.
+  template, or, for a tokenizer without one, the prompt's tokens then the completion's and EOS;
+or Alpaca's and ShareGPT's records, read as one of those (data/records.py).
 
 Labels are the next token where the assistant wrote it and `ignore_index` everywhere else
 (`train_on=all`: everywhere). The assistant's spans come from the template itself: the tokens
@@ -39,6 +41,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from accel_train.data.records import FORMS, as_chat
 from accel_train.data.splits import Splits, held_out_indices
 from accel_train.data.tokens import window_splits
 from accel_train.errors import UserError
@@ -115,6 +118,7 @@ def _utf8_text(file: Path, key: str, path: str) -> str:
 
 def _messages(where: str, record: Any) -> list[dict] | None:
     """The record's chat messages, or None for a prompt/completion pair."""
+    record = as_chat(where, record)
     if isinstance(record, dict) and isinstance(record.get("messages"), list):
         msgs = record["messages"]
         for m in msgs:
@@ -130,10 +134,7 @@ def _messages(where: str, record: Any) -> list[dict] | None:
     ):
         return None
     keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-    raise UserError(
-        f"{where}: a record needs 'messages' (a list of role/content dicts) or 'prompt' and "
-        f"'completion' strings; it has {keys}."
-    )
+    raise UserError(f"{where}: a record needs {FORMS}; it has {keys}.")
 
 
 class Encoder:
@@ -150,6 +151,7 @@ class Encoder:
         return list(out["input_ids"])
 
     def encode(self, where: str, record: Any) -> Encoded:
+        record = as_chat(where, record)
         msgs = _messages(where, record)
         if msgs is None and not self.has_template:
             prompt = self.tok.encode(record["prompt"], add_special_tokens=True)
@@ -160,8 +162,8 @@ class Encoder:
             raise UserError(
                 f"{where}: chat messages need a chat template, and the tokenizer in "
                 f"{self.folder} has none (no chat_template in tokenizer_config.json nor a "
-                "chat_template.jinja). Use a chat model's folder, or records of prompt and "
-                "completion."
+                "chat_template.jinja). Give one with `dataset.chat_template=<file.jinja>`, use "
+                "a chat model's folder, or records of prompt and completion."
             )
         if msgs is None:
             msgs = [
@@ -288,6 +290,7 @@ def sft_splits(
     val_fraction: float = 0.05,
     seed: int = 0,
     trim_padding: bool = True,
+    chat_template: str | None = None,
 ) -> Splits:
     """The instruction splits (see the module docstring); `tokenizer`: the model folder whose
     tokenizer and chat template render the records."""
@@ -302,6 +305,7 @@ def sft_splits(
         test_path,
         val_fraction,
         seed,
+        chat_template,
     )
     if trim_padding:
         for split in rows.values():
@@ -320,6 +324,7 @@ def encode_rows(
     test_path: str | None,
     val_fraction: float,
     seed: int,
+    chat_template: str | None = None,
 ) -> tuple[dict[str, SFTRows], Any]:
     """{split: rows} and the tokenizer: what `dataset=sft` trains on and what `accel-data shard
     dataset=sft` writes, row for row, for `dataset=streaming_sft`."""
@@ -333,7 +338,7 @@ def encode_rows(
             "template render the records (model=hf sets it to model.path), e.g. "
             "`dataset.tokenizer=/models/qwen2.5-0.5b`."
         )
-    tok = load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer, chat_template=chat_template)
     encoder = Encoder(tok, tokenizer, train_on)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     sets = {}

@@ -77,6 +77,7 @@ def build_streaming_sft(
     ignore_index: int = -100,
     max_length: int | None = None,
     pack: bool | None = None,
+    chat_template: str | None = None,
     **_,
 ) -> Splits:
     """The `dataset=streaming_sft` splits (see the module docstring)."""
@@ -84,7 +85,7 @@ def build_streaming_sft(
     info = meta["sft"]
     _note_row_shape(remote, info, max_length, pack)
     if tokenizer:
-        _check_tokenizer(remote, info, str(tokenizer))
+        _check_tokenizer(remote, info, str(tokenizer), chat_template)
     vocab_size = int(info["vocab_size"])
     splits = {}
     for name in ("train", "val", "test"):
@@ -116,8 +117,13 @@ def _note_row_shape(remote: str, info: dict, max_length, pack) -> None:
         )
 
 
-def _check_tokenizer(remote: str, info: dict, folder: str) -> None:
-    if tokenizer_fingerprint(load_tokenizer(folder)) != info["tokenizer_fingerprint"]:
+def _check_tokenizer(remote: str, info: dict, folder: str, template: str | None) -> None:
+    """`template`: dataset.chat_template, the one the rows were rendered with (not the
+    folder's)."""
+    if (
+        tokenizer_fingerprint(load_tokenizer(folder, chat_template=template))
+        != info["tokenizer_fingerprint"]
+    ):
         raise UserError(
             f"dataset.remote={remote} was tokenized with the tokenizer of {info['tokenizer']}, "
             f"and dataset.tokenizer={folder} (model=hf: model.path) holds another one (its "

@@ -343,13 +343,14 @@ def apply_liger(model_type: str | None, kernels=None) -> str:
     return name
 
 
-def load_tokenizer(path: str, key: str = "dataset.tokenizer"):
+def load_tokenizer(path: str, key: str = "dataset.tokenizer", chat_template: str | None = None):
     """The tokenizer of a model folder (its tokenizer.json / tokenizer_config.json and chat
-    template), offline and without code from the folder."""
+    template), offline and without code from the folder. `chat_template`: a Jinja file whose
+    template replaces the folder's (`dataset.chat_template`: a base model's folder has none)."""
     folder = model_folder(path, key)
     tf = _transformers()
     try:
-        return tf.AutoTokenizer.from_pretrained(
+        tok = tf.AutoTokenizer.from_pretrained(
             folder, local_files_only=True, trust_remote_code=False
         )
     except (OSError, ValueError, KeyError, TypeError) as err:
@@ -358,3 +359,27 @@ def load_tokenizer(path: str, key: str = "dataset.tokenizer"):
             f"({' '.join(str(err).split())[:300]}). The folder needs tokenizer.json and "
             "tokenizer_config.json (written by the tokenizer's save_pretrained)."
         ) from None
+    if chat_template:
+        tok.chat_template = read_chat_template(chat_template)
+    return tok
+
+
+def read_chat_template(path: str) -> str:
+    """dataset.chat_template: a Jinja template as text (rendered by transformers' sandboxed
+    Jinja environment, which runs no Python from it)."""
+    file = Path(str(path)).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        why = getattr(err, "strerror", None) or err
+        raise UserError(
+            f"dataset.chat_template={path}: cannot be read ({why}). Give a UTF-8 Jinja file, "
+            "e.g. a chat model's chat_template.jinja."
+        ) from None
+    if "messages" not in text:
+        raise UserError(
+            f"dataset.chat_template={path}: this file does not read `messages`, so it is not a "
+            "chat template (a Jinja template that loops over `messages`, as in a chat model's "
+            "chat_template.jinja)."
+        )
+    return text
