@@ -27,6 +27,7 @@ from accel_train.config.option_checks import (
 )
 from accel_train.config.recipe_checks import check_recipe
 from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS
+from accel_train.config.text_checks import check_text_in_training
 from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
@@ -625,6 +626,7 @@ CHECKS = (
     check_activation_offload,
     check_liger,
     check_recipe,
+    check_text_in_training,
 )
 
 

@@ -514,6 +514,18 @@ class ProgressiveResizeConfig:
 
 
 @dataclass
+class HarnessConfig:
+    """lm-evaluation-harness tasks: accel-eval's `harness` and the training's `trainer.harness`
+    (run every trainer.harness_every_n_steps), one type so both spell the keys alike."""
+
+    tasks: list[str] = field(default_factory=list)
+    include_path: str | None = None
+    limit: Any = None  # int: documents per task; float in (0, 1): a fraction; null = all
+    num_fewshot: int | None = None
+    batch_size: int = 8
+
+
+@dataclass
 class TrainerConfig:
     name: str = "default"
     max_epochs: int = 3
@@ -548,6 +560,12 @@ class TrainerConfig:
     # untyped here because OmegaConf cannot merge a command line's dict into a null dataclass
     # node; config/recipe_checks.py checks it against ProgressiveResizeConfig.
     progressive_resize: Any = None
+    harness_every_n_steps: int = 0
+    harness: HarnessConfig = field(default_factory=HarnessConfig)
+    sample_every_n_steps: int = 0
+    sample_prompts: Any = None  # a list of prompts, or the path of a .txt / .jsonl file of them
+    sample_max_new_tokens: int = 64
+    sample_temperature: float = 0.0
 
 
 @dataclass
@@ -728,12 +746,14 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     ckpt_path: str = MISSING
+    model_path: str | None = None
     split: str = "test"
     data_path: str | None = None
     out_path: str | None = None
     data_dir: str | None = None
     batch_size: int = 0
     device: str = "auto"
+    harness: HarnessConfig = field(default_factory=HarnessConfig)
 
 
 @dataclass

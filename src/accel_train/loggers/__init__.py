@@ -145,6 +145,21 @@ class MetricsLogger:
         for tracker in self.trackers:
             tracker.log(numbers, step)
 
+    def log_table(self, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """A table of text (generation samples: step, prompt, completion) to every chosen
+        logger that takes text: TensorBoard (add_text, as a Markdown table), MLflow (a table
+        artifact `<name>.json`, appended to), W&B (a wandb.Table). metrics.jsonl and CSV hold
+        numbers only: the caller keeps its own file of the rows (samples.jsonl)."""
+        if not self.enabled or not rows:
+            return
+        if not self._opened:
+            self._open()
+        if self.tb:
+            self.tb.add_text(name, markdown_table(columns, rows), global_step=step)
+            self.tb.flush()
+        for tracker in self.trackers:
+            tracker.log_table(name, columns, rows, step)
+
     def position(self) -> dict[str, int] | None:
         """The rows written so far, per file (None on ranks that log nothing)."""
         if not self.enabled:
@@ -201,6 +216,18 @@ class MetricsLogger:
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []
+
+
+def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
+    """TensorBoard renders a text summary as Markdown: a table, its cells' newlines and pipes
+    escaped (a completion of code keeps its lines as <br>)."""
+
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def _jsonl_lines(path: Path) -> list[str]:

@@ -132,6 +132,21 @@ class MlflowTracker:
         except Exception as err:  # a server gone mid-run: metrics.jsonl still has every row
             self._give_up(err)
 
+    def log_table(self, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """The rows appended to the run's table artifact `<name>.json` (MLflow's log_table
+        adds to an existing one; the UI's artifact view shows it as a table)."""
+        if self.failed:
+            return
+        data = {c: [row[i] for row in rows] for i, c in enumerate(columns)}
+        try:
+            self.client.log_table(self.run_id, data=data, artifact_file=f"{name}.json")
+        except Exception as err:  # (log_table needs pandas): the text is in the run dir anyway
+            log.warning(
+                "logger=mlflow: the %s table was not logged (%s); the run dir has it",
+                name,
+                " ".join(str(err).split())[:200],
+            )
+
     def _give_up(self, err: Exception) -> None:
         self.failed = True
         log.warning(

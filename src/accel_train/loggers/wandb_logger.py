@@ -68,6 +68,17 @@ class WandbTracker:
         except Exception as err:
             self._give_up(err)
 
+    def log_table(self, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """A wandb.Table under `name` at `step` (W&B shows each step's table)."""
+        if self.failed:
+            return
+        try:
+            import wandb  # (imported by __init__ already)
+
+            self.run.log({name: wandb.Table(columns=columns, data=rows)}, step=step)
+        except Exception as err:
+            self._give_up(err)
+
     def _give_up(self, err: Exception) -> None:
         self.failed = True
         log.warning(

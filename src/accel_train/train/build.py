@@ -35,6 +35,7 @@ from accel_train.techniques.compile import Compile
 from accel_train.techniques.distill import Distill
 from accel_train.techniques.early_stopping import EarlyStopping, StopAtTarget
 from accel_train.techniques.ema import Ema
+from accel_train.techniques.harness import HarnessEval
 from accel_train.techniques.lora import Lora, base_is_reloadable
 from accel_train.techniques.malloc import TuneMalloc
 from accel_train.techniques.nonfinite import NonFinite
@@ -42,6 +43,7 @@ from accel_train.techniques.profiler import Profiler
 from accel_train.techniques.progressive_resize import ProgressiveResize
 from accel_train.techniques.prune import Prune
 from accel_train.techniques.qat import QAT
+from accel_train.techniques.samples import TrainingSamples
 from accel_train.techniques.selective_backprop import SelectiveBackprop
 from accel_train.techniques.speed import SpeedMetrics
 from accel_train.train.data_checks import check_data_sizes
@@ -82,6 +84,13 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
     if cfg.ema.enabled:
         ema = cfg.ema
         chosen.append(Ema(ema.decay, ema.every_n_steps, ema.start_step, ema.warmup))
+    if t.sample_every_n_steps > 0:  # (config/text_checks.py: dataset.tokenizer is set)
+        chosen.append(
+            TrainingSamples(t.sample_every_n_steps, t.sample_prompts, t.sample_max_new_tokens,
+                            t.sample_temperature, str(cfg.dataset.tokenizer))
+        )  # fmt: skip
+    if t.harness_every_n_steps > 0:
+        chosen.append(HarnessEval(t.harness_every_n_steps, t.harness, str(cfg.dataset.tokenizer)))
     chosen.append(NonFinite(t.on_nonfinite))  # always on: `stop` costs one add per micro-batch
     chosen.append(SpeedMetrics(t.peak_flops))  # always on: host clocks read at logging steps
     es = cfg.early_stopping

@@ -24,6 +24,7 @@ from accel_train.parallel import DistEnv, resolve_device
 from accel_train.precision import Precision, resolve_precision
 from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.tasks import Task, TaskContext, build_task
+from accel_train.train.harness_eval import check_sources, evaluate_harness
 from accel_train.written import make_parents, remove_empty
 
 log = logging.getLogger("accel_train")
@@ -59,7 +60,13 @@ SPLITS = ("test", "val", "train")
 
 def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     """The body of `accel-eval`. Every failure the user can fix is a UserError naming
-    accel-eval's own keys (ckpt_path, data_dir, out_path, batch_size, device)."""
+    accel-eval's own keys (ckpt_path, data_dir, out_path, batch_size, device); with
+    harness.tasks, lm-evaluation-harness scores the checkpoint or model_path instead."""
+    check_sources(ecfg)
+    if ecfg.harness.tasks:
+        if not ecfg.model_path:
+            _check_ckpt_path(ecfg)
+        return evaluate_harness(ecfg, _check_device(ecfg))
     ckpt_path, device = _check_eval_config(ecfg)
     opened = RunCheckpoint(ckpt_path, redo="Evaluate it with the version that wrote it.")
     cfg, state = opened.cfg, opened.state
@@ -128,24 +135,7 @@ def sample_batch(splits, device: torch.device) -> Any:
 
 def _check_eval_config(ecfg: DictConfig) -> tuple[Path, torch.device]:
     """accel-eval's own keys, before anything is loaded."""
-    if OmegaConf.is_missing(ecfg, "ckpt_path") or not ecfg.ckpt_path:
-        raise UserError(
-            "ckpt_path is required: the checkpoint to evaluate, e.g. "
-            "`accel-eval ckpt_path=outputs/<run>/checkpoints/best.pt`."
-        )
-    ckpt_path = Path(ecfg.ckpt_path).expanduser()
-    if ckpt_path.is_dir() and not (ckpt_path / "meta.pt").is_file():
-        found = sorted(
-            str(p.relative_to(ckpt_path))
-            for pattern in ("*.pt", "*.dcp", "checkpoints/*.pt", "checkpoints/*.dcp")
-            for p in ckpt_path.glob(pattern)
-        )
-        hint = f" It holds {', '.join(found[:4])}: give one of those." if found else ""
-        raise UserError(
-            f"ckpt_path={ckpt_path} is a directory, not a checkpoint: give a .pt file written by "
-            "accel-train (e.g. outputs/<run>/checkpoints/best.pt) or an FSDP .dcp directory "
-            f"(which holds meta.pt).{hint}"
-        )
+    ckpt_path = _check_ckpt_path(ecfg)
     if ecfg.batch_size < 0:
         raise UserError(
             f"batch_size={ecfg.batch_size} must be >= 0 (0 = the checkpoint's own "
@@ -161,20 +151,47 @@ def _check_eval_config(ecfg: DictConfig) -> tuple[Path, torch.device]:
             f"data_path={ecfg.data_path}: no such file. Give a file of records in the "
             "checkpoint's data format (e.g. a .jsonl of chat records for dataset=sft)."
         )
+    if ecfg.out_path:
+        refuse_checkpoint_target(str(ecfg.ckpt_path), str(ecfg.out_path), "eval/result.json")
+        _refuse_foreign_file(Path(ecfg.out_path))
+    return ckpt_path, _check_device(ecfg)
+
+
+def _check_ckpt_path(ecfg: DictConfig) -> Path:
+    if OmegaConf.is_missing(ecfg, "ckpt_path") or not ecfg.ckpt_path:
+        raise UserError(
+            "ckpt_path is required: the checkpoint to evaluate, e.g. "
+            "`accel-eval ckpt_path=outputs/<run>/checkpoints/best.pt` (or, with harness.tasks, "
+            "`model_path=DIR`: a Hugging Face folder)."
+        )
+    ckpt_path = Path(ecfg.ckpt_path).expanduser()
+    if ckpt_path.is_dir() and not (ckpt_path / "meta.pt").is_file():
+        found = sorted(
+            str(p.relative_to(ckpt_path))
+            for pattern in ("*.pt", "*.dcp", "checkpoints/*.pt", "checkpoints/*.dcp")
+            for p in ckpt_path.glob(pattern)
+        )
+        hint = f" It holds {', '.join(found[:4])}: give one of those." if found else ""
+        raise UserError(
+            f"ckpt_path={ckpt_path} is a directory, not a checkpoint: give a .pt file written by "
+            "accel-train (e.g. outputs/<run>/checkpoints/best.pt) or an FSDP .dcp directory "
+            f"(which holds meta.pt).{hint}"
+        )
+    return ckpt_path
+
+
+def _check_device(ecfg: DictConfig) -> torch.device:
     if ecfg.device not in EVAL_DEVICES:
         raise UserError(
             f"device={ecfg.device!r} is not one of {', '.join(EVAL_DEVICES)}. Use `device=cpu` "
             "or `device=auto`."
         )
-    if ecfg.out_path:
-        refuse_checkpoint_target(str(ecfg.ckpt_path), str(ecfg.out_path), "eval/result.json")
-        _refuse_foreign_file(Path(ecfg.out_path))
     if ecfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError(
             "device=cuda but this machine has no usable CUDA device (torch.cuda.is_available() "
             "is False). Use `device=cpu` or `device=auto`."
         )
-    return ckpt_path, resolve_device(ecfg.device)
+    return resolve_device(ecfg.device)
 
 
 def _refuse_foreign_file(out: Path) -> None:
