@@ -91,6 +91,8 @@ def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
     # (one export folder per command: an export never writes over an existing folder)
     where = re.sub(r"\W", "_", command.source)
     text = text.replace("/models/my-finetune", f"models/my-finetune-{where}")
+    # docs/fine-tuning.md: the offline lm-evaluation-harness task of the tests
+    text = text.replace("tests/harness_tasks", str(ROOT / "tests" / "harness_tasks"))
     text = text.replace("/models/resnet18.pth", "models/resnet18.pth")
     text = text.replace("/models/convnext_atto.d2_in1k", "models/convnext_atto.d2_in1k")
     text = text.replace("/models/vit_small_patch16_224", "models/vit_small_patch16_224")
