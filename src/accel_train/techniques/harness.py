@@ -19,7 +19,7 @@ from accel_train.models.harness import HarnessTasks, flat_metrics, run_harness, 
 from accel_train.models.harness_lm import harness_lm
 from accel_train.models.hf import load_tokenizer
 from accel_train.techniques import Technique
-from accel_train.techniques.samples import require_generate
+from accel_train.techniques.samples import require_generate, root_gathered
 
 log = logging.getLogger("accel_train")
 
@@ -49,9 +49,10 @@ class HarnessEval(Technique):
         tok, bare = self.tok, loop.module
 
         def generate(ids: torch.Tensor, new: int) -> torch.Tensor:
-            return bare.generate_ids(
-                ids, new, temperature=0.0, top_k=None, top_p=1.0, eos_token_id=tok.eos_token_id
-            )
+            with root_gathered(bare):
+                return bare.generate_ids(
+                    ids, new, temperature=0.0, top_k=None, top_p=1.0, eos_token_id=tok.eos_token_id
+                )
 
         lm = harness_lm(
             loop.eval_model, generate, tok, loop.env.device,

@@ -13,6 +13,7 @@ trains exactly as one without. A resumed run first drops the rows written after 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -69,6 +70,23 @@ def _record(path: Path, line_no: int, line: str) -> dict[str, Any]:
             "records' format). Fix that line."
         )
     return {"messages": rec["messages"]} if "messages" in rec else {"prompt": rec["prompt"]}
+
+
+@contextlib.contextmanager
+def root_gathered(model):
+    """transformers' generate calls the inner model, never our root's forward, so FSDP2's root
+    pre-forward hook (which all-gathers the root's own parameters: the embeddings, the head)
+    does not run: they are gathered here (FSDPModule.unshard; every rank joins), and the blocks
+    gather their own as they run. A model that is not sharded: nothing to do."""
+    unshard = getattr(model, "unshard", None)
+    if unshard is None:
+        yield
+        return
+    unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
 
 
 def require_generate(model, key: str) -> None:
@@ -137,7 +155,11 @@ class TrainingSamples(Technique):
         loop.model.eval()
         try:
             # HOST SYNC (sampling step): generate reads each new token on the host.
-            with torch.random.fork_rng(devices=_cuda(loop.env.device)), loop.precision.autocast():
+            with (
+                torch.random.fork_rng(devices=_cuda(loop.env.device)),
+                loop.precision.autocast(),
+                root_gathered(model),
+            ):
                 torch.manual_seed(loop.step)  # the same step samples the same text
                 for prompt, ids in zip(self.prompts, self.ids, strict=True):
                     start = torch.tensor([ids], dtype=torch.long, device=loop.env.device)
