@@ -22,7 +22,7 @@ from accel_train.errors import UserError
 from accel_train.models.harness import HarnessTasks, import_harness
 from accel_train.models.harness_lm import harness_lm
 from accel_train.models.hf import hf_model, load_tokenizer
-from accel_train.train.harness_eval import check_sources
+from accel_train.train.harness_eval import check_sources, evaluate_harness
 
 TASKS = Path(__file__).parent / "harness_tasks"  # relative data_files: resolved from here
 
@@ -30,6 +30,7 @@ SFT = [
     "+experiment=sft_lora",
     "dataset.max_length=64",
     "lora.rank=4",
+    "lora.dropout=0.1",  # the run's random state in use: sampling must leave it alone
     "loader.batch_size=4",
     "trainer.max_epochs=1",
     "trainer.max_steps=4",
@@ -56,21 +57,31 @@ def test_samples_and_harness_in_training_then_accel_eval_on_run_and_base(root, r
         + json.dumps({"messages": [{"role": "user", "content": "Double a number."}]})
         + "\n"
     )
-    run = root / "run"
-    args = [
+    run, plain = root / "run", root / "plain"
+    data = [
         *SFT,
         f"model.path={root / 'llama'}",
         f"dataset.path={root / 'train.jsonl'}",
         f"dataset.val_path={root / 'val.jsonl'}",
+    ]
+    args = [
+        *data,
         "trainer.sample_every_n_steps=2",
         f"trainer.sample_prompts={prompts}",
         "trainer.sample_max_new_tokens=6",
+        "trainer.sample_temperature=0.8",
         "trainer.harness_every_n_steps=4",
         "trainer.harness.tasks=[tiny_offline]",
         f"trainer.harness.include_path={TASKS}",
         f"hydra.run.dir={run}",
     ]
     check_ok(run_cli_in(args, root))
+    check_ok(run_cli_in([*data, "logger=none", f"hydra.run.dir={plain}"], root))
+
+    def losses(run_dir: Path) -> list[float]:
+        return [m["train/loss"] for m in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in m]
+
+    assert losses(run) == losses(plain) and len(losses(run)) == 4  # trains the same
     rows = read_jsonl(run / "samples.jsonl")
     assert [(r["step"], r["prompt"]) for r in rows] == [
         (2, "Say hello."), (2, "Double a number."), (4, "Say hello."), (4, "Double a number."),
@@ -102,15 +113,6 @@ def test_samples_and_harness_in_training_then_accel_eval_on_run_and_base(root, r
         assert set(written["results"]) >= {"tiny_choice", "tiny_answer"}
         assert "acc,none" in written["results"]["tiny_choice"]
         assert "exact_match,none" in written["results"]["tiny_answer"]
-    # a file accel-eval did not write is never replaced
-    (root / "mine.json").write_text("{}")
-    proc = run_cli_in(
-        [f"model_path={root / 'llama'}", *harness, f"out_path={root / 'mine.json'}"],
-        root,
-        prog="accel-eval",
-    )
-    assert proc.returncode != 0 and "not an accel-eval harness result" in proc.stderr
-    assert (root / "mine.json").read_text() == "{}"
 
 
 def test_loglikelihood_is_the_models_own(root):
@@ -167,6 +169,17 @@ def test_refusals(tmp_path, monkeypatch, compose_cfg):
     ecfg = OmegaConf.create({"ckpt_path": "a.pt", "model_path": "base", "harness": {"tasks": []}})
     with pytest.raises(UserError, match="both given"):
         check_sources(ecfg)
+    # a file accel-eval did not write is never replaced
+    mine = tmp_path / "mine.json"
+    mine.write_text("{}")
+    ecfg = OmegaConf.create(
+        {"ckpt_path": None, "model_path": "base", "out_path": str(mine),
+         "harness": {"tasks": ["tiny_offline"], "include_path": str(TASKS), "limit": None,
+                     "num_fewshot": None, "batch_size": 8}}
+    )  # fmt: skip
+    with pytest.raises(UserError, match="not an accel-eval harness result"):
+        evaluate_harness(ecfg, torch.device("cpu"))
+    assert mine.read_text() == "{}"
     monkeypatch.setitem(__import__("sys").modules, "lm_eval", None)  # not installed
     with pytest.raises(UserError, match=r"pip install 'accel-train\[eval\]'"):
         import_harness("harness.tasks")
