@@ -188,3 +188,33 @@ def test_refusals(tmp_path, monkeypatch, compose_cfg):
                        "trainer.sample_prompts=[hi]"])  # fmt: skip
     with pytest.raises(UserError, match="task.sample_lines"):
         check_text_in_training(cfg)
+
+
+def test_sample_tables_reach_mlflow_and_wandb(tmp_path, monkeypatch):
+    """MetricsLogger.log_table: MLflow's table artifact gathers every step's rows; W&B gets a
+    wandb.Table per step (offline)."""
+    from mlflow.tracking import MlflowClient
+
+    from accel_train.loggers import MetricsLogger
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    run.mkdir()
+    loggers = {"mlflow": {"experiment_name": "samples"}, "wandb": {"mode": "offline"}}
+    logger = MetricsLogger(run, loggers, run_config={"paths": {"log_dir": str(tmp_path)}})
+    columns = ["step", "prompt", "completion"]
+    logger.log_table("samples", columns, [[1, "Say hello.", "print('hi')\n"]], 1)
+    logger.log_table("samples", columns, [[2, "Say hello.", "hi | there"]], 2)
+    logger.close()
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    run_id = (run / ".mlflow_run_id").read_text().strip()
+    table = json.loads(
+        Path(client.download_artifacts(run_id, "samples.json", str(tmp_path))).read_text()
+    )
+    assert table == {
+        "columns": columns,
+        "data": [[1, "Say hello.", "print('hi')\n"], [2, "Say hello.", "hi | there"]],
+    }
+    tables = list((run / "wandb").glob("offline-run-*/files/media/table/samples_*.table.json"))
+    assert len(tables) == 2
+    assert {json.loads(t.read_text())["data"][0][0] for t in tables} == {1, 2}
