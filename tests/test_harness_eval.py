@@ -142,6 +142,14 @@ def test_loglikelihood_is_the_models_own(root):
         assert score == float(expected)
         assert greedy == bool((logprobs.argmax(-1) == target).all())
         assert abs(padded - score) < 1e-4
+    # rolling: every token of a document given the ones before it, after the prefix token
+    text = "def rev(xs):\n    return xs[::-1]"
+    (rolling,) = make(8).loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    ids = [tok.eos_token_id, *tok.encode(text, add_special_tokens=False)]
+    with torch.no_grad():
+        logits = model.hf(input_ids=torch.tensor([ids])).logits[0, :-1]
+    expected = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(ids[1:])[:, None])
+    assert abs(rolling - float(expected.sum())) < 1e-4
 
 
 def _encode_pair(tok, context: str, continuation: str):

@@ -104,14 +104,15 @@ class HarnessMethods:
         with self.autocast():
             logits = self._forward(ids.to(self._device))
         logprobs = F.log_softmax(logits.float(), dim=-1)
-        results = []
+        picked, greedy = [], []
         for r, (start, cont) in enumerate(spans):
             scores = logprobs[r, start : start + len(cont)]
             target = torch.tensor(cont, dtype=torch.long, device=scores.device)
-            picked = scores.gather(1, target[:, None]).sum()
-            greedy = bool((scores.argmax(-1) == target).all())
-            results.append((float(picked), greedy))  # HOST SYNC (evaluation step)
-        return results
+            picked.append(scores.gather(1, target[:, None]).sum())
+            greedy.append((scores.argmax(-1) == target).all())
+        # HOST SYNC (harness step): the batch's scores read once
+        sums, exact = torch.stack(picked).tolist(), torch.stack(greedy).tolist()
+        return [(float(v), bool(g)) for v, g in zip(sums, exact, strict=True)]
 
     @torch.no_grad()
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
