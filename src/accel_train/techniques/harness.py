@@ -27,15 +27,17 @@ log = logging.getLogger("accel_train")
 class HarnessEval(Technique):
     name = "harness"
 
-    def __init__(self, every: int, harness: DictConfig, tokenizer_path: str):
-        self.every, self.cfg, self.tokenizer_path = every, harness, tokenizer_path
+    def __init__(self, every: int, harness: DictConfig, tokenizer: tuple[str, str | None]):
+        """`tokenizer`: the model folder and the run's dataset.chat_template (or None)."""
+        self.every, self.cfg = every, harness
+        self.folder, self.template = tokenizer
         self.tasks: HarnessTasks | None = None
 
     def on_fit_start(self, loop) -> None:
         require_generate(loop.module, "trainer.harness_every_n_steps")
         h = self.cfg
         self.tasks = HarnessTasks(list(h.tasks), h.include_path, "trainer.harness.tasks")
-        self.tok = load_tokenizer(self.tokenizer_path, "dataset.tokenizer")
+        self.tok = load_tokenizer(self.folder, "dataset.tokenizer", self.template)
 
     def on_train_step_end(self, loop) -> None:
         if loop.step % self.every:

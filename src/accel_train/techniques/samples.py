@@ -104,16 +104,17 @@ class TrainingSamples(Technique):
     name = "samples"
 
     def __init__(self, every: int, prompts: Any, max_new_tokens: int, temperature: float,
-                 tokenizer_path: str):  # fmt: skip
+                 tokenizer: tuple[str, str | None]):  # fmt: skip
+        """`tokenizer`: the model folder and the run's dataset.chat_template (or None)."""
         self.every, self.max_new_tokens, self.temperature = every, max_new_tokens, temperature
         self.prompts = read_prompts(prompts)
-        self.tokenizer_path = tokenizer_path
+        self.folder, self.template = tokenizer
         self.tok = None
         self.ids: list[list[int]] = []
 
     def on_fit_start(self, loop) -> None:
         require_generate(loop.module, "trainer.sample_every_n_steps")
-        self.tok = load_tokenizer(self.tokenizer_path, "dataset.tokenizer")
+        self.tok = load_tokenizer(self.folder, "dataset.tokenizer", self.template)
         self.ids = [self._render(p) for p in self.prompts]
         self.path = loop.run_dir / "samples.jsonl"
         if loop.env.is_main and loop.step > 0 and self.path.is_file():
@@ -130,8 +131,9 @@ class TrainingSamples(Technique):
         if "messages" in prompt:
             raise UserError(
                 f'trainer.sample_prompts: a {{"messages": ...}} prompt needs a chat template, '
-                f"and the tokenizer of {self.tokenizer_path} has none. Give plain prompts "
-                '({"prompt": ...} lines, or a .txt file).'
+                f"and the tokenizer of {self.folder} has none. Give plain prompts "
+                '({"prompt": ...} lines, or a .txt file), or a template with '
+                "`dataset.chat_template=<file.jinja>`."
             )
         return tok.encode(prompt["prompt"], add_special_tokens=True) or [tok.eos_token_id or 0]
 

@@ -84,13 +84,15 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
     if cfg.ema.enabled:
         ema = cfg.ema
         chosen.append(Ema(ema.decay, ema.every_n_steps, ema.start_step, ema.warmup))
-    if t.sample_every_n_steps > 0:  # (config/text_checks.py: dataset.tokenizer is set)
+    # (config/text_checks.py: dataset.tokenizer is set; the run's chat template with it)
+    tokenizer = (str(cfg.dataset.get("tokenizer")), cfg.dataset.get("chat_template"))
+    if t.sample_every_n_steps > 0:
         chosen.append(
             TrainingSamples(t.sample_every_n_steps, t.sample_prompts, t.sample_max_new_tokens,
-                            t.sample_temperature, str(cfg.dataset.tokenizer))
+                            t.sample_temperature, tokenizer)
         )  # fmt: skip
     if t.harness_every_n_steps > 0:
-        chosen.append(HarnessEval(t.harness_every_n_steps, t.harness, str(cfg.dataset.tokenizer)))
+        chosen.append(HarnessEval(t.harness_every_n_steps, t.harness, tokenizer))
     chosen.append(NonFinite(t.on_nonfinite))  # always on: `stop` costs one add per micro-batch
     chosen.append(SpeedMetrics(t.peak_flops))  # always on: host clocks read at logging steps
     es = cfg.early_stopping

@@ -99,7 +99,11 @@ def _open_model(ecfg: DictConfig, device: torch.device):
             f"on dataset={cfg.dataset.get('name') or 'custom'}, which has none. Score its own "
             "split without harness.tasks (e.g. `split=val`)."
         )
-    tok = load_tokenizer(str(cfg.dataset.tokenizer), "the checkpoint's dataset.tokenizer")
+    tok = load_tokenizer(
+        str(cfg.dataset.tokenizer),
+        "the checkpoint's dataset.tokenizer",
+        cfg.dataset.get("chat_template"),  # the template the run trained with
+    )
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
     model = opened.model({"vocab_size": len(tok)}, precision.param_dtype, device)
     if cfg.lora.rank > 0:
