@@ -150,6 +150,9 @@ def test_loglikelihood_is_the_models_own(root):
         logits = model.hf(input_ids=torch.tensor([ids])).logits[0, :-1]
     expected = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(ids[1:])[:, None])
     assert abs(rolling - float(expected.sum())) < 1e-4
+    # harness.chat=true: the harness's turns rendered by the folder's chat template
+    chat = make(8).apply_chat_template([{"role": "user", "content": "Say hello."}])
+    assert chat == "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
 
 
 def _encode_pair(tok, context: str, continuation: str):

@@ -523,6 +523,7 @@ class HarnessConfig:
     limit: Any = None  # int: documents per task; float in (0, 1): a fraction; null = all
     num_fewshot: int | None = None
     batch_size: int = 8
+    chat: bool = False
 
 
 @dataclass

@@ -115,11 +115,13 @@ def _working_dir(path: Path):
 
 
 def run_harness(
-    lm, tasks: HarnessTasks, *, limit=None, num_fewshot=None, seeded: bool = True
+    lm, tasks: HarnessTasks, *, limit=None, num_fewshot=None, chat=False, seeded: bool = True
 ) -> dict[str, Any]:
     """simple_evaluate's results (its `results`, `groups`, `configs`, ... ; no per-sample
     logs). `seeded=False` (during training): the harness leaves the global random generators
-    alone, so a run's data order and dropout do not depend on its harness steps."""
+    alone, so a run's data order and dropout do not depend on its harness steps. `chat`: the
+    prompts rendered with the tokenizer's chat template (the harness's apply_chat_template;
+    few-shot examples as turns of the conversation)."""
     keep = ("random_seed", "numpy_random_seed", "torch_random_seed")
     seeds = {} if seeded else dict.fromkeys(keep)
     results = tasks.lm_eval.simple_evaluate(
@@ -129,6 +131,8 @@ def run_harness(
         limit=limit,
         num_fewshot=num_fewshot,
         log_samples=False,
+        apply_chat_template=bool(chat),
+        fewshot_as_multiturn=bool(chat),
         bootstrap_iters=0 if not seeded else 1000,
         **seeds,
     )

@@ -75,6 +75,22 @@ class HarnessMethods:
         bos = self.tokenizer.bos_token_id
         return int(bos) if bos is not None else self.eot_token_id
 
+    @property
+    def tokenizer_name(self) -> str:
+        """What the harness keys its request caches by (as HFLM names it)."""
+        return str(getattr(self.tokenizer, "name_or_path", "tokenizer")).replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None) or ""
+
+    def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
+        """harness.chat=true: the prompts as the model folder's chat template renders them (the
+        run's dataset.chat_template, when it had one), as HFLM does."""
+        return self.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt,
+            continue_final_message=not add_generation_prompt,
+        )  # fmt: skip
+
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         return super().loglikelihood(requests, disable_tqdm=True)  # (its bar: not ours)
 

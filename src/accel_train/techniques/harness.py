@@ -66,7 +66,7 @@ class HarnessEval(Technique):
             # HOST SYNC (harness step): each request's scores are read on the host.
             results = run_harness(
                 lm, self.tasks, limit=self.cfg.limit, num_fewshot=self.cfg.num_fewshot,
-                seeded=False,
+                chat=self.cfg.chat, seeded=False,
             )  # fmt: skip
         finally:
             loop.model.train()

@@ -63,7 +63,7 @@ def evaluate_harness(ecfg: DictConfig, device: torch.device) -> dict[str, Any]:
         model, generate, tok, device, max_length=model.block_size or 2048,
         batch_size=h.batch_size, autocast=autocast,
     )  # fmt: skip
-    results = run_harness(lm, tasks, limit=h.limit, num_fewshot=h.num_fewshot)
+    results = run_harness(lm, tasks, limit=h.limit, num_fewshot=h.num_fewshot, chat=h.chat)
     print(table(results))  # the result first: a failed write below still leaves it on screen
     results[MARK] = source
     _write(results, out, given=bool(ecfg.out_path))
