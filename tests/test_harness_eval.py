@@ -199,6 +199,15 @@ def test_refusals(tmp_path, monkeypatch, compose_cfg):
                        "trainer.sample_prompts=[hi]"])  # fmt: skip
     with pytest.raises(UserError, match="task.sample_lines"):
         check_text_in_training(cfg)
+    sft = ["+experiment=sft_lora", "model.path=m", "dataset.path=d.jsonl"]
+    for extra, refused in (
+        (["strategy=tp", "lora.rank=0", "trainer.sample_prompts=[hi]"], "tensor-parallel"),
+        (["trainer.sample_prompts=[hi]", "trainer.sample_temperature=-1"], "must be >= 0"),
+        (["trainer.harness_every_n_steps=5", "trainer.sample_every_n_steps=0"], "tasks is empty"),
+    ):
+        cfg = compose_cfg([*sft, "trainer.sample_every_n_steps=5", *extra])
+        with pytest.raises(UserError, match=refused):
+            check_text_in_training(cfg)
 
 
 def test_sample_tables_reach_mlflow_and_wandb(tmp_path, monkeypatch):
