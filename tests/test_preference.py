@@ -214,6 +214,9 @@ def test_dpo_lora_learns_resumes_and_exports(llama, tmp_path, run_cli):
     written = saved.stat().st_mtime_ns
     check_ok(run_cli([*table, "trainer.max_steps=3", "resume=auto"]))
     assert saved.stat().st_mtime_ns == written
+    other = run_cli([*table, "trainer.max_steps=3", "dataset.max_length=80"])  # other tokens
+    assert other.returncode != 0 and "holds reference log-probs of other pairs" in other.stderr
+    assert saved.stat().st_mtime_ns == written
     ours, want = _metric(runs["table"], "train/loss"), _metric(runs["whole"], "train/loss")
     assert list(ours) == [1, 2, 3]
     assert [ours[s] for s in ours] == pytest.approx([want[s] for s in ours], rel=1e-5)

@@ -185,6 +185,24 @@ class Preference(Task):
     @classmethod
     def config_refusal(cls, cfg: DictConfig) -> str | None:
         """What cannot work with this run's other choices, found before anything is built."""
+        task = cfg.task
+        if task.get("loss") not in LOSSES:
+            return f"task.loss={task.get('loss')}: must be one of {', '.join(LOSSES)}."
+        if task.get("beta", 0.1) <= 0 or task.get("lambda", 0.1) < 0:
+            return (
+                f"task.beta={task.get('beta')} must be > 0 and task.lambda={task.get('lambda')} "
+                ">= 0: beta scales the reward (DPO's 0.1), lambda weighs ORPO's odds-ratio term."
+            )
+        if not 0 <= task.get("label_smoothing", 0.0) < 0.5:
+            return (
+                f"task.label_smoothing={task.label_smoothing}: the probability that a pair's "
+                "preference is flipped (cDPO) must be in [0, 0.5); 0 = off."
+            )
+        if task.get("label_smoothing", 0.0) and task.loss not in ("dpo", "simpo"):
+            return (
+                f"task.label_smoothing with task.loss={task.loss}: only dpo (cDPO) and simpo "
+                "take it. Set `task.label_smoothing=0`."
+            )
         model = cfg.model.get("name")
         if model != "hf":
             return (
