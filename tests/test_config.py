@@ -53,6 +53,7 @@ REFUSED = {
     # Preference tuning scores a chat model's answers (tests/test_preference.py runs it).
     "task=preference": "task=preference with model=",
     "dataset=preference": "dataset.path",
+    "dataset=streaming_preference": "dataset.remote",
     "+experiment=dpo_lora": ".path",
     "+experiment=simpo_lora": ".path",
     "+experiment=imagenet_resnet50": "dataset.root",

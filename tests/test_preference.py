@@ -2,7 +2,8 @@
 log-probs, the record formats, truncation and refusals in-process; then one LoRA DPO run through
 the real CLI on a learnable preference set (held-out rewards/accuracies above 0.5 and rising,
 exact mid-epoch resume, the precomputed reference agreeing with the adapters-off one and reused
-on resume, accel-export format=hf), and a combination refused before the run."""
+on resume, accel-data shard + dataset=streaming_preference reading the same pairs, accel-export
+format=hf), and a combination refused before the run."""
 
 from __future__ import annotations
 
@@ -220,6 +221,18 @@ def test_dpo_lora_learns_resumes_and_exports(llama, tmp_path, run_cli):
     ours, want = _metric(runs["table"], "train/loss"), _metric(runs["whole"], "train/loss")
     assert list(ours) == [1, 2, 3]
     assert [ours[s] for s in ours] == pytest.approx([want[s] for s in ours], rel=1e-5)
+
+    # sharded once, streamed: the same pairs (the base model's val log-probs, from the table)
+    shards = tmp_path / "shards"
+    shard = ["shard", "dataset=preference", f"dataset.path={train}", f"dataset.val_path={val}",
+             f"dataset.tokenizer={llama}", "dataset.max_length=96", f"out={shards}"]  # fmt: skip
+    check_ok(run_cli(shard, prog="accel-data"))
+    stream = [*DPO, f"model.path={llama}", "dataset=streaming_preference",
+              f"dataset.remote={shards}", "optimizer.lr=1e-12", "trainer.max_steps=1",
+              f"hydra.run.dir={tmp_path / 'stream'}"]  # fmt: skip
+    check_ok(run_cli(stream))
+    base_logps = torch.load(saved, weights_only=True)["logps"][64:, 0].mean().item()
+    assert _metric(tmp_path / "stream", "val/logps/chosen")[1] == pytest.approx(base_logps, 1e-5)
 
     out = tmp_path / "hf"
     last = runs["whole"] / "checkpoints" / "last.pt"

@@ -226,6 +226,17 @@ class StreamingSftDatasetConfig(DatasetConfig):
 
 
 @dataclass
+class StreamingPreferenceDatasetConfig(DatasetConfig):
+    remote: str = MISSING
+    tokenizer: str | None = None
+    local: str | None = None
+    cache_limit: str = "20gb"
+    ignore_index: int = -100
+    max_length: int | None = None
+    max_prompt_length: int | None = None
+
+
+@dataclass
 class StreamingTokensDatasetConfig(DatasetConfig):
     remote: str = MISSING
     local: str | None = None
@@ -840,6 +851,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "tokens": TokensDatasetConfig,
         "sft": SftDatasetConfig,
         "preference": PreferenceDatasetConfig,
+        "streaming_preference": StreamingPreferenceDatasetConfig,
         "streaming_sft": StreamingSftDatasetConfig,
         "streaming": StreamingDatasetConfig,
         "streaming_tokens": StreamingTokensDatasetConfig,

@@ -185,60 +185,7 @@ class Preference(Task):
     @classmethod
     def config_refusal(cls, cfg: DictConfig) -> str | None:
         """What cannot work with this run's other choices, found before anything is built."""
-        task = cfg.task
-        if task.get("loss") not in LOSSES:
-            return f"task.loss={task.get('loss')}: must be one of {', '.join(LOSSES)}."
-        if task.get("beta", 0.1) <= 0 or task.get("lambda", 0.1) < 0:
-            return (
-                f"task.beta={task.get('beta')} must be > 0 and task.lambda={task.get('lambda')} "
-                ">= 0: beta scales the reward (DPO's 0.1), lambda weighs ORPO's odds-ratio term."
-            )
-        if not 0 <= task.get("label_smoothing", 0.0) < 0.5:
-            return (
-                f"task.label_smoothing={task.label_smoothing}: the probability that a pair's "
-                "preference is flipped (cDPO) must be in [0, 0.5); 0 = off."
-            )
-        if task.get("label_smoothing", 0.0) and task.loss not in ("dpo", "simpo"):
-            return (
-                f"task.label_smoothing with task.loss={task.loss}: only dpo (cDPO) and simpo "
-                "take it. Set `task.label_smoothing=0`."
-            )
-        model = cfg.model.get("name")
-        if model != "hf":
-            return (
-                f"task=preference with model={model}: preference tuning scores a causal "
-                "language model's answers rendered with its folder's tokenizer and chat "
-                "template, which only model=hf provides (model=gpt has no chat template). Use "
-                "`model=hf model.path=<folder>` (or `+experiment=dpo_lora`)."
-            )
-        if cfg.model.get("head", "causal_lm") != "causal_lm":
-            return (
-                f"task=preference with model.head={cfg.model.head}: it scores next-token "
-                "log-probs; use `model.head=causal_lm`."
-            )
-        strategy = strategy_key(cfg)
-        if (strategy, "lora") in REFUSED:  # LoRA's rows: pipeline, tp, fsdp with strategy.tp
-            shown = f"strategy={cfg.strategy.name}"
-            if strategy != cfg.strategy.name:
-                shown += f" strategy.tp={cfg.strategy.tp}"
-            return (
-                f"task=preference with {shown}: the reference pass (the model with its LoRA "
-                "adapters off, or a frozen copy beside it) is wired in only where LoRA works, "
-                "and LoRA is refused with this strategy. Use `strategy=ddp`, or `strategy=fsdp` "
-                "without strategy.tp."
-            )
-        sharded = cfg.strategy.name == "fsdp" and int(cfg.strategy.get("tp", 1) or 1) <= 1
-        needs_ref = cfg.task.get("loss", "dpo") not in REFERENCE_FREE
-        copy = needs_ref and cfg.lora.rank <= 0 and not cfg.task.get("precompute_reference")
-        if sharded and copy:
-            return (
-                f"task=preference task.loss={cfg.task.loss} with strategy=fsdp and lora.rank=0: "
-                "the reference model would be a whole unsharded frozen copy on every process, "
-                "which defeats FSDP. Set `task.precompute_reference=true` (one pass before "
-                "training, saved in the run dir), or train LoRA adapters (`lora.rank=16`: the "
-                "reference is the model with its adapters off)."
-            )
-        return None
+        return _refused_keys(cfg.task) or _refused_combination(cfg)
 
     # ---- build time ----------------------------------------------------------------------
 
@@ -393,3 +340,65 @@ class Preference(Task):
     def eval_output(self, model: nn.Module, batch: Any):
         loss, b, metrics = self._score(model, batch)
         return loss, b, {k: v / b for k, v in metrics.items()}  # means: evaluate weighs by n
+
+
+def _refused_keys(task: DictConfig) -> str | None:
+    """The task's own keys out of range (or a loss that does not take them)."""
+    if task.get("loss") not in LOSSES:
+        return f"task.loss={task.get('loss')}: must be one of {', '.join(LOSSES)}."
+    if task.get("beta", 0.1) <= 0 or task.get("lambda", 0.1) < 0:
+        return (
+            f"task.beta={task.get('beta')} must be > 0 and task.lambda={task.get('lambda')} "
+            ">= 0: beta scales the reward (DPO's 0.1), lambda weighs ORPO's odds-ratio term."
+        )
+    if not 0 <= task.get("label_smoothing", 0.0) < 0.5:
+        return (
+            f"task.label_smoothing={task.label_smoothing}: the probability that a pair's "
+            "preference is flipped (cDPO) must be in [0, 0.5); 0 = off."
+        )
+    if task.get("label_smoothing", 0.0) and task.loss not in ("dpo", "simpo"):
+        return (
+            f"task.label_smoothing with task.loss={task.loss}: only dpo (cDPO) and simpo "
+            "take it. Set `task.label_smoothing=0`."
+        )
+    return None
+
+
+def _refused_combination(cfg: DictConfig) -> str | None:
+    """The model and strategy choices preference tuning cannot run with."""
+    model = cfg.model.get("name")
+    if model != "hf":
+        return (
+            f"task=preference with model={model}: preference tuning scores a causal "
+            "language model's answers rendered with its folder's tokenizer and chat "
+            "template, which only model=hf provides (model=gpt has no chat template). Use "
+            "`model=hf model.path=<folder>` (or `+experiment=dpo_lora`)."
+        )
+    if cfg.model.get("head", "causal_lm") != "causal_lm":
+        return (
+            f"task=preference with model.head={cfg.model.head}: it scores next-token "
+            "log-probs; use `model.head=causal_lm`."
+        )
+    strategy = strategy_key(cfg)
+    if (strategy, "lora") in REFUSED:  # LoRA's rows: pipeline, tp, fsdp with strategy.tp
+        shown = f"strategy={cfg.strategy.name}"
+        if strategy != cfg.strategy.name:
+            shown += f" strategy.tp={cfg.strategy.tp}"
+        return (
+            f"task=preference with {shown}: the reference pass (the model with its LoRA "
+            "adapters off, or a frozen copy beside it) is wired in only where LoRA works, "
+            "and LoRA is refused with this strategy. Use `strategy=ddp`, or `strategy=fsdp` "
+            "without strategy.tp."
+        )
+    sharded = cfg.strategy.name == "fsdp" and int(cfg.strategy.get("tp", 1) or 1) <= 1
+    needs_ref = cfg.task.get("loss", "dpo") not in REFERENCE_FREE
+    copy = needs_ref and cfg.lora.rank <= 0 and not cfg.task.get("precompute_reference")
+    if sharded and copy:
+        return (
+            f"task=preference task.loss={cfg.task.loss} with strategy=fsdp and lora.rank=0: "
+            "the reference model would be a whole unsharded frozen copy on every process, "
+            "which defeats FSDP. Set `task.precompute_reference=true` (one pass before "
+            "training, saved in the run dir), or train LoRA adapters (`lora.rank=16`: the "
+            "reference is the model with its adapters off)."
+        )
+    return None
