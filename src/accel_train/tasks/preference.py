@@ -22,7 +22,7 @@ answer tokens are scored. The reference log-probs (DPO, IPO), in this order of p
 `task.precompute_reference=true`: one no-grad pass over every split before training, saved as
 `reference_logps.pt` in the run dir and reused on resume; under LoRA (`lora.rank>0`): the same
 model with its adapters off (no second copy); otherwise a frozen copy of the starting model
-(built again from model.path: as much memory again as the weights).
+(as much memory again as the weights; accel-eval builds it again from model.path).
 
 Metrics in TRL's names (train/... and val/...): rewards/chosen and rewards/rejected (beta times
 the log-ratio for DPO and IPO, beta times the average log-prob for SimPO, lambda times it for
@@ -33,6 +33,7 @@ logps/chosen and logps/rejected (summed for DPO and IPO, averaged for SimPO and 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -199,9 +200,13 @@ class Preference(Task):
             self.ref_table = self._reference_table(ctx).to(ctx.device)
         elif ctx.cfg.lora.rank > 0:
             self.ref_mode = "adapters"
-        else:  # the starting model, built again from its config (accel-eval: not the trained)
+        else:  # the starting model: training sets up on it (before any resume loads
+            # weights); accel-eval sets up on the trained one, so it builds it again from model.path
             self.ref_mode = "copy"
-            self.ref_model = build_model(ctx.cfg.model, ctx.data_args, self.param_dtype)
+            if ctx.val_samples > 0:
+                self.ref_model = copy.deepcopy(ctx.model)
+            else:
+                self.ref_model = build_model(ctx.cfg.model, ctx.data_args, self.param_dtype)
             self.ref_model.to(ctx.device).eval().requires_grad_(False)
         if ctx.warn:
             log.info("task=preference: loss=%s, reference: %s", self.loss, self.ref_mode)
