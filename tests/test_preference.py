@@ -198,6 +198,9 @@ def test_dpo_lora_learns_resumes_and_exports(llama, tmp_path, run_cli):
     margins = _metric(runs["whole"], "val/rewards/margins")
     assert sorted(acc) == [2, 4, 6, 8, 10]
     assert acc[10] > 0.5 and margins[10] > margins[2] > 0  # held out: learnt, and rising
+    # from the start: fresh adapters are the reference, every reward 0, no pair ranked right
+    start = {k: _metric(runs["whole"], f"train/rewards/{k}")[1] for k in ("accuracies", "margins")}
+    assert start == {"accuracies": 0.0, "margins": 0.0}
 
     # stopped mid-epoch at step 5 (8 steps an epoch), resumed: the same run
     first = ["trainer.max_steps=5", "trainer.ckpt_every_n_steps=5"]

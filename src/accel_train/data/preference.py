@@ -134,6 +134,11 @@ class PairEncoder:
                 )
             eos = [self.tok.eos_token_id] if self.tok.eos_token_id is not None else []
             prompt = self.tok.encode(parts.prompt, add_special_tokens=True)
+            if not prompt:  # the first answer token needs one before it to be predicted from
+                raise UserError(
+                    f"{where}: the prompt is empty and {self.folder}'s tokenizer adds no BOS "
+                    "token, so the answer's first token has nothing to follow. Give a prompt."
+                )
             answers = [
                 self.tok.encode(a, add_special_tokens=False) + eos
                 for a in (parts.chosen, parts.rejected)
