@@ -57,6 +57,7 @@ LAYERS = [
         "accel_train.train",
         "accel_train.export",
         "accel_train.export_hf",
+        "accel_train.export_peft",
         "accel_train.command_checks",
     ],
     ["accel_train.launchers", "accel_train.worker", "accel_train.node"],
