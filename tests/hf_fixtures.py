@@ -111,3 +111,25 @@ def write_records(path: Path, n: int = 48, form: str = "messages") -> Path:
                 rec = {"prompt": q, "completion": a}
             f.write(json.dumps(rec) + "\n")
     return path
+
+
+def write_preferences(path: Path, n: int = 48, form: str = "text", start: int = 0) -> Path:
+    """Preference pairs whose preferred answer is learnable: the chosen answer is the rejected
+    one in upper case. `form`: TRL's plain-text records, or "chat" (lists of messages)."""
+    with path.open("w") as f:
+        for i in range(start, start + n):
+            q, a = QUESTIONS[i % len(QUESTIONS)]
+            prompt, chosen, rejected = f"{q} (case {i})", a.upper(), a.lower()
+            if form == "chat":
+                rec = {
+                    "prompt": [
+                        {"role": "system", "content": "You write Python."},
+                        {"role": "user", "content": prompt},
+                    ],
+                    "chosen": [{"role": "assistant", "content": chosen}],
+                    "rejected": [{"role": "assistant", "content": rejected}],
+                }
+            else:
+                rec = {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+            f.write(json.dumps(rec) + "\n")
+    return path

@@ -50,6 +50,12 @@ REFUSED = {
     "dataset=sft": "dataset.path",
     "dataset=streaming_sft": "dataset.remote",
     "+experiment=sft_lora": ".path",
+    # Preference tuning scores a chat model's answers (tests/test_preference.py runs it).
+    "task=preference": "task=preference with model=",
+    "dataset=preference": "dataset.path",
+    "dataset=streaming_preference": "dataset.remote",
+    "+experiment=dpo_lora": ".path",
+    "+experiment=simpo_lora": ".path",
     "+experiment=imagenet_resnet50": "dataset.root",
     "+experiment=vit_finetune": "dataset.root",
 }

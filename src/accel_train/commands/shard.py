@@ -56,14 +56,17 @@ from accel_train.data.object_store import (
     split_url,
     storage_options,
 )
+from accel_train.data.preference import preference_splits
 from accel_train.data.sft import encode_rows, tokenizer_fingerprint
 from accel_train.data.shard_set import META, META_FORMAT, SPLITS, parse_size, require_litdata
 from accel_train.data.splits import held_out_indices
+from accel_train.data.streaming_preference import pair_item
 from accel_train.data.streaming_sft import row_item
 from accel_train.data.tokenizer import TOKENIZER_FILE
 from accel_train.data.tokenizer import read_meta as read_token_meta
 from accel_train.data.tokens import token_count, token_folder
 from accel_train.errors import UserError
+from accel_train.models.hf import load_tokenizer
 from accel_train.written import check_out_folder, install, names
 
 log = logging.getLogger("accel_train")
@@ -124,12 +127,15 @@ def shard(cfg: DictConfig) -> str:
         return _shard_tokens(cfg, out)
     if ds.get("name") == "sft":
         return _shard_sft(cfg, out)
+    if ds.get("name") == "preference":
+        return _shard_preference(cfg, out)
     if ds.get("name") != "image_folder":
         raise UserError(
             f"dataset={ds.get('name')}: accel-data shard writes image folders "
             "(dataset=image_folder dataset.root=<folder>), token folders (dataset=tokens "
-            "dataset.path=<folder>) and instruction records (dataset=sft dataset.path=<file> "
-            "dataset.tokenizer=<model folder>)."
+            "dataset.path=<folder>), instruction records (dataset=sft dataset.path=<file> "
+            "dataset.tokenizer=<model folder>) and preference pairs (dataset=preference, the "
+            "same keys)."
         )
     root = Path(str(ds.root)).expanduser()
     if not root.is_dir():
@@ -282,6 +288,42 @@ def _shard_sft(cfg: DictConfig, out: str) -> str:
     _write(cfg, out, row_item, inputs, meta, None, (Path(str(ds.path)), "dataset.path"))
     counts = ", ".join(f"{len(v):,} {k}" for k, v in inputs.items())
     print(f"accel-data: {counts} rows ({'packed' if ds.pack else 'one record a row'}) -> {out}/")
+    return out
+
+
+def _shard_preference(cfg: DictConfig, out: str) -> str:
+    """Preference pairs -> the items `dataset=preference` would train on (rendered, cut and
+    numbered by data/preference.py), one shard item a pair, for `dataset=streaming_preference`."""
+    ds = cfg.dataset
+    # Training resolves these from trainer.seed and the task; a shard config has neither.
+    seed = OmegaConf.select(ds, "seed", default=0, throw_on_resolution_failure=False)
+    ignore = OmegaConf.select(ds, "ignore_index", default=-100, throw_on_resolution_failure=False)
+    tokenizer = OmegaConf.select(ds, "tokenizer", default=None, throw_on_resolution_failure=False)
+    splits = preference_splits(
+        str(ds.path), tokenizer, int(ds.max_length), ds.max_prompt_length, int(ignore),
+        ds.val_path, ds.test_path, float(ds.val_fraction), int(seed),
+    )  # fmt: skip
+    parts = {"train": splits.train, "val": splits.val, "test": splits.test}
+    inputs = {k: [v[i] for i in range(len(v))] for k, v in parts.items() if v is not None}
+    tok = load_tokenizer(str(tokenizer))
+    meta = {
+        "format": META_FORMAT,
+        "kind": "preference",
+        "source": str(Path(str(ds.path)).expanduser().absolute()),
+        "preference": {
+            "tokenizer": str(Path(str(tokenizer)).expanduser().absolute()),
+            "fingerprint": tokenizer_fingerprint(tok),
+            "vocab_size": len(tok),
+            "pad_id": splits.train.pad_id,
+            "max_length": int(ds.max_length),
+            "max_prompt_length": ds.max_prompt_length,
+            "ignore_index": int(ignore),
+        },
+        "splits": {name: {"samples": len(items)} for name, items in inputs.items()},
+    }
+    _write(cfg, out, pair_item, inputs, meta, None, (Path(str(ds.path)), "dataset.path"))
+    counts = ", ".join(f"{len(v):,} {k}" for k, v in inputs.items())
+    print(f"accel-data: {counts} preference pairs -> {out}/")
     return out
 
 

@@ -151,6 +151,10 @@ def check_task(cfg: DictConfig) -> None:
             "to the teacher's (a softened KL divergence), and this task's model outputs no class "
             "logits (only task=classification does). Turn it off with `distill.teacher=null`."
         )
+    refusal = getattr(cls, "config_refusal", None)
+    why_not = refusal(cfg) if callable(refusal) else None
+    if why_not:
+        needs.append(why_not)
     capability, why = STRATEGY_NEEDS_TASK.get(cfg.strategy.name, (None, ""))
     if capability is not None and not getattr(cls, capability, False):
         needs.append(why.format(task=name))

@@ -150,6 +150,17 @@ class SftDatasetConfig(DatasetConfig):
     chat_template: str | None = None
 
 
+@dataclass
+class PreferenceDatasetConfig(DatasetConfig):
+    path: str = MISSING
+    val_path: str | None = None
+    test_path: str | None = None
+    tokenizer: str | None = None
+    max_length: int = 1024
+    max_prompt_length: int | None = 512
+    ignore_index: int = -100
+
+
 # The recipe switches of issue 38 (timm's spellings; data/recipe.py, data/batch_mix.py): keys
 # accel-train consumes itself, never passed to the dataset's factory.
 @dataclass
@@ -215,6 +226,17 @@ class StreamingSftDatasetConfig(DatasetConfig):
 
 
 @dataclass
+class StreamingPreferenceDatasetConfig(DatasetConfig):
+    remote: str = MISSING
+    tokenizer: str | None = None
+    local: str | None = None
+    cache_limit: str = "20gb"
+    ignore_index: int = -100
+    max_length: int | None = None
+    max_prompt_length: int | None = None
+
+
+@dataclass
 class StreamingTokensDatasetConfig(DatasetConfig):
     remote: str = MISSING
     local: str | None = None
@@ -276,6 +298,23 @@ class LanguageModelTaskConfig(TaskConfig):
     loss_chunk_tokens: int = 1024
     z_loss: float = 0.0
     label_smoothing: float = 0.0
+
+
+class PreferenceTaskConfig(TaskConfig):  # made a dataclass below, with `lambda`
+    loss: str = "dpo"
+    beta: float = 0.1
+    gamma: float = 0.5
+    label_smoothing: float = 0.0
+    precompute_reference: bool = False
+    ignore_index: int = -100
+
+
+# ORPO's weight `task.lambda`: a Python keyword cannot be a dataclass field written in the class
+# body (the generated __init__, __repr__ and __eq__ would name it), so it is added as a field
+# outside them; OmegaConf types and validates it like the others.
+PreferenceTaskConfig.__annotations__["lambda"] = float
+setattr(PreferenceTaskConfig, "lambda", field(default=0.1, init=False, repr=False, compare=False))
+PreferenceTaskConfig = dataclass(PreferenceTaskConfig)
 
 
 @dataclass
@@ -832,6 +871,8 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "image_folder": ImageFolderDatasetConfig,
         "tokens": TokensDatasetConfig,
         "sft": SftDatasetConfig,
+        "preference": PreferenceDatasetConfig,
+        "streaming_preference": StreamingPreferenceDatasetConfig,
         "streaming_sft": StreamingSftDatasetConfig,
         "streaming": StreamingDatasetConfig,
         "streaming_tokens": StreamingTokensDatasetConfig,
@@ -843,6 +884,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "regression": RegressionTaskConfig,
         "model_loss": TaskConfig,
         "language_model": LanguageModelTaskConfig,
+        "preference": PreferenceTaskConfig,
         "custom": CustomTaskConfig,
     },
     "precision": {n: PrecisionConfig for n in ("fp32", "amp", "fp16", "bf16", "bf16_true")},

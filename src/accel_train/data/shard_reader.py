@@ -188,7 +188,8 @@ class StreamingTrainSplit(StreamingEvalSplit):
         self, loader_cfg, *, device, seed, rank, world, limit, num_classes, labelled=True, **_
     ):
         # Class labels are checked per batch (as the torch loader does); token windows have none.
-        collate = _CheckedCollate(num_classes) if labelled else None
+        # (a split of pairs pads its batches with a collate of its own)
+        collate = _CheckedCollate(num_classes) if labelled else getattr(self, "collate", None)
         return StreamingLoader(self.source, loader_cfg, device, seed, rank, world, limit, collate)
 
 
@@ -314,4 +315,6 @@ class StreamingLoader:
                 raise
             except Exception as err:  # noqa: BLE001 - a worker's failure, as one paragraph
                 raise reading_error(err, self.url) from None
-            yield to_device(tuple(batch), self.device)
+            if isinstance(batch, list):  # LitData's collate makes lists of tuple items
+                batch = tuple(batch)
+            yield to_device(batch, self.device)  # (a dict of pairs stays a dict)

@@ -32,6 +32,11 @@ KINDS = {
         "dataset=sft dataset.path=<records> dataset.tokenizer=<model folder>",
         "streaming_sft",
     ),
+    "preference": (
+        "preference",
+        "dataset=preference dataset.path=<pairs> dataset.tokenizer=<model folder>",
+        "streaming_preference",
+    ),
 }
 
 

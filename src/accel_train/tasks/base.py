@@ -110,6 +110,7 @@ class TaskContext:
     augment: bool = False  # prepare the sample as a training batch (a device augment's size)
     val_samples: int = 0  # how many samples one validation scores (0: not a training run)
     warn: bool = False  # this process logs the run's warnings (one copy: the main process)
+    splits: Any = None  # the run's Splits (a task that reads whole splits before training)
 
     @property
     def num_classes(self) -> int:
@@ -143,6 +144,13 @@ class Task:
     def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
         """The metrics validation logs (without the `val/` prefix) -> min or max."""
         return {"loss": "min", **{str(k): str(v) for k, v in (cfg.get("metrics") or {}).items()}}
+
+    @classmethod
+    def config_refusal(cls, cfg: DictConfig) -> str | None:
+        """Why this run's other choices (model, strategy, ...) cannot work with this task, in
+        one paragraph naming the keys; None: they can. Read by the config checks before
+        anything is built."""
+        return None
 
     # ---- build time ----------------------------------------------------------------------
 

@@ -273,6 +273,7 @@ def model_for_task(
         augment,
         val_samples,
         warn=env.is_main,
+        splits=splits,
     )
     task.setup(ctx)
     return module, ctx.prepared(task)
