@@ -95,3 +95,38 @@ def test_a_folder_without_a_template_trains_on_chat_with_one_given(run_cli, tmp_
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(out, local_files_only=True).chat_template == CHAT_TEMPLATE
+
+
+def test_preference_pairs_in_alpaca_and_sharegpt_form(folders):
+    """dataset=preference reads LLaMA-Factory's Alpaca and ShareGPT pairs as TRL's chat pairs;
+    a prompt whose last token merges with the answer's first is split where they diverge
+    (TRL's rule), not refused."""
+    from accel_train.data.preference import PairEncoder, record_parts
+    from accel_train.models.hf import load_tokenizer
+
+    folder = folders / "chat"
+    enc = PairEncoder(load_tokenizer(str(folder)), str(folder))
+    q, a = QUESTIONS[1]
+    trl = {
+        "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": q}],
+        "chosen": [{"role": "assistant", "content": a}],
+        "rejected": [{"role": "assistant", "content": a.upper()}],
+    }
+    alpaca = {"instruction": q, "system": "Be brief.", "chosen": a, "rejected": a.upper()}
+    sharegpt = {
+        "conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": q}],
+        "chosen": {"from": "gpt", "value": a},
+        "rejected": {"from": "gpt", "value": a.upper()},
+    }
+    want = enc.encode("trl", record_parts("trl", trl))
+    for name, record in (("alpaca", alpaca), ("sharegpt", sharegpt)):
+        assert enc.encode(name, record_parts(name, record)) == want, name
+    # A generation prompt that ends otherwise than the rendered answer's turn begins (a space,
+    # not its newline): the prompt's last token is left out, the answer scored from there.
+    tok = load_tokenizer(str(folder))
+    tok.chat_template = CHAT_TEMPLATE.replace("<|im_start|>assistant\n", "<|im_start|>assistant ")
+    merged = PairEncoder(tok, str(folder)).encode("m", record_parts("m", trl))
+    alone = tok.apply_chat_template(trl["prompt"], add_generation_prompt=True, tokenize=True,
+                                    return_dict=True)["input_ids"]  # fmt: skip
+    assert list(merged.prompt) == list(alone[: len(merged.prompt)])
+    assert len(merged.prompt) < len(alone) and merged.chosen and merged.rejected

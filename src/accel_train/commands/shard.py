@@ -301,11 +301,11 @@ def _shard_preference(cfg: DictConfig, out: str) -> str:
     tokenizer = OmegaConf.select(ds, "tokenizer", default=None, throw_on_resolution_failure=False)
     splits = preference_splits(
         str(ds.path), tokenizer, int(ds.max_length), ds.max_prompt_length, int(ignore),
-        ds.val_path, ds.test_path, float(ds.val_fraction), int(seed),
+        ds.val_path, ds.test_path, float(ds.val_fraction), int(seed), ds.get("chat_template"),
     )  # fmt: skip
     parts = {"train": splits.train, "val": splits.val, "test": splits.test}
     inputs = {k: [v[i] for i in range(len(v))] for k, v in parts.items() if v is not None}
-    tok = load_tokenizer(str(tokenizer))
+    tok = load_tokenizer(str(tokenizer), chat_template=ds.get("chat_template"))
     meta = {
         "format": META_FORMAT,
         "kind": "preference",

@@ -159,6 +159,7 @@ class PreferenceDatasetConfig(DatasetConfig):
     max_length: int = 1024
     max_prompt_length: int | None = 512
     ignore_index: int = -100
+    chat_template: str | None = None
 
 
 # The recipe switches of issue 38 (timm's spellings; data/recipe.py, data/batch_mix.py): keys
@@ -234,6 +235,7 @@ class StreamingPreferenceDatasetConfig(DatasetConfig):
     ignore_index: int = -100
     max_length: int | None = None
     max_prompt_length: int | None = None
+    chat_template: str | None = None
 
 
 @dataclass

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from accel_train.data.records import as_preference
 from accel_train.data.sft import read_records
 from accel_train.data.splits import Splits, held_out_indices
 from accel_train.errors import UserError
@@ -58,6 +59,7 @@ class Parts:
 def record_parts(where: str, record: Any) -> Parts:
     """A record in either of TRL's preference formats -> its parts; a bad record refused in one
     paragraph naming `where` (file:line). The one place a record's format is read."""
+    record = as_preference(where, record)  # Alpaca's and ShareGPT's preference records
     if not isinstance(record, dict) or any(k not in record for k in FIELDS):
         have = sorted(record) if isinstance(record, dict) else type(record).__name__
         missing = [k for k in FIELDS if not isinstance(record, dict) or k not in record]
@@ -118,6 +120,7 @@ class PairEncoder:
     def __init__(self, tokenizer: Any, folder: str):
         self.tok, self.folder = tokenizer, folder
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
+        self.warned = False  # the prompt/answer boundary warning, once
 
     def _render(self, messages: list[dict], generation_prompt: bool = False) -> list[int]:
         out = self.tok.apply_chat_template(
@@ -148,17 +151,36 @@ class PairEncoder:
         if isinstance(msgs, str):
             msgs = [{"role": "user", "content": msgs}]
         prompt = self._render(msgs, generation_prompt=True)
-        answers = []
-        for text in (parts.chosen, parts.rejected):
-            full = self._render([*msgs, {"role": "assistant", "content": text}])
-            if full[: len(prompt)] != prompt:
-                raise UserError(
-                    f"{where}: the chat template of {self.folder} renders the prompt with an "
-                    "answer differently from the prompt alone, so the answer's tokens cannot be "
-                    "told apart. Fix the template."
-                )
-            answers.append(full[len(prompt) :])
-        return Pair(prompt, *answers)
+        full = [self._render([*msgs, {"role": "assistant", "content": t}])
+                for t in (parts.chosen, parts.rejected)]  # fmt: skip
+        # TRL's rule: the answer starts where the prompt alone and prompt + answer diverge,
+        # which is before the prompt's end when tokens merge across the boundary (a BPE
+        # tokenizer's "\n" + indentation) or the template renders the prompt alone otherwise.
+        shared = min(_common_prefix(prompt, f) for f in full)
+        if shared == 0:
+            raise UserError(
+                f"{where}: the chat template of {self.folder} renders the prompt with an answer "
+                "differently from its first token on, so the answer's tokens cannot be told "
+                "apart from the prompt's. Fix the template (`dataset.chat_template=<file>`)."
+            )
+        if shared < len(prompt) and not self.warned:
+            self.warned = True
+            log.warning(
+                "%s: the prompt's last %d token(s) %r merge with the answer's first when "
+                "rendered together; the answer is scored from where they diverge (TRL's rule; "
+                "shown once, likely true of other records too)",
+                where, len(prompt) - shared, self.tok.decode(prompt[shared:]),
+            )  # fmt: skip
+        return Pair(prompt[:shared], *(f[shared:] for f in full))
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def truncate(pair: Pair, max_length: int, max_prompt_length: int | None) -> tuple[Pair, bool]:
@@ -261,6 +283,7 @@ def preference_splits(
     test_path: str | None = None,
     val_fraction: float = 0.05,
     seed: int = 0,
+    chat_template: str | None = None,
 ) -> Splits:
     """The preference splits (see the module docstring); `tokenizer`: the model folder whose
     tokenizer and chat template render the records."""
@@ -276,7 +299,7 @@ def preference_splits(
             "dataset.tokenizer is not set: name the model folder whose tokenizer and chat "
             "template render the records (model=hf sets it to model.path)."
         )
-    tok = load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer, chat_template=chat_template)
     encoder = PairEncoder(tok, tokenizer)
     sets = {}
     for name, file, key in (

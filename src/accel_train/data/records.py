@@ -11,6 +11,11 @@ Besides its own two forms (`messages`; `prompt` and `completion`), a record may 
 
 `as_chat` turns either into the project's own forms and leaves those as they are; anything it
 cannot read is left for the caller's own message, which names every accepted form.
+
+Preference pairs (`dataset=preference`) come in the same two families, as LLaMA-Factory reads
+them: Alpaca's `instruction`/`input` (and `system`) with `chosen` and `rejected` answers, and
+ShareGPT's `conversations` with `chosen` and `rejected` turns (`{"from": "gpt", "value": ...}`).
+`as_preference` turns them into TRL's prompt/chosen/rejected form.
 """
 
 from __future__ import annotations
@@ -80,3 +85,26 @@ def sharegpt_messages(where: str, turns: Any) -> list[dict]:
             )
         messages.append({"role": role, "content": value})
     return messages
+
+
+def as_preference(where: str, record: Any) -> Any:
+    """A preference record in TRL's form (`prompt`, `chosen`, `rejected`), from Alpaca's or
+    ShareGPT's; TRL's own forms and anything unreadable are returned as they are."""
+    if not isinstance(record, dict) or "prompt" in record:
+        return record
+    if "instruction" in record:
+        chat = as_chat(where, {**record, "output": ""})  # the Alpaca prompt, as dataset=sft's
+        prompt = chat.get("prompt", chat.get("messages", [])[:-1])
+    elif "conversations" in record:
+        prompt = sharegpt_messages(where, record["conversations"])
+    else:
+        return record
+    out = {"prompt": prompt}
+    for key in ("chosen", "rejected"):
+        answer = record.get(key)
+        if isinstance(answer, dict) and "value" in answer:  # a ShareGPT turn
+            answer = answer["value"]
+        if isinstance(prompt, list) and isinstance(answer, str):
+            answer = [{"role": "assistant", "content": answer}]
+        out[key] = answer
+    return {**record, **out}

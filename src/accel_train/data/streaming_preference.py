@@ -71,6 +71,7 @@ def build_streaming_preference(
     ignore_index: int = -100,
     max_length: int | None = None,
     max_prompt_length: int | None = None,
+    chat_template: str | None = None,
     **_,
 ) -> Splits:
     """The `dataset=streaming_preference` splits (see the module docstring)."""
@@ -84,7 +85,9 @@ def build_streaming_preference(
             "does not apply to shards (shard the pairs again to change it)",
             remote, info["max_length"], info["max_prompt_length"], " and ".join(differ),
         )  # fmt: skip
-    if tokenizer and tokenizer_fingerprint(load_tokenizer(str(tokenizer))) != info["fingerprint"]:
+    # (dataset.chat_template: the template the pairs were rendered with, when not the folder's)
+    tok = load_tokenizer(str(tokenizer), chat_template=chat_template) if tokenizer else None
+    if tok is not None and tokenizer_fingerprint(tok) != info["fingerprint"]:
         raise UserError(
             f"dataset.remote={remote} was tokenized with the tokenizer of {info['tokenizer']}, "
             f"and dataset.tokenizer={tokenizer} (model=hf: model.path) holds another one, so "
