@@ -99,6 +99,8 @@ def trl_worker(a: argparse.Namespace) -> None:
         seed=0,
         max_length=1024,
     )
+    if a.optim == "sgd":  # (else the Trainer's default AdamW, fused as accel-train's is)
+        common["optim"] = "sgd"
     peft_config = None
     if a.rank:
         from peft import LoraConfig
@@ -135,6 +137,7 @@ def run_trl(a, loss: str, model: Path, train: Path, steps: int, batch: int, rank
     cmd = [sys.executable, __file__, "--trl-worker", "--loss", loss, "--model", str(model)]
     cmd += ["--train", str(train), "--steps", str(steps), "--batch", str(batch)]
     cmd += ["--rank", str(rank), "--lr", str(lr), "--gamma", str(a.gamma), "--out", a.tmp + "/trl"]
+    cmd += ["--optim", a.optim]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -161,7 +164,13 @@ def accel_args(a, loss, model, train, val, steps, batch, rank, lr) -> list[str]:
         f"loader.batch_size={batch}",
         f"optimizer.lr={lr}",
         "optimizer.weight_decay=0.0",
+        *(
+            ["optimizer=sgd", "optimizer.momentum=0.0", "optimizer.nesterov=false"]
+            if a.optim == "sgd"
+            else []
+        ),  # fmt: skip
         "scheduler=none",
+        "scheduler.warmup_steps=0",
         f"trainer.max_steps={steps}",
         "trainer.max_epochs=100000",
         "trainer.val_check_interval=100000",
@@ -213,7 +222,8 @@ def parity(a, root: Path, model: Path, text: str) -> None:
         margins = [(o["margins"], t["margins"]) for o, t in zip(ours[:n], theirs[:n], strict=True)]
         dm = max((abs(o - t) for o, t in margins if o is not None and t is not None), default=None)
         for o, t in zip(ours[:n], theirs[:n], strict=True):
-            print(f"{loss} step {o['step']}: loss {o['loss']:.6f} / {t['loss']:.6f}", flush=True)
+            shown = f"loss {o['loss']:.6f} / {t['loss']:.6f}"
+            print(f"{loss} step {o['step']}: {shown}; margins {o['margins']} / {t['margins']}")
         trainer = {"dpo": "DPOTrainer", "ipo": "DPOTrainer", "simpo": "CPOTrainer",
                    "orpo": "ORPOTrainer"}[loss]  # fmt: skip
         rows.append([loss, trainer, str(n), f"{ours[0]['loss']:.4f}", f"{ours[n - 1]['loss']:.4f}",
@@ -265,6 +275,7 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=8)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--optim", default="adamw", help="adamw, or sgd (no momentum): parity only")
     p.add_argument("--gamma", type=float, default=0.5)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch", type=int, default=8)
