@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEFAULT_DATA_DIR, console_script, load_avg, machine, median, table  # noqa: E402
-from finetune_lora import RACE_MODEL, make_folder  # noqa: E402
+from finetune_lora import MEM_MODEL, RACE_MODEL, make_folder  # noqa: E402
 
 # Each turn ends with the EOS token (<|im_end|>) and nothing after it.
 EOS_TEMPLATE = (
@@ -72,6 +72,7 @@ def make_pairs(text: str, path: Path, n: int, start: int, chars: int = 240) -> P
 
 
 def trl_worker(a: argparse.Namespace) -> None:
+    """TRL's side, in a process of its own (what a user writes from TRL's docs)."""
     t0 = time.perf_counter()
     import torch
     from datasets import load_dataset
@@ -90,7 +91,7 @@ def trl_worker(a: argparse.Namespace) -> None:
         warmup_steps=0,
         weight_decay=0.0,
         max_grad_norm=0.0,
-        logging_steps=1,
+        logging_steps=a.log_every,
         save_strategy="no",
         eval_strategy="no",
         report_to=[],
@@ -137,7 +138,7 @@ def run_trl(a, loss: str, model: Path, train: Path, steps: int, batch: int, rank
     cmd = [sys.executable, __file__, "--trl-worker", "--loss", loss, "--model", str(model)]
     cmd += ["--train", str(train), "--steps", str(steps), "--batch", str(batch)]
     cmd += ["--rank", str(rank), "--lr", str(lr), "--gamma", str(a.gamma), "--out", a.tmp + "/trl"]
-    cmd += ["--optim", a.optim]
+    cmd += ["--optim", a.optim, "--log-every", str(1 if steps <= a.steps else 10)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -248,8 +249,8 @@ def speed(a, root: Path, model: Path, text: str) -> None:
                 wall, steps, _ = run_accel(args, root / f"speed{r}")
                 last[side] = steps[-1]["loss"]
             walls[side].append(wall)
-            print(f"round {r + 1} {side}: {wall:.1f} s, last logged loss {last[side]:.4f}",
-                  flush=True)  # fmt: skip
+            print(f"round {r + 1} {side}: {wall:.1f} s, mean loss of the last 10 steps "
+                  f"{last[side]:.4f}", flush=True)  # fmt: skip
     ratio = median(walls["TRL"]) / median(walls["accel-train"])
     rows = [[s, f"{median(w):.1f}", ", ".join(f"{x:.1f}" for x in w)] for s, w in walls.items()]
     print(table(["side", "median launch to exit (s)", "rounds"], rows))
@@ -257,14 +258,26 @@ def speed(a, root: Path, model: Path, text: str) -> None:
 
 
 def memory(a, root: Path, model: Path, text: str) -> None:
+    """At finetune_lora's 111 M-parameter size, where the weights (444 MB in fp32) and the
+    optimizer's state, not a tiny model's activations, set the peak."""
+    model = make_folder(root, text, MEM_MODEL, "model_111m")
+    _eos_template(model)
     train = make_pairs(text, root / "mem.jsonl", 64, 0)
     val = make_pairs(text, root / "mem_val.jsonl", 8, 240 * 64)
     rows = []
     for name, rank in (("LoRA DPO (adapters off)", 8), ("full DPO (frozen copy)", 0)):
-        args = accel_args(a, "dpo", model, train, val, 6, a.batch, rank, 5e-5)
+        args = accel_args(a, "dpo", model, train, val, 4, a.batch, rank, 5e-5)
         _, _, peak = run_accel(args, root / f"mem{rank}", rss=True)
         rows.append([name, f"{peak:,.0f}"])
     print(table(["accel-train", "peak RSS (MiB)"], rows))
+
+
+def _eos_template(folder: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = EOS_TEMPLATE
+    tok.save_pretrained(folder)
 
 
 def main() -> None:
@@ -284,6 +297,7 @@ def main() -> None:
     p.add_argument("--trl-worker", action="store_true")
     p.add_argument("--loss"), p.add_argument("--model"), p.add_argument("--train")
     p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=1)
     p.add_argument("--out")
     a = p.parse_args()
     if a.trl_worker:
@@ -294,11 +308,7 @@ def main() -> None:
         a.tmp = tmp
         root = Path(tmp)
         model = make_folder(root, text, RACE_MODEL, "model")
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(model)
-        tok.chat_template = EOS_TEMPLATE
-        tok.save_pretrained(model)
+        _eos_template(model)
         parts = a.parts.split(",")
         for name, part in (("parity", parity), ("speed", speed), ("memory", memory)):
             if name in parts:
