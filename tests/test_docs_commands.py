@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from doc_commands import DocCommand, all_commands
 from helpers import check_ok, run_cli
-from hf_fixtures import write_records, write_tiny_llama
+from hf_fixtures import write_preferences, write_records, write_tiny_llama
 from test_image_folder import write_image_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
     text = text.replace("/data/imagenette2-160", "imagenette2-160")
     text = text.replace("/mnt/shards/", "shards/")
     # docs/fine-tuning.md: the tiny Llama folder, its records and a JPEG folder for the pets.
-    for folder in ("/models/qwen2.5-0.5b", "/models/llama-3.2-1b"):
+    for folder in ("/models/qwen2.5-0.5b", "/models/llama-3.2-1b", "/models/my-sft"):
         text = text.replace(folder, "models/tiny-llama")
     # (one export folder per command: an export never writes over an existing folder)
     where = re.sub(r"\W", "_", command.source)
@@ -143,6 +143,8 @@ def workspace(tmp_path_factory, mnist_dir) -> Path:
     write_records(root / "data" / "chat.jsonl", 16)
     write_records(root / "data" / "chat_val.jsonl", 4)
     write_records(root / "data" / "chat_test.jsonl", 4)  # (accel-eval data_path=)
+    write_preferences(root / "data" / "prefs.jsonl", 8)  # (docs/fine-tuning.md's preference pairs)
+    write_preferences(root / "data" / "prefs_val.jsonl", 4, start=8)
     sft = ["+experiment=sft_lora", "model.path=models/tiny-llama", "dataset.path=data/chat.jsonl"]
     sft += [
         "dataset.val_path=data/chat_val.jsonl",

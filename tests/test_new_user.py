@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from helpers import FAST, check_ok, write_mnist
-from hf_fixtures import write_records, write_tiny_llama
+from hf_fixtures import write_preferences, write_records, write_tiny_llama
 from omegaconf import OmegaConf
 
 from accel_train.config import CONFIG_DIR
@@ -41,6 +41,17 @@ def _sft(cwd: Path, run_cli) -> list[str]:
         f"model.path={write_tiny_llama(cwd / 'llama')}",
         f"dataset.path={write_records(cwd / 'train.jsonl', 16)}",
         f"dataset.val_path={write_records(cwd / 'val.jsonl', 4)}",
+        "dataset.max_length=96",
+        "lora.rank=4",
+    ]
+
+
+def _prefs(cwd: Path, run_cli) -> list[str]:
+    # The same Llama, preference pairs (plain text to train on, chat to validate).
+    return [
+        f"model.path={write_tiny_llama(cwd / 'llama')}",
+        f"dataset.path={write_preferences(cwd / 'train.jsonl', 8)}",
+        f"dataset.val_path={write_preferences(cwd / 'val.jsonl', 4, form='chat', start=8)}",
         "dataset.max_length=96",
         "lora.rank=4",
     ]
@@ -93,6 +104,8 @@ def _vit(cwd: Path, run_cli) -> list[str]:
 # Each experiment's data, made by the test: a new experiment must say what it needs here.
 EXPERIMENT_DATA = {
     "cifar10_resnet18_bf16": _cifar_shaped,
+    "dpo_lora": _prefs,
+    "simpo_lora": _prefs,
     "gpt_char": _tokens,
     "gpt_char_fast": _tokens,
     "gpt2_small": _gpt2_shrunk,
@@ -104,6 +117,7 @@ EXPERIMENT_DATA = {
 }
 # The experiments whose warm-up is longer than the smoke run's one step.
 WARMUP = {"gpt_char": 100, "gpt_char_fast": 20, "gpt2_small": 200, "sft_lora": 10}
+WARMUP["dpo_lora"] = WARMUP["simpo_lora"] = 10
 WARMUP["gpt2_long"] = 200
 WARMUP["vit_finetune"] = 6250
 
