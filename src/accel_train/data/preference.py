@@ -37,8 +37,8 @@ import torch
 from torch.utils.data import Dataset
 
 from accel_train.data.records import as_preference
-from accel_train.data.sft import read_records
-from accel_train.data.splits import Splits, held_out_indices
+from accel_train.data.sft import read_records, split_files
+from accel_train.data.splits import Splits
 from accel_train.errors import UserError
 from accel_train.models.hf import load_tokenizer
 
@@ -301,24 +301,11 @@ def preference_splits(
         )
     tok = load_tokenizer(tokenizer, chat_template=chat_template)
     encoder = PairEncoder(tok, tokenizer)
-    sets = {}
-    for name, file, key in (
-        ("train", path, "dataset.path"),
-        ("val", val_path, "dataset.val_path"),
-        ("test", test_path, "dataset.test_path"),
-    ):
-        if file:
-            sets[name] = _encode_file(file, key, encoder, max_length, max_prompt_length)
-    if "val" not in sets:
-        train_idx, val_idx = held_out_indices(len(sets["train"]), val_fraction, seed)
-        if len(val_idx) == 0 or len(train_idx) == 0:
-            raise UserError(
-                f"dataset.path={path}: {len(sets['train'])} pairs leave none for validation at "
-                f"dataset.val_fraction={val_fraction}. Give dataset.val_path or more pairs."
-            )
-        every = sets["train"]
-        sets["train"] = [every[i] for i in train_idx.tolist()]
-        sets["val"] = [every[i] for i in val_idx.tolist()]
+    files = {"train": path, "val": val_path, "test": test_path}
+    sets = split_files(
+        files, lambda file, key: _encode_file(file, key, encoder, max_length, max_prompt_length),
+        val_fraction, seed, "pairs",
+    )  # fmt: skip
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     out, offset = {}, 0
     for name in ("train", "val", "test"):

@@ -341,25 +341,11 @@ def encode_rows(
     tok = load_tokenizer(tokenizer, chat_template=chat_template)
     encoder = Encoder(tok, tokenizer, train_on)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    sets = {}
-    for name, file, key in (
-        ("train", path, "dataset.path"),
-        ("val", val_path, "dataset.val_path"),
-        ("test", test_path, "dataset.test_path"),
-    ):
-        if file:
-            sets[name] = _encode_file(file, key, encoder, ignore_index, max_length)
-    if "val" not in sets:
-        train_idx, val_idx = held_out_indices(len(sets["train"]), val_fraction, seed)
-        if len(val_idx) == 0 or len(train_idx) == 0:
-            raise UserError(
-                f"dataset.path={path}: {len(sets['train'])} usable records leave none for "
-                f"validation at dataset.val_fraction={val_fraction}. Give dataset.val_path or "
-                "more records."
-            )
-        every = sets["train"]
-        sets["train"] = [every[i] for i in train_idx.tolist()]
-        sets["val"] = [every[i] for i in val_idx.tolist()]
+    files = {"train": path, "val": val_path, "test": test_path}
+    sets = split_files(
+        files, lambda file, key: _encode_file(file, key, encoder, ignore_index, max_length),
+        val_fraction, seed, "usable records",
+    )  # fmt: skip
     rng = random.Random(seed)
     out = {}
     for name, pairs in sets.items():
@@ -372,6 +358,28 @@ def encode_rows(
         out[name] = build_rows(pairs, length, pad_id, ignore_index, pack)
     _report(sets, out, pack, max_length)
     return out, tok
+
+
+def split_files(
+    files: dict[str, str | None], encode, val_fraction: float, seed: int, what: str
+) -> dict[str, list]:
+    """{split: encode(file, key)} for the train/val/test files given (`dataset.path`,
+    `dataset.val_path`, `dataset.test_path`); without a validation file, a seeded
+    `val_fraction` of the training items is held out. `what` names the items in the error."""
+    keys = {"train": "dataset.path", "val": "dataset.val_path", "test": "dataset.test_path"}
+    sets = {name: encode(file, keys[name]) for name, file in files.items() if file}
+    if "val" not in sets:
+        train_idx, val_idx = held_out_indices(len(sets["train"]), val_fraction, seed)
+        if len(val_idx) == 0 or len(train_idx) == 0:
+            raise UserError(
+                f"dataset.path={files['train']}: {len(sets['train'])} {what} leave none for "
+                f"validation at dataset.val_fraction={val_fraction}. Give dataset.val_path or "
+                f"more {what.split()[-1]}."
+            )
+        every = sets["train"]
+        sets["train"] = [every[i] for i in train_idx.tolist()]
+        sets["val"] = [every[i] for i in val_idx.tolist()]
+    return sets
 
 
 def tokenizer_fingerprint(tok: Any) -> str:
