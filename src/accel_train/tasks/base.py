@@ -22,6 +22,7 @@ trains on the soft targets of mixed batches (`soft_targets`: mixup, cutmix, rand
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -239,6 +240,19 @@ class Task:
             self.eval_metrics.add("loss", loss.detach().to(self.eval_metrics.dtype), items)
         for key, value in metrics.items():
             self.eval_metrics.add(key, value.detach().double() * n, n)
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module):
+    """The model in eval mode under no_grad (a setup check's forward, a reference pass), its
+    train/eval mode restored after."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was)
 
 
 def split_output(out: Any) -> tuple[torch.Tensor, Any, Mapping[str, torch.Tensor]]:

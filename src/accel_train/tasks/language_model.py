@@ -32,7 +32,7 @@ from accel_train.data.tokenizer import tokenizer_from_meta
 from accel_train.errors import UserError
 from accel_train.losses import TokenLoss, liger_available
 from accel_train.models.generate import generate
-from accel_train.tasks.base import Task, TaskContext
+from accel_train.tasks.base import Task, TaskContext, evaluating
 
 log = logging.getLogger("accel_train")
 HEAD_LOSS = "head_loss"  # the model capability task.chunked_loss calls: forward(..., head_loss=)
@@ -97,13 +97,8 @@ class LanguageModel(Task):
         if self.chunked:
             self._setup_chunked(ctx, x, y)
             return
-        was = ctx.model.training
-        ctx.model.eval()
-        try:
-            with torch.no_grad():
-                logits = call(ctx.model, x)
-        finally:
-            ctx.model.train(was)
+        with evaluating(ctx.model):
+            logits = call(ctx.model, x)
         if not isinstance(logits, torch.Tensor) or logits.shape[:2] != y.shape:
             got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits)
             raise UserError(
@@ -132,13 +127,8 @@ class LanguageModel(Task):
                 if liger
                 else f"PyTorch, {self.loss.chunk_tokens} tokens a chunk",
             )
-        was = ctx.model.training
-        ctx.model.eval()
-        try:
-            with torch.no_grad():
-                loss = call(ctx.model, x, head_loss=self.loss.plain().on_head(y))
-        finally:
-            ctx.model.train(was)
+        with evaluating(ctx.model):
+            loss = call(ctx.model, x, head_loss=self.loss.plain().on_head(y))
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
             raise UserError(

@@ -46,9 +46,10 @@ from omegaconf import DictConfig
 from torch import nn
 
 from accel_train.config.combinations import REFUSED, strategy_key
+from accel_train.data.batch import to_device
 from accel_train.errors import UserError
 from accel_train.models import build_model
-from accel_train.tasks.base import Task, TaskContext
+from accel_train.tasks.base import Task, TaskContext, evaluating
 from accel_train.tasks.language_model import call
 
 log = logging.getLogger("accel_train")
@@ -222,13 +223,8 @@ class Preference(Task):
                 "jsonl>` (records with prompt, chosen and rejected)."
             )
         ids, labels = _flat(batch)
-        was = ctx.model.training
-        ctx.model.eval()
-        try:
-            with torch.no_grad():
-                logits = call(ctx.model, ids)
-        finally:
-            ctx.model.train(was)
+        with evaluating(ctx.model):
+            logits = call(ctx.model, ids)
         if not isinstance(logits, torch.Tensor) or logits.shape[:2] != labels.shape:
             raise UserError(
                 f"model._target_={ctx.cfg.model._target_} with task=preference must return "
@@ -270,17 +266,12 @@ class Preference(Task):
     def _compute_table(self, ctx: TaskContext, splits: list) -> torch.Tensor:
         rows = []
         size = int(ctx.cfg.loader.batch_size)
-        was = ctx.model.training
-        ctx.model.eval()
-        try:
-            with torch.no_grad():
-                for split in splits:
-                    for start in range(0, len(split), size):
-                        items = [split[i] for i in range(start, min(start + size, len(split)))]
-                        batch = {k: v.to(ctx.device) for k, v in split.collate(items).items()}
-                        rows.append(self._policy_logps(ctx.model, batch)[0].view(2, -1).T)
-        finally:
-            ctx.model.train(was)
+        with evaluating(ctx.model):
+            for split in splits:
+                for start in range(0, len(split), size):
+                    items = [split[i] for i in range(start, min(start + size, len(split)))]
+                    batch = to_device(split.collate(items), ctx.device)
+                    rows.append(self._policy_logps(ctx.model, batch)[0].view(2, -1).T)
         # HOST SYNC (before training): the table moves to the host to be saved
         return torch.cat(rows).float().cpu()
 
