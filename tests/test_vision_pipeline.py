@@ -131,6 +131,63 @@ def test_dct_scaled_decoding_is_close_to_a_full_decode(tmp_path):
     assert psnr(got, want) > 32
 
 
+def test_simplejpeg_and_pil_decode_the_same_pixels(tmp_path, monkeypatch):
+    """JPEGs decode through simplejpeg when it is installed (data/decode.py's fast path): a
+    sample equals PIL's path bit for bit, at full and DCT-reduced scale, 4:2:0 and 4:4:4, from
+    a path and from bytes, for training and evaluation; a file it does not take (grayscale,
+    CMYK, corrupt, PNG) takes PIL's path and is refused with PIL's path's message."""
+    import accel_train.data.decode as decode
+
+    taken = []
+    fast_pixels = decode._jpeg_pixels
+    monkeypatch.setattr(
+        decode, "_jpeg_pixels", lambda *a, **k: taken.append(1) or fast_pixels(*a, **k)
+    )
+
+    def through_pil(fn, *args):
+        monkeypatch.setattr(decode, "_SIMPLEJPEG", [None])
+        try:
+            return fn(*args)
+        finally:
+            monkeypatch.setattr(decode, "_SIMPLEJPEG", [])
+
+    files = [
+        save(tmp_path / "a.jpg", photo(480, 640), quality=92),
+        save(tmp_path / "b.jpg", photo(300, 410, 1), quality=85, subsampling=0),
+    ]
+    crop = RandomResizedCrop(64, (0.08, 1.0), hflip=True)
+    scales = set()
+    for path in files:
+        for seed in range(12):
+            scales.add(
+                decode.jpeg_scale(min(crop.box(*photo_size(path), random.Random(seed))[2:]), 64)
+            )
+            for source in (str(path), path.read_bytes()):
+                fast = decode_train(source, "x", crop, 64, random.Random(seed))
+                slow = through_pil(decode_train, source, "x", crop, 64, random.Random(seed))
+                assert torch.equal(fast, slow), (path.name, seed)
+        for size, resize_to in ((64, 73), (224, 256)):  # 1/4 and 1 scale
+            fast = decode_eval(str(path), "x", size, resize_to)
+            assert torch.equal(fast, through_pil(decode_eval, str(path), "x", size, resize_to))
+    assert scales == {1, 2, 4} and len(taken) == 2 * 2 * 12 + 4
+
+    taken.clear()
+    for problem, path in bad_files(tmp_path / "bad").items():
+        with pytest.raises(UserError) as fast:
+            decode_train(str(path), "x", crop, 16, random.Random(0))
+        with pytest.raises(UserError) as slow:
+            through_pil(decode_train, str(path), "x", crop, 16, random.Random(0))
+        assert problem in str(fast.value) and str(fast.value) == str(slow.value)
+    assert not taken  # none of them reached simplejpeg's decode
+
+
+def photo_size(path: Path) -> tuple[int, int]:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return im.height, im.width
+
+
 def test_training_crops_flip_and_keep_their_seed(tmp_path):
     path = save(tmp_path / "x.jpg", photo(90, 120), quality=95)
     crop = RandomResizedCrop(32, (0.08, 1.0), hflip=True)

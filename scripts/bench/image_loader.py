@@ -13,7 +13,10 @@ plus a flip, normalised), 2 loader workers, batch 64, a model that costs nothing
     normalisation runs on the CPU here in the main process (on a GPU it is the device's);
     the CLI's loop is left out: it adds nothing per image;
 (d) decoding alone on one core, every file once: PIL (``Image.open(...).convert("RGB")``) and
-    simplejpeg (``decode_jpeg(..., fastdct=True)``).
+    simplejpeg (``decode_jpeg(..., fastdct=True)``; accel-train decodes colour JPEGs with it,
+    with ``fastupsample`` too for training samples);
+(e) one training sample on one core, every file once, from its bytes to the flipped crop: the
+    example's transform, and accel-train's ``decode_train`` through simplejpeg and through PIL.
 
 Writes --images photo-like JPEGs once (400-560 x 300-440 px, smooth waves + flat shapes +
 noise, quality 90, ~78 KB each, --classes classes) under outputs/bench_data/ (reused when
@@ -187,6 +190,46 @@ def decode_simplejpeg(data: bytes):
 DECODERS = {"(d) decode only, 1 core: PIL": decode_pil}
 
 
+def sample_functions() -> dict:
+    """(e) one training sample in this process, from the bytes to the flipped 224 crop: the
+    example's transform (to its normalised float tensor), accel-train's path through
+    simplejpeg and through PIL (its uint8 crop; normalising is the device's, per batch)."""
+    import itertools
+    import random
+
+    from PIL import Image
+    from torchvision import transforms
+
+    import accel_train.data.decode as decode
+    from accel_train.data.image_crops import RandomResizedCrop
+
+    tf = transforms.Compose([
+        transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(), transforms.Normalize(MEAN, STD),
+    ])  # fmt: skip
+    crop, count = RandomResizedCrop(SIZE, (0.08, 1.0), hflip=True), itertools.count()
+
+    def example(data: bytes):
+        with Image.open(io.BytesIO(data)) as im:
+            return tf(im.convert("RGB"))
+
+    def ours(data: bytes):
+        return decode.decode_train(data, "x", crop, SIZE, random.Random(next(count)))
+
+    def ours_pil(data: bytes):
+        saved, decode._SIMPLEJPEG[:] = list(decode._SIMPLEJPEG), [None]
+        try:
+            return ours(data)
+        finally:
+            decode._SIMPLEJPEG[:] = saved
+
+    return {
+        "(e) one sample, 1 core: the example's transform": example,
+        "(e) one sample, 1 core: accel-train (simplejpeg)": ours,
+        "(e) one sample, 1 core: accel-train (PIL)": ours_pil,
+    }
+
+
 def decode_pass(fn, files: list[Path]) -> tuple[int, float]:
     """Every file read and decoded once in this process (one core)."""
     t0 = time.perf_counter()
@@ -230,14 +273,15 @@ def main() -> None:
     except ImportError:
         print("simplejpeg is not installed: its decode-only row is left out")
     print(f"# {machine()}\n# load average before: {load_avg()}; {len(files)} JPEGs, {kb:.0f} KB")
-    runs = {**VARIANTS, **{k: None for k in DECODERS}}
+    samples = sample_functions()
+    runs = {**VARIANTS, **{k: None for k in DECODERS}, **{k: None for k in samples}}
     rates: dict[str, list[float]] = {k: [] for k in runs}
     per_cpu: dict[str, list[float]] = {k: [] for k in runs}
     for r in range(a.rounds):
         for name in rotate(list(runs), r):
             c0 = cpu_seconds()
-            if name in DECODERS:
-                n, s = decode_pass(DECODERS[name], files)
+            if name in DECODERS or name in samples:
+                n, s = decode_pass({**DECODERS, **samples}[name], files)
             else:
                 n, s = VARIANTS[name](a, root)
             cpu = cpu_seconds() - c0
@@ -246,7 +290,9 @@ def main() -> None:
             print(f"round {r + 1}: {name}: {n / s:,.0f} images/s ({s:.1f} s wall, {cpu:.1f} s CPU)",
                   flush=True)  # fmt: skip
     base = median(rates["(a) PyTorch ImageNet example"])
-    pil = median(rates["(d) decode only, 1 core: PIL"])  # the decoder accel-train uses
+    # The decode-only rates a worker is compared with: PIL's, and simplejpeg's (the decoder
+    # accel-train uses for colour JPEGs when it is installed).
+    decoders = {k.rsplit(": ", 1)[1].split()[0]: median(rates[k]) for k in DECODERS}
     base_cpu = median(per_cpu["(a) PyTorch ImageNet example"])
     rows = []
     for name, values in rates.items():
@@ -254,11 +300,13 @@ def main() -> None:
         per_worker = m / a.workers if name in VARIANTS else m
         rows.append([
             name, f"{m:,.0f}", f"{min(values):,.0f}-{max(values):,.0f}", f"{m / base:.2f}",
-            f"{per_worker / pil:.2f}", f"{c:,.0f}", f"{c / base_cpu:.2f}",
+            *(f"{per_worker / d:.2f}" for d in decoders.values()), f"{c:,.0f}",
+            f"{c / base_cpu:.2f}",
         ])  # fmt: skip
     print(f"\nload average after: {load_avg()}\n")
-    headers = ["loader", "images/s (median)", "range", "vs (a)", "per worker vs PIL decode",
-               "images per CPU s", "vs (a)"]  # fmt: skip
+    headers = ["loader", "images/s (median)", "range", "vs (a)",
+               *(f"per worker vs {d} decode" for d in decoders), "images per CPU s",
+               "vs (a)"]  # fmt: skip
     print(table(headers, rows))
 
 

@@ -1,23 +1,26 @@
 """One image file -> the uint8 pixels a sample shows, with as little decoding as its crop
 allows; and the check of every file's header before anything is trained or written.
 
-Per sample (``dataset=image_folder`` without a cache, ``dataset=streaming``): PIL's lazy open
-reads the header only (mode and size), the crop box is drawn on the whole image
-(data/image_crops.py, torchvision's rule), and when the box's shorter side is at least twice
-the output's, libjpeg-turbo decodes at 1/2, 1/4 or 1/8 scale in its DCT (PIL's ``draft``),
-with the box scaled alike. The box is then resized to the output size by torch's uint8
-antialiased kernel on the HWC pixels (its channels-last path: 2-3x faster than PIL's resize),
-flipped, and handed on as uint8 ``[3, S, S]``; floats only ever exist on the device
-(data/transform.py normalises there).
+Per sample (``dataset=image_folder`` without a cache, ``dataset=streaming``): the header gives
+the size, the crop box is drawn on the whole image (data/image_crops.py, torchvision's rule),
+and when the box's shorter side is at least twice the output's, libjpeg-turbo decodes at 1/2,
+1/4 or 1/8 scale in its DCT, with the box scaled alike. The box is then resized to the output
+size by torch's uint8 antialiased kernel on the HWC pixels (its channels-last path: 2-3x
+faster than PIL's resize), flipped, and handed on as uint8 ``[3, S, S]``; floats only ever
+exist on the device (data/transform.py normalises there).
 
-The decoder, measured (200 photo-like JPEGs of ~78 KB, 536x389, one core of the shared 2-core
-Xeon, CPU seconds, median of 5 passes): a whole decode takes 1.77 ms with PIL, 1.72 ms with
-simplejpeg's ``fastdct=True`` (1.62 ms adding ``fastupsample``); decoding at half scale 1.70
-vs 1.50 ms (such files spend most of their time in entropy decoding, which no scaling skips);
-the whole per-sample path (header, box, decode, crop and resize, flip) 315 vs 339 images/s.
-PIL stays: simplejpeg's 7 % would add a dependency and a second decoder whose fast-DCT pixels
-differ from PIL's, so a run's pixels would depend on what is installed; PIL also reads PNG in
-the same code, and torchvision depends on it already.
+Two decoders, the same pixels. JPEGs go through simplejpeg (the ``vision`` extra: a thin
+binding of libjpeg-turbo) when it is installed: its header read is C, it decodes straight into
+a numpy array, and with the same flags its pixels equal PIL's bit for bit (both are
+libjpeg-turbo; tests/test_vision_pipeline.py checks it at full and reduced scale, fast and
+accurate). Everything else (PNG, a grayscale or CMYK JPEG, a file simplejpeg refuses, no
+simplejpeg) takes PIL's path, whose refusals and messages are the only ones a user sees.
+Measured (scripts/bench/image_loader.py's rows (e), BENCHMARKS.md section 29b: 2,000 photo-like
+JPEGs of ~79 KB, ~480x370, one core of the 2-core Xeon): the whole per-sample path (header,
+box, decode, crop and resize, flip) takes 1.14 ms through simplejpeg against 1.54 ms through
+PIL, whose Python-side open and load and the copy out of its buffer cost the difference;
+PyTorch's ImageNet example spends 2.18 ms on the same sample. Such files spend most of their
+decode in entropy decoding, which no DCT scaling skips (half scale: 1.70 vs 1.77 ms).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ DCT_SCALES = (8, 4, 2)  # the reduced sizes libjpeg decodes to (PIL's draft pick
 SCAN_THREADS = 8
 SCAN_PROCESSES = 8
 SCAN_PROCESSES_FROM = 20_000  # files; below, starting processes costs more than it saves
+SCAN_CHUNK = 64  # files a thread checks per task
+HEADER_BYTES = 65_536  # read for simplejpeg's header check (an APP segment is at most 64 KB)
 SHOWN = 3  # files named in a refusal (with the count of the others)
 # np.asarray(PIL image) is a read-only view of PIL's bytes, which torch.from_numpy warns about
 # once per process; the tensors made of it here are only ever read (resized into new ones).
@@ -140,8 +145,12 @@ def _scan(paths: list[str], jpeg_only: bool) -> list:
         with ProcessPoolExecutor(procs, mp_context=context) as pool:
             done = pool.map(_check_chunk, chunks, [jpeg_only] * len(chunks))
             return [p for chunk in done for p in chunk]
-    with ThreadPoolExecutor(min(SCAN_THREADS, max(1, len(paths) // 64))) as pool:
-        return list(pool.map(lambda p: _check_one(p, jpeg_only), paths))
+    # A thread takes SCAN_CHUNK files at a time: one future per file cost more than the
+    # headers (their locks: 0.12 of 0.19 s for 2,000 files).
+    chunks = [paths[i : i + SCAN_CHUNK] for i in range(0, len(paths), SCAN_CHUNK)]
+    with ThreadPoolExecutor(min(SCAN_THREADS, max(1, len(chunks)))) as pool:
+        done = pool.map(_check_chunk, chunks, [jpeg_only] * len(chunks))
+        return [p for chunk in done for p in chunk]
 
 
 def _check_chunk(paths: list[str], jpeg_only: bool) -> list:
@@ -149,7 +158,10 @@ def _check_chunk(paths: list[str], jpeg_only: bool) -> list:
 
 
 def _check_one(path: str, jpeg_only: bool) -> tuple[str, str, str] | None:
-    """(kind, path, message) of one file's problem, None when it is fine. The header only."""
+    """(kind, path, message) of one file's problem, None when it is fine. The header only:
+    simplejpeg's for a colour JPEG (nothing to refuse there), else PIL's."""
+    if _jpeg_header(path) is not None:
+        return None
     try:
         with _pil().open(path) as im:
             problem = header_problem(im, path, jpeg_only)
@@ -187,8 +199,11 @@ def check_images(paths: Sequence[str], jpeg_only: bool = False, log=None) -> Non
 def dct_scale(im, shorter: float, needed: int) -> int:
     """The libjpeg scale (8, 4, 2; 1 = none) that keeps ``shorter`` (the box's shorter side)
     at least ``needed`` pixels; only JPEGs scale."""
-    if im.format != "JPEG":
-        return 1
+    return jpeg_scale(shorter, needed) if im.format == "JPEG" else 1
+
+
+def jpeg_scale(shorter: float, needed: float) -> int:
+    """The largest libjpeg scale (8, 4, 2; else 1) that keeps ``shorter`` >= ``needed``."""
     return next((s for s in DCT_SCALES if shorter >= s * needed), 1)
 
 
@@ -240,11 +255,83 @@ def _name(source: str | bytes, what: str) -> str:
 SampleAugment = Callable[[torch.Tensor, random.Random], torch.Tensor]
 
 
+# ---- the JPEG fast path: simplejpeg, the same pixels as PIL's ----------------------------------
+
+_SIMPLEJPEG = []  # [module or None], imported once per process
+
+
+def _simplejpeg():
+    if not _SIMPLEJPEG:
+        try:
+            import simplejpeg
+        except ImportError:  # the vision extra is not installed: PIL decodes everything
+            simplejpeg = None
+        _SIMPLEJPEG.append(simplejpeg)
+    return _SIMPLEJPEG[0]
+
+
+def _jpeg(source: str | bytes, limit: int = -1) -> tuple[bytes, int, int] | None:
+    """(bytes, height, width) of a colour JPEG that simplejpeg can take (``limit``: read at
+    most that many bytes of a file); None sends the file to PIL's path (another format,
+    grayscale, CMYK, a header simplejpeg refuses, or no simplejpeg): PIL's path then decodes
+    it or refuses it with its one message."""
+    sj = _simplejpeg()
+    if sj is None:
+        return None
+    if isinstance(source, str):
+        try:
+            with open(source, "rb") as f:
+                data = f.read(limit)
+        except OSError:
+            return None  # PIL's open reports it, with the path
+    else:
+        data = source
+    if data[:2] != b"\xff\xd8":
+        return None
+    try:
+        height, width, colorspace, _ = sj.decode_jpeg_header(data)
+    except ValueError:
+        return None
+    if colorspace not in ("YCbCr", "RGB"):
+        return None
+    return data, height, width
+
+
+def _jpeg_header(path: str) -> tuple[bytes, int, int] | None:
+    return _jpeg(path, HEADER_BYTES)
+
+
+def _jpeg_pixels(data: bytes, height: int, width: int, scale: int, fast: bool):
+    """simplejpeg's decode at 1/``scale`` with PIL's flags (``fast``: the fastest IDCT and
+    plain chroma upsampling, :func:`load_rgb`'s): uint8 HWC, or None where it refuses the
+    data (PIL's path then decides, with its own message)."""
+    try:
+        return _simplejpeg().decode_jpeg(
+            data,
+            fastdct=fast,
+            fastupsample=fast,
+            min_height=-(-height // scale),
+            min_width=-(-width // scale),
+        )
+    except ValueError:
+        return None
+
+
 def decode_train(
     source: str | bytes, what: str, crop: RandomResizedCrop, size: int, rng
 ) -> torch.Tensor:
     """A training sample: torchvision's random resized crop of the whole photo to ``size``,
     then the flip, both drawn from ``rng``; uint8 [3, size, size]."""
+    jpeg = _jpeg(source)
+    if jpeg is not None:
+        data, height, width = jpeg
+        state = rng.getstate()  # a refused decode retakes PIL's path with the same draws
+        box = crop.box(height, width, rng)
+        scale = jpeg_scale(min(box[2], box[3]), size)
+        pixels = _jpeg_pixels(data, height, width, scale, fast=True)
+        if pixels is not None:
+            return crop.finish(_region(pixels, box, scale), size, rng)
+        rng.setstate(state)
     with open_image(source, what) as im:
         width, height = im.size
         box = crop.box(height, width, rng)
@@ -258,11 +345,18 @@ def decode_eval(
 ) -> torch.Tensor:
     """An evaluation sample: the shorter side resized to ``resize_to``, the center ``size``
     crop (torchvision's Resize + CenterCrop; bit for bit at full scale). uint8 [3, size, size]."""
-    with open_image(source, what) as im:
-        width, height = im.size
+    jpeg, pixels = _jpeg(source), None
+    if jpeg is not None:
+        data, height, width = jpeg
         new_h, new_w, top, left = eval_geometry(height, width, size, resize_to)
-        scale = dct_scale(im, min(height / new_h, width / new_w), 1)
-        pixels = load_rgb(im, scale, what, _name(source, what))
+        scale = jpeg_scale(min(height / new_h, width / new_w), 1)
+        pixels = _jpeg_pixels(data, height, width, scale, fast=False)
+    if pixels is None:
+        with open_image(source, what) as im:
+            width, height = im.size
+            new_h, new_w, top, left = eval_geometry(height, width, size, resize_to)
+            scale = dct_scale(im, min(height / new_h, width / new_w), 1)
+            pixels = load_rgb(im, scale, what, _name(source, what))
     image = torch.from_numpy(pixels).permute(2, 0, 1)
     if image.shape[1:] != (new_h, new_w):
         image = resize(image, new_h, new_w, mode)
@@ -276,8 +370,12 @@ def header_box(
     exactly as :func:`decode_train` / :func:`decode_eval` draw it: [top, left, h, w, flip,
     resize_h, resize_w] (resize_h = 0: no resize before the crop; data/image_crops.py's
     crop_resize_each)."""
-    with open_image(data, what) as im:
-        width, height = im.size
+    jpeg = _jpeg(data)  # simplejpeg's header read (C) when it takes the file, else PIL's
+    if jpeg is not None:
+        _, height, width = jpeg
+    else:
+        with open_image(data, what) as im:
+            width, height = im.size
     if crop is not None:
         top, left, h, w = crop.box(height, width, rng)
         flip = int(crop.hflip and rng.random() < 0.5)
