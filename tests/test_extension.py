@@ -141,6 +141,34 @@ def test_fsdp_shards_the_outermost_repeated_blocks():
     ]
 
 
+def test_fsdp_keeps_tied_weights_in_one_group(tmp_path):
+    """A one-block GPT has no repeated block: the fallback units are its repeated layers, and
+    the embedding and the head, which tie one weight, would be two units (FSDP2 refuses that
+    at the first forward). They stay with the root; FSDP2 then runs the model, forward and
+    backward, in a one-process gloo group."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from accel_train.models.gpt import GPT
+
+    model = GPT(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8)
+    units = shard_units(model, [])
+    assert units and model.head.lm_head not in units and model.embed.wte not in units
+    held = [id(p) for u in units for p in u.parameters()]
+    assert len(held) == len(set(held))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        for unit in units:
+            fully_shard(unit)
+        fully_shard(model)
+        model(torch.randint(0, 11, (2, 8))).sum().backward()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_fsdp_wrap_classes_that_match_nothing_are_refused():
     with pytest.raises(UserError, match=r"strategy.wrap_classes=\['Transformer'\].*Block"):
         shard_units(UserNet(), ["Transformer"])

@@ -7,8 +7,9 @@ or the blocks the model declares (``block_names``: model=timm's stages or transf
 from timm's own grouping), or by default the outermost repeated blocks: every outermost module
 that has sub-modules, holds parameters and whose class occurs at least twice (a ResNet's
 stages, a transformer's blocks); a model with no such blocks (a flat Sequential) is sharded by
-its repeated layers instead. Then the root. Each unit is one all-gather in forward and one
-reduce-scatter in backward.
+its repeated layers instead. Units that share a parameter (tied weights) stay in the root's
+group. Then the root. Each unit is one all-gather in forward and one reduce-scatter in
+backward.
 
 With `strategy.cp=N` (context parallelism, context_parallel.py) the sequences are split over
 the mesh's `cp` dimension and FSDP shards over dp_shard x cp flattened (torchtitan's
@@ -92,7 +93,22 @@ class FSDP(Strategy):
 
 
 def shard_units(model: nn.Module, wrap_classes: list[str]) -> list[nn.Module]:
-    """The sub-modules FSDP shards one by one (see the module docstring for the policy)."""
+    """The sub-modules FSDP shards one by one (see the module docstring for the policy), less
+    those that share a parameter with another unit (tied weights: a one-block GPT's embedding
+    and head would otherwise be two units, which FSDP refuses); the root's group holds them."""
+    return _untied(_candidate_units(model, wrap_classes))
+
+
+def _untied(units: list[nn.Module]) -> list[nn.Module]:
+    owners: dict[int, set[int]] = {}
+    for i, unit in enumerate(units):
+        for p in unit.parameters():
+            owners.setdefault(id(p), set()).add(i)
+    shared = {i for holders in owners.values() if len(holders) > 1 for i in holders}
+    return [unit for i, unit in enumerate(units) if i not in shared]
+
+
+def _candidate_units(model: nn.Module, wrap_classes: list[str]) -> list[nn.Module]:
     if wrap_classes:
         names = {c.rsplit(".", 1)[-1] for c in wrap_classes}
         wanted = lambda m: type(m).__name__ in names  # noqa: E731
