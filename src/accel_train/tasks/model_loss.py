@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from accel_train.errors import UserError
-from accel_train.tasks.base import Task, TaskContext
+from accel_train.tasks.base import Task, TaskContext, evaluating
 
 
 def call(model: nn.Module, batch: Any) -> Any:
@@ -39,10 +39,8 @@ class ModelLoss(Task):
     def setup(self, ctx: TaskContext) -> None:
         super().setup(ctx)
         model = ctx.model
-        was = model.training
-        model.eval()
         try:
-            with torch.no_grad():
+            with evaluating(model):
                 out = call(model, ctx.prepared(self))
         except Exception as err:
             raise UserError(
@@ -51,8 +49,6 @@ class ModelLoss(Task):
                 f"{' '.join(str(err).split())[:300]}. A dict batch is passed as keyword "
                 "arguments, a tuple as positional ones."
             ) from None
-        finally:
-            model.train(was)
         loss = loss_of(out)
         if loss is None or loss.dim() != 0:
             raise UserError(

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from accel_train.errors import UserError
-from accel_train.tasks.base import Task, TaskContext
+from accel_train.tasks.base import Task, TaskContext, evaluating
 
 LOSSES = ("mse", "l1", "huber")
 
@@ -74,18 +74,14 @@ class Regression(Task):
                 f"{self.target_key!r}. Return such items from the dataset, or set those keys."
             )
         x, target = self._parts(ctx.prepared(self))
-        was = ctx.model.training
-        ctx.model.eval()
         try:
-            with torch.no_grad():
+            with evaluating(ctx.model):
                 pred = ctx.model(x)
         except Exception as err:
             raise UserError(
                 f"model._target_={ctx.cfg.model._target_}: its forward failed on the data set's "
                 f"inputs: {type(err).__name__}: {' '.join(str(err).split())[:300]}."
             ) from None
-        finally:
-            ctx.model.train(was)
         if not isinstance(pred, torch.Tensor) or pred.shape != target.shape:
             got = tuple(pred.shape) if isinstance(pred, torch.Tensor) else type(pred).__name__
             raise UserError(
