@@ -6,7 +6,6 @@ import functools
 import json
 import os
 import resource
-import signal
 import socket
 import subprocess
 import time
@@ -167,36 +166,3 @@ def compose_cfg() -> Callable[..., DictConfig]:
             return compose(config_name=config_name, overrides=list(overrides))
 
     return _compose
-
-
-# ---- no test leaves Ctrl-C ignored ---------------------------------------------------------
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _inherited_signal_state() -> tuple:
-    """What a command started from this process inherits about the stop signals: which are
-    ignored (an exec keeps SIG_IGN; a Python handler becomes the default) and which are
-    blocked in this thread's mask (an exec keeps the mask)."""
-    ignored = tuple(s for s in STOP_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
-    blocked = tuple(s for s in STOP_SIGNALS if s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
-    return ignored, blocked
-
-
-@pytest.fixture(autouse=True)
-def _stop_signals_left_as_found():
-    """A test, or the in-process code it runs, that leaves SIGINT or SIGTERM ignored or blocked
-    in this pytest process hands that to every command the later tests of the process start:
-    `accel-data tokenize` then ran through a Ctrl-C and exited 0 (tests/test_interrupts.py, in
-    full runs only). Such a test fails here, naming the change, and the state is restored."""
-    before = _inherited_signal_state()
-    handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    yield
-    after = _inherited_signal_state()
-    if after == before:
-        return
-    for s, handler in handlers.items():
-        signal.signal(s, handler)
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    pytest.fail(f"this test left the stop signals (ignored, blocked) {before} -> {after}")

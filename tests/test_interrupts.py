@@ -31,15 +31,26 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [str(BIN / "accel-data"), *args],
-        cwd=cwd,
-        env=_env(cwd),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group: the signal reaches it as Ctrl-C would
-    )
+    # As a terminal starts a foreground job: SIGINT at its default. A test suite started in the
+    # background of a non-interactive shell (`pytest &` in a script) has SIGINT ignored (POSIX),
+    # which every command it starts inherits: `accel-data tokenize` then ran through the Ctrl-C
+    # and exited 0. A Python handler here becomes the default in the command (exec resets it).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # An exec keeps the signal mask as well: SIGINT unblocked too, for the same reason.
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    try:
+        return subprocess.Popen(
+            [str(BIN / "accel-data"), *args],
+            cwd=cwd,
+            env=_env(cwd),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own process group: the signal reaches it as Ctrl-C would
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, previous)
 
 
 def _when_writing(proc: subprocess.Popen, cwd: Path, out: str, inside: str | None) -> None:
@@ -58,6 +69,12 @@ def _leftovers(cwd: Path, out: str) -> list[str]:
     """The partial folder beside `out`, and anything in $TMPDIR (LitData's staging folder and
     its items list, which an interrupt left there)."""
     return [p.name for p in cwd.glob(f".{out}.*")] + [p.name for p in (cwd / "tmp").iterdir()]
+
+
+def _signal_state() -> str:
+    """This process's SIGINT handler and mask, for a failure's message."""
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    return f"SIGINT here: handler {signal.getsignal(signal.SIGINT)!r}, blocked {blocked}"
 
 
 def _signalled(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
@@ -93,7 +110,7 @@ def test_ctrl_c_exits_130_in_one_line_and_leaves_nothing(texts, command, inside)
     proc = _start(command("out"), texts)
     _when_writing(proc, texts, "out", inside)
     code, err = _signalled(proc, signal.SIGINT)
-    assert code == 130, err
+    assert code == 130, (err, _signal_state())
     assert "Traceback" not in err and "accel-data: interrupted" in err, err
     assert not (texts / "out").exists() and _leftovers(texts, "out") == []
 
