@@ -35,26 +35,27 @@ def _cifar_shaped(cwd: Path, run_cli) -> list[str]:
     return ["dataset=synthetic", "dataset.in_channels=3", "dataset.image_size=32"]
 
 
-def _sft(cwd: Path, run_cli) -> list[str]:
+def _tiny_llama(cwd: Path, train: Path, val: Path) -> list[str]:
     # A 2-layer Llama and its chat tokenizer, written with save_pretrained (never downloaded).
     return [
         f"model.path={write_tiny_llama(cwd / 'llama')}",
-        f"dataset.path={write_records(cwd / 'train.jsonl', 16)}",
-        f"dataset.val_path={write_records(cwd / 'val.jsonl', 4)}",
+        f"dataset.path={train}",
+        f"dataset.val_path={val}",
         "dataset.max_length=96",
         "lora.rank=4",
     ]
+
+
+def _sft(cwd: Path, run_cli) -> list[str]:
+    train, val = write_records(cwd / "train.jsonl", 16), write_records(cwd / "val.jsonl", 4)
+    return _tiny_llama(cwd, train, val)
 
 
 def _prefs(cwd: Path, run_cli) -> list[str]:
-    # The same Llama, preference pairs (plain text to train on, chat to validate).
-    return [
-        f"model.path={write_tiny_llama(cwd / 'llama')}",
-        f"dataset.path={write_preferences(cwd / 'train.jsonl', 8)}",
-        f"dataset.val_path={write_preferences(cwd / 'val.jsonl', 4, form='chat', start=8)}",
-        "dataset.max_length=96",
-        "lora.rank=4",
-    ]
+    # Preference pairs: plain text to train on, chat to validate.
+    train = write_preferences(cwd / "train.jsonl", 8)
+    val = write_preferences(cwd / "val.jsonl", 4, form="chat", start=8)
+    return _tiny_llama(cwd, train, val)
 
 
 def _gpt2_shrunk(cwd: Path, run_cli) -> list[str]:

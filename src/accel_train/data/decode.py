@@ -160,7 +160,7 @@ def _check_chunk(paths: list[str], jpeg_only: bool) -> list:
 def _check_one(path: str, jpeg_only: bool) -> tuple[str, str, str] | None:
     """(kind, path, message) of one file's problem, None when it is fine. The header only:
     simplejpeg's for a colour JPEG (nothing to refuse there), else PIL's."""
-    if _jpeg_header(path) is not None:
+    if _jpeg(path, HEADER_BYTES) is not None:
         return None
     try:
         with _pil().open(path) as im:
@@ -258,6 +258,7 @@ SampleAugment = Callable[[torch.Tensor, random.Random], torch.Tensor]
 # ---- the JPEG fast path: simplejpeg, the same pixels as PIL's ----------------------------------
 
 _SIMPLEJPEG = []  # [module or None], imported once per process
+JPEG_START = b"\xff\xd8"  # a JPEG file's first two bytes (its SOI marker)
 
 
 def _simplejpeg():
@@ -281,13 +282,16 @@ def _jpeg(source: str | bytes, limit: int = -1) -> tuple[bytes, int, int] | None
     if isinstance(source, str):
         try:
             with open(source, "rb") as f:
-                data = f.read(limit)
+                data = f.read(2)  # the rest only for a JPEG: PIL reads a PNG itself, once
+                if data != JPEG_START:
+                    return None
+                data += f.read(limit - 2 if limit > 0 else -1)
         except OSError:
             return None  # PIL's open reports it, with the path
+    elif source[:2] != JPEG_START:
+        return None
     else:
         data = source
-    if data[:2] != b"\xff\xd8":
-        return None
     try:
         height, width, colorspace, _ = sj.decode_jpeg_header(data)
     except ValueError:
@@ -295,10 +299,6 @@ def _jpeg(source: str | bytes, limit: int = -1) -> tuple[bytes, int, int] | None
     if colorspace not in ("YCbCr", "RGB"):
         return None
     return data, height, width
-
-
-def _jpeg_header(path: str) -> tuple[bytes, int, int] | None:
-    return _jpeg(path, HEADER_BYTES)
 
 
 def _jpeg_pixels(data: bytes, height: int, width: int, scale: int, fast: bool):
