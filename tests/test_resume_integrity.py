@@ -26,7 +26,13 @@ from accel_train.train.resume_rules import config_changes, refusal_reason
 BASE = [*FAST, "trainer.deterministic=true", "trainer.log_every_n_steps=1", "logger=csv"]
 STEPS_PER_EPOCH = 4
 # Checkpoints at steps 3 and 6 (and 4, the end of epoch 0): a kill at step 8 loses step 7.
-COSINE = [*BASE, "scheduler=cosine", "trainer.ckpt_every_n_steps=3"]
+# Validations at steps 3 and 6 too (and at each epoch's end): a checkpoint step validates.
+COSINE = [
+    *BASE,
+    "scheduler=cosine",
+    "trainer.ckpt_every_n_steps=3",
+    "trainer.val_check_interval=3",
+]
 ONECYCLE = [*BASE, "scheduler=onecycle"]
 LR = 0.001  # optimizer=adam's default
 
@@ -38,13 +44,18 @@ from accel_train.techniques import Technique
 
 
 class KillAt(Technique):
-    """SIGKILL this process when the loop reaches `step` (before that step is logged)."""
+    """SIGKILL this process when the loop reaches `step` (before that step is logged), or,
+    with at=validation, when that step's validation starts."""
 
-    def __init__(self, step):
-        self.step = step
+    def __init__(self, step, at="step"):
+        self.step, self.at = step, at
 
     def on_train_step_end(self, loop):
-        if loop.step == self.step:
+        if self.at == "step" and loop.step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_validation_start(self, loop):
+        if self.at == "validation" and loop.step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
 '''
 
@@ -76,15 +87,53 @@ def _series(run_dir: Path, key: str) -> dict[int, float]:
 
 
 def _expected_lrs(sched: dict, total_steps: int) -> dict[int, float]:
-    """The lr logged at step k (after k schedule steps) by a run planned for total_steps."""
+    """The lr logged at step k by a run planned for total_steps: the one step k used (after
+    k - 1 schedule steps), not the one after its schedule step (issue 47)."""
     opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=LR)
     scheduler = build_scheduler(opt, OmegaConf.create(sched), total_steps)
     lrs = {}
     for step in range(1, total_steps + 1):
+        lrs[step] = opt.param_groups[0]["lr"]
         opt.step()
         scheduler.step()
-        lrs[step] = opt.param_groups[0]["lr"]
     return lrs
+
+
+# What a killed and resumed run must end with as the uninterrupted one did: every value that
+# does not measure time.
+TIMED = ("_s", "_per_s", "data_wait_share", "peak_mem_mb", "tflops", "mfu")
+
+
+def _rows(run_dir: Path) -> dict[tuple[int, str], float]:
+    """(step, metric) -> value of metrics.jsonl, timing and events left out; no pair twice."""
+    pairs: dict[tuple[int, str], float] = {}
+    for row in read_jsonl(run_dir / "metrics.jsonl"):
+        if "event" in row:
+            continue
+        for key, value in row.items():
+            if "/" in key and not key.endswith(TIMED):
+                assert (row["step"], key) not in pairs, f"{key} logged twice at {row['step']}"
+                pairs[row["step"], key] = value
+    return pairs
+
+
+def _summary(run_dir: Path) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {
+        k: v
+        for k, v in summary.items()
+        if not k.endswith(TIMED) and k not in ("run_dir", "checkpoints")
+    }
+
+
+def assert_same_run(run_dir: Path, reference: Path) -> None:
+    """The same best.pt (weights and the score it records), metrics rows and summary."""
+    best, ref_best = (d / "checkpoints" / "best.pt" for d in (run_dir, reference))
+    assert_same_weights(best, ref_best)
+    ref = load_checkpoint(ref_best)["progress"]["checkpointing"]["best"]
+    assert load_checkpoint(best)["progress"]["checkpointing"]["best"] == ref
+    assert _rows(run_dir) == _rows(reference)
+    assert _summary(run_dir) == _summary(reference)
 
 
 def _output(proc) -> str:
@@ -387,27 +436,36 @@ def test_a_longer_onecycle_run_resumes(run_cli, tmp_path):
 def test_a_kill_between_checkpoints_leaves_no_duplicate_metrics_and_resume_is_exact(
     cosine, run_cli, tmp_path
 ):
-    """SIGKILL at step 8 after checkpoints at steps 3, 4 and 6: step 7's rows were logged
-    after the last checkpoint. `resume=auto` (same length: the schedule is restored exactly)
-    logs steps 7 and 8 once each and ends with the uninterrupted run's weights."""
+    """Two kills, then a resume to the end:
+    - SIGKILL as step 6's validation starts, a checkpoint step too (issue 47: last.pt was
+      written before that validation, so the resumed run skipped it and made a later, worse
+      step best.pt): last.pt is step 4's, and the resume redoes steps 5 and 6;
+    - SIGKILL at step 8 after checkpoints at steps 3, 4 and 6: step 7's rows were logged after
+      the last checkpoint.
+    `resume=auto` (same length: the schedule is restored exactly) logs every step once and
+    ends with the uninterrupted run's weights, best.pt, metrics rows and summary."""
     (tmp_path / "kill_at.py").write_text(KILLER)
     run_dir = tmp_path / "run"
     common = [*COSINE, "trainer.max_epochs=2", f"hydra.run.dir={run_dir}"]
-    killed = run_cli([*common, "+callbacks.kill._target_=kill_at.KillAt", "+callbacks.kill.step=8"])
+    kill = ["+callbacks.kill._target_=kill_at.KillAt", "+callbacks.kill.step=6"]
+    killed = run_cli([*common, *kill, "+callbacks.kill.at=validation"])
     assert killed.returncode == -9, _output(killed)
-    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["step"] == 6
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["step"] == 4
+    killed = run_cli([*common, *kill[:1], "+callbacks.kill.step=8", "resume=auto"])
+    assert killed.returncode == -9, _output(killed)
+    progress = load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]
+    assert (progress["step"], progress["validated_step"]) == (6, 6)  # its validation recorded
     assert max(_series(run_dir, "train/loss")) == 7
 
     proc = run_cli([*common, "resume=auto"])
     check_ok(proc)
     assert "changed on resume: callbacks.kill._target_ kill_at.KillAt -> <unset>" in _output(proc)
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    pairs = Counter((r["step"], k) for r in rows if "event" not in r for k in r if "/" in k)
-    assert [p for p, n in pairs.items() if n > 1] == []
     assert sorted(_series(run_dir, "train/loss")) == list(range(1, 9))
-    assert [r["step"] for r in rows if r.get("event") == "resume"] == [6]
+    assert [r["step"] for r in rows if r.get("event") == "resume"] == [4, 6]
     assert _series(run_dir, "train/loss") == _series(cosine, "train/loss")
     assert_same_weights(run_dir / "checkpoints" / "last.pt", cosine / "checkpoints" / "last.pt")
+    assert_same_run(run_dir, cosine)
     csv_rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
     csv_pairs = Counter((step, metric) for step, _, metric, _ in csv_rows[1:])
     assert [p for p, n in csv_pairs.items() if n > 1] == []

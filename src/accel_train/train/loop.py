@@ -10,7 +10,8 @@
               gradient divided once by the items of the whole accumulated, all-reduced batch)
             on an accumulation boundary: clip, optimizer step, schedule step, techniques' hooks
             every log_every_n_steps: ONE host sync (loss, the task's metrics, stop votes)
-            every ckpt_every_n_steps: save last
+            every val_check_interval: validate; then every ckpt_every_n_steps: save last (so
+              last.pt records the validation of its own step)
         validate (every val_every_n_epochs and at the end); checkpoint.monitor ranks the
             weights: keep the top k files and best (train/checkpointing.py); save last
     test the best checkpoint on the test split (trainer.test_after_fit), write summary.json
@@ -150,6 +151,10 @@ class Loop:
         )
 
         self.epoch = self.step = self.batch_in_epoch = 0
+        # Read at logging steps: the lr the logged step used and its gradient norm (a device
+        # tensor, the one clipping computes), kept by _optimizer_step on those steps only.
+        self.step_lr: Any = cfg.optimizer.get("lr", 0.0)
+        self.grad_norm: torch.Tensor | None = None
         # Host-side counters the speed metrics read at logging steps (techniques/speed.py).
         self.data_wait_s = 0.0  # seconds spent waiting for the next training batch
         self.samples_seen = 0  # training samples, all processes
@@ -159,6 +164,8 @@ class Loop:
         self.val_modes = {k[4:]: v for k, v in validation_metrics(cfg).items()}
         self.best_val: dict[str, float] = {}
         self.last_val: dict[str, float] | None = None  # the last validation's metrics
+        self.validated_step: int | None = None  # the step of the last validation
+        self.saved_last: tuple[int, int] | None = None  # (step, epoch) last.pt was saved at
         # Set by a signal on this rank; one process acts on it at the next step, several agree
         # at the next logging step.
         self.stop = StopRequest(env.rank, every_step=not env.distributed)
@@ -189,6 +196,7 @@ class Loop:
         self.parts.total_steps, self.parts.max_epochs = resumed.total_steps, resumed.max_epochs
         self.batch_in_epoch = resumed.batch_in_epoch
         self.best_val, self.last_val = resumed.best_val, resumed.last_val
+        self.validated_step = resumed.validated_step
         if resumed.finish_reason is not None:
             self.finish_reason = resumed.finish_reason
         if resumed.scheduler is not None:  # rebuilt for a new length or config
@@ -212,6 +220,8 @@ class Loop:
             announce(self, resumed.path if resumed else None)
             self._fire("on_fit_start")
             try:
+                if resumed is not None:
+                    self._validate_if_owed()
                 train_time, samples = self._train()
             finally:
                 self._fire("on_fit_end")
@@ -262,8 +272,8 @@ class Loop:
             due = finished or (epoch_done and self.epoch % self.cfg.trainer.val_every_n_epochs == 0)
             if due and not self.finish_reason:  # (finished at a validation: it was this step's)
                 self._validate(final=finished)
-            if self.cfg.checkpoint.save_last:
-                self.save("last")
+            if self.cfg.checkpoint.save_last or self._checkpoint_step():
+                self.save_last()
         return train_time, samples
 
     def _train_epoch(self) -> int:
@@ -276,7 +286,6 @@ class Loop:
         loss_items = torch.zeros((), device=self.env.device)  # items of summed losses
         loss_samples, samples = 0, 0
         log_every = self.log_every
-        ckpt_every = self.cfg.trainer.ckpt_every_n_steps
         batches = self._timed(self.train_loader.epoch(self.epoch, start_batch))
         for b, batch in enumerate(batches, start_batch):
             batch = self.task.prepare(batch, train=True, epoch=self.epoch, index=b)
@@ -308,16 +317,45 @@ class Loop:
                 loss_sum.zero_()
                 loss_items.zero_()
                 loss_samples = 0
-            if ckpt_every and self.step % ckpt_every == 0:
-                self.save("last")
+            # Validate first, then save: last.pt at a step that validates holds that
+            # validation (its metrics row, checkpoint.monitor's best, the top k), so a resume
+            # from it neither skips the validation nor ranks best.pt without it (issue 47).
             if self._validates_mid_epoch(b, order.num_batches):
                 self._validate()
                 self.model.train()
+            ends = b + 1 == order.num_batches or self.step >= self.parts.total_steps
+            if self._checkpoint_step() and not ends:
+                self.save_last()  # (the epoch's last step: _train saves after validating)
             if self.step >= self.parts.total_steps or self._should_stop(self.step % log_every == 0):
                 break
             if self.finish_reason:
                 break
         return samples * self.data_world
+
+    def _checkpoint_step(self) -> bool:
+        """trainer.ckpt_every_n_steps: last.pt is saved at this step."""
+        every = self.cfg.trainer.ckpt_every_n_steps
+        return bool(every) and self.step % every == 0
+
+    def save_last(self) -> None:
+        """last.pt, once per (step, epoch): a step that ends the training early (a target
+        reached mid-epoch) is not written twice."""
+        if self.saved_last != (self.step, self.epoch):
+            self.save("last")
+
+    def _validate_if_owed(self) -> None:
+        """Resumed mid-epoch at a step whose validation was due but that the checkpoint does not
+        record (a checkpoint written before its validation, as before issue 47): validate now,
+        as the uninterrupted run did at this step, before its best.pt and metrics go on."""
+        b = self.batch_in_epoch
+        if b == 0 or self.validated_step == self.step or self.finish_reason:
+            return
+        if not self._validates_mid_epoch(b - 1, self.train_loader.order.num_batches):
+            return
+        if self.env.is_main:
+            log.info("the checkpoint at step %d holds no record of its validation: validating "
+                     "now", self.step)  # fmt: skip
+        self._validate()
 
     def _validates_mid_epoch(self, b: int, num_batches: int) -> bool:
         """trainer.val_check_interval: validate inside an epoch (a validating one) every
@@ -412,10 +450,16 @@ class Loop:
             self._normalise_gradients()
         self.strategy.before_optimizer_step()  # e.g. tied weights on two stages: one gradient
         clip = self.cfg.trainer.gradient_clip_val
-        if clip > 0:
+        logged = (self.step + 1) % self.log_every == 0  # _log_train reports this step
+        if clip > 0 or logged:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-            # (the strategy's norm: over all stages, or over whole and sharded gradients)
-            self.strategy.clip_grad_norm_(self.model.parameters(), clip)
+            # (the strategy's norm: over all stages, or over whole and sharded gradients). A
+            # logging step without clipping measures it the same way: a factor of exactly 1.
+            norm = self.strategy.clip_grad_norm_(self.model.parameters(), clip or math.inf)
+            if logged:  # train/grad_norm, read with the logging step's sync (no sync here)
+                self.grad_norm = norm
+        if logged:  # train/lr: the rate this step used, before the schedule moves it on
+            self.step_lr = self.optimizer.param_groups[0]["lr"]
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -440,6 +484,7 @@ class Loop:
         # HOST SYNC (logging step): the step's one wait for the device; the all-reduce also
         # tells every rank whether any rank was asked to stop.
         values = self.env.all_reduce_sum(stats).tolist()
+        norm = _local_value(self.grad_norm)  # (the device has just synced: no wait)
         k = len(on_device)
         loss_total, items = values[0], values[1]
         count, stop_votes = values[2 + k], values[3 + k]
@@ -448,12 +493,16 @@ class Loop:
         metrics = {
             "train/loss": loss_total / max(count + items, 1),
             **{f"train/{name}": value for name, value in task_metrics.items()},
-            "train/lr": self.optimizer.param_groups[0]["lr"],
+            "train/lr": float(self.step_lr),  # the rate this step used (a tensor lr: a read)
         }
+        if norm is not None and math.isfinite(norm):  # (an AMP step skipped for inf: none)
+            metrics["train/grad_norm"] = norm
         self._fire("on_log", metrics)  # techniques/speed.py adds samples/s, step time, ...
         self.metrics.log(metrics, self.step, self.epoch)
         shown = {"loss": metrics["train/loss"], **task_metrics}  # the task's own: acc, mae, ...
         shown["lr"] = metrics["train/lr"]
+        if "train/grad_norm" in metrics:
+            shown["grad_norm"] = metrics["train/grad_norm"]
         if "train/tokens_per_s" in metrics:  # what language-model users read
             shown["tokens/s"] = round(metrics["train/tokens_per_s"])
         elif "train/samples_per_s" in metrics:
@@ -471,7 +520,7 @@ class Loop:
         self._fire("on_validation_start")
         # HOST SYNC (validation): score() reads the task's summed metrics once at its end.
         scored = score(self.eval_model, self.val_loader, self.task, self.precision, self.env)
-        self.last_val = scored
+        self.last_val, self.validated_step = scored, self.step
         metrics = {f"val/{name}": value for name, value in scored.items()}
         self._fire("on_validation_end", metrics)
         self.metrics.log(metrics, self.step, self.epoch)
@@ -535,6 +584,8 @@ class Loop:
                 "best_val": dict(self.best_val),
                 "checkpointing": self.checkpoints.state_dict(),  # checkpoint.monitor's best, top k
                 "last_val": dict(self.last_val) if self.last_val else None,
+                # A resume redoes a validation due at its step that it does not record.
+                "validated_step": self.validated_step,
                 # The run's length: a resume to another length rebuilds the lr schedule.
                 "total_steps": self.parts.total_steps,
                 # batch_in_epoch counts batches of this many processes' shards (resume checks);
@@ -558,6 +609,8 @@ class Loop:
     def save(self, name: str, then=None) -> None:
         """Write checkpoint `name` (then call `then` on rank 0, once it is complete)."""
         self._fire("on_save", name)  # before anything is written: e.g. nonfinite
+        if name == "last":
+            self.saved_last = (self.step, self.epoch)
         self.checkpointer.save(name, self.module, self.optimizer, self.step, self.epoch, then)
 
     def _trained_epoch(self) -> int:
@@ -581,6 +634,14 @@ def _gradient_sync(model, enabled: bool):
         return contextlib.nullcontext()
     no_sync = getattr(model, "no_sync", None)
     return no_sync() if no_sync is not None and not enabled else contextlib.nullcontext()
+
+
+def _local_value(norm: torch.Tensor | None) -> float | None:
+    """A gradient norm as a number (a DTensor's: its replicated value)."""
+    if norm is None:
+        return None
+    full = getattr(norm, "full_tensor", None)
+    return float((full() if full is not None else norm).item())
 
 
 def _sync(device: torch.device) -> None:

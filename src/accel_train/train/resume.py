@@ -174,6 +174,7 @@ class Resumed:
     batch_in_epoch: int = 0
     best_val: dict[str, float] = field(default_factory=dict)
     last_val: dict[str, float] | None = None
+    validated_step: int | None = None  # the step of its last validation (None: not recorded)
     finish_reason: str | None = None  # finished early: only the test pass is left
     scheduler: Any = None  # a schedule rebuilt for a new length or config (None: restored)
     # The run's length from the checkpoint's progress on (resumed_length): optimizer steps in
@@ -215,7 +216,8 @@ def resume(loop: Loop) -> Resumed | None:
         loop.scaler.load_state_dict(state["scaler"])
     elif loop.env.is_main:  # e.g. amp trained on the CPU (no scaler), resumed on CUDA
         log.info("the checkpoint has no GradScaler state: loss scaling starts from its default")
-    resumed = _progress(str(path), p, finished)
+    ckpt_every = state["config"].get("trainer", {}).get("ckpt_every_n_steps") or 0
+    resumed = _progress(str(path), p, finished, ckpt_every)
     resumed.total_steps, resumed.max_epochs = total, epochs
     if not finished:  # (finished here: only the test pass is left, no step to schedule)
         _say_new_width(loop, p, total, epochs)
@@ -242,7 +244,16 @@ def resume(loop: Loop) -> Resumed | None:
     return resumed
 
 
-def _progress(path: str, p: dict[str, Any], finished: bool) -> Resumed:
+def _validated_step(p: dict[str, Any], ckpt_every: int) -> int | None:
+    """The step of the checkpoint's last validation. Checkpoints written before it was recorded
+    saved a trainer.ckpt_every_n_steps step before that step's validation (None: not
+    recorded), any other after it."""
+    if "validated_step" in p:
+        return p["validated_step"]
+    return None if ckpt_every and p["step"] % ckpt_every == 0 else p["step"]
+
+
+def _progress(path: str, p: dict[str, Any], finished: bool, ckpt_every: int = 0) -> Resumed:
     """The loop's counters and scores as the checkpoint's `progress` recorded them."""
     best_val = dict(p.get("best_val") or {})
     if "best_val" not in p and p.get("best_val_acc", -1.0) >= 0:  # written before best_val
@@ -257,6 +268,7 @@ def _progress(path: str, p: dict[str, Any], finished: bool) -> Resumed:
         batch_in_epoch=p["batch_in_epoch"],
         best_val=best_val,
         last_val=dict(last) if last else None,
+        validated_step=_validated_step(p, ckpt_every),
         finish_reason=p["finished_early"] if finished and p.get("finished_early") else None,
     )
 

@@ -24,11 +24,9 @@ def stop_run(loop: Any) -> dict[str, Any]:
         # another only the SIGUSR1 before it, or nothing): one tiny collective, once a run.
         vote = torch.tensor([float(exits)], device=loop.env.device)
         exits = loop.env.all_reduce_sum(vote).item() > 0
-    ckpt_every = loop.cfg.trainer.ckpt_every_n_steps
-    if not (ckpt_every and loop.step % ckpt_every == 0):
-        # (Otherwise _train_epoch saved last at this very step: don't spend the grace
-        # period before SIGKILL on writing it twice.)
-        loop.save("last")
+    # (Saved at this very step already, e.g. a trainer.ckpt_every_n_steps step: don't spend
+    # the grace period before SIGKILL on writing it twice.)
+    loop.save_last()
     loop.checkpointer.wait()  # complete before the run exits or is requeued
     ckpt = loop.checkpointer.path("last")
     loop.progress.close()
