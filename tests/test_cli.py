@@ -212,6 +212,15 @@ def test_compile_channels_last_accumulation_clipping(run_cli, tmp_path):
     losses = [r["train/loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in r]
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
+    out = proc.stdout + proc.stderr
+    # torch.compile is lazy: the run says so, then how long the compiling first step took.
+    assert "compiling the model (the first step takes longer)" in out
+    assert re.search(r"compiled: the first step, compiling included, took \d+\.\d s", out)
+    # train/grad_norm at every logging step: the norm clipping computed (before clipping).
+    norms = [
+        r["train/grad_norm"] for r in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in r
+    ]
+    assert len(norms) == 3 and all(math.isfinite(x) and x > 0 for x in norms)
 
 
 def test_the_fast_exit_stops_idle_thread_pools():

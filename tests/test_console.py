@@ -6,12 +6,14 @@ train.log and no DDP grad-stride warning."""
 from __future__ import annotations
 
 import importlib.util
+import re
 
 from helpers import FAST, check_ok, read_jsonl
 
 
 def test_default_cadence_logs_train_loss_and_acc_in_epoch_0(run_cli, tmp_path):
-    run_dir = tmp_path / "run"
+    # A run dir longer than a console's 80 columns: its path is never folded (issue 47).
+    run_dir = tmp_path / ("run_" + "x" * 80)
     # 1100 images: ~15 steps an epoch, fewer than the old fixed 50.
     proc = run_cli(
         [
@@ -42,8 +44,20 @@ def test_default_cadence_logs_train_loss_and_acc_in_epoch_0(run_cli, tmp_path):
     assert "model=mlp" in out and "dataset.num_train: 1100 (default 2048)" in out
     assert "tune_malloc" not in out.split("run dir:")[0]
     assert "tune_malloc: True" in (run_dir / "config_tree.txt").read_text()
-    # Validation lines number epochs as the training lines do (0-based).
-    assert "epoch 0 step" in out and "epoch 1 step" in out and "epoch 2 step" not in out
+    # The config line names config_tree.txt on one line, however long (stdout is no terminal).
+    assert f"config (all keys: {run_dir / 'config_tree.txt'})" in proc.stdout
+    # Without a terminal, the training lines carry `epoch k/N step s/T` and the ETA, and the
+    # validation lines number epochs as they do.
+    lines = out.splitlines()
+    trained = [line for line in lines if "[accel_train]" in line and " loss=" in line]
+    assert trained and all(
+        re.search(r"epoch [12]/2 step \d+/\d+  .* ETA \d+:\d\d:\d\d$", line) for line in trained
+    ), trained
+    assert any("epoch 1/2 step" in line and "val/acc=" in line for line in lines)
+    assert any("epoch 2/2 step" in line and "val/acc=" in line for line in lines)
+    assert "epoch 3/2" not in out
+    # The parameter count splits trainable and frozen parameters.
+    assert re.search(r"model mlp \([\d,]+ parameters, all trainable\)", out)
     assert "run summary" in proc.stdout and "best.pt val/acc" in proc.stdout
     done = [line for line in out.splitlines() if "done:" in line]
     assert done and all(line.split("]")[0].startswith("[") for line in done)
@@ -77,3 +91,6 @@ def test_ddp_rank0_output_in_train_log_and_no_grad_stride_warning(run_cli, tmp_p
     assert "torchrun" in log  # the launcher's lines
     assert "[rank 0]" in log and "val/acc=" in log and "done:" in log  # and rank 0's
     assert "[rank 1]" not in log
+    # Rank 0's summary table comes after its log lines (it is written to the stream they go to,
+    # which torchrun captures apart from stdout).
+    assert proc.stderr.index("done:") < proc.stderr.index("run summary")

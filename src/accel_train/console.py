@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,50 +21,77 @@ log = logging.getLogger("accel_train")
 
 
 class Progress:
-    """A rich progress bar on a terminal, plain log lines otherwise (or nothing)."""
+    """A rich progress bar on a terminal (the epoch and the whole run, with steps/s and the
+    time left), plain log lines otherwise (`epoch k/N step s/T ... ETA h:mm:ss`), or nothing.
+    Only rank 0 shows it (`enabled`).
+
+    Nothing here runs per step: the loop's counters are read by the bar's own refresh thread
+    (`position`, 10 times a second), and the numbers by show() at the logging steps, where the
+    loop has already waited for the device."""
 
     def __init__(self, mode: str, enabled: bool):
         if mode == "auto":
             mode = "rich" if sys.stdout.isatty() else "plain"
         self.mode = mode if enabled else "none"
-        self.bar = self.task = None
+        self.bar = self.epoch_task = self.run_task = None
+        self.max_epochs = self.total_steps = self.first_step = 0
+        self.started = time.perf_counter()
+        self.position: Callable[[], tuple[int, int]] | None = None
         if self.mode == "rich":
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-            from rich.progress import Progress as RichProgress
-
-            self.bar = RichProgress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[stats]}"),
-                transient=False,
-            )
+            self.bar = _bar(self._poll)
             self.bar.start()
+
+    def start_run(
+        self, total_steps: int, max_epochs: int, step: int, position: Callable[[], tuple[int, int]]
+    ) -> None:
+        """Training starts (or resumes) at `step`; `position()` gives (optimizer steps done,
+        batches done in this epoch) whenever the bar is drawn."""
+        self.total_steps, self.max_epochs, self.first_step = total_steps, max_epochs, step
+        self.started, self.position = time.perf_counter(), position
+        if self.bar:
+            self.run_task = self.bar.add_task(
+                "run", total=total_steps, completed=step, stats="", unit="step"
+            )
 
     def start_epoch(self, epoch: int, total: int, done: int = 0) -> None:
         if self.bar:
-            if self.task is not None:
-                self.bar.remove_task(self.task)
-            self.task = self.bar.add_task(f"epoch {epoch}", total=total, completed=done, stats="")
+            if self.epoch_task is not None:
+                self.bar.remove_task(self.epoch_task)
+            self.epoch_task = self.bar.add_task(
+                f"epoch {epoch + 1}/{self.max_epochs}", total=total, completed=done, stats="",
+                unit="batch",
+            )  # fmt: skip
 
-    def advance(self) -> None:
-        if self.bar:
-            self.bar.advance(self.task)
+    def _poll(self) -> None:
+        """The bar's refresh thread: move both bars to where the loop is (host integers)."""
+        if self.position is None:
+            return
+        step, batch = self.position()
+        if self.run_task is not None:
+            self.bar.update(self.run_task, completed=step)
+        if self.epoch_task is not None:
+            self.bar.update(self.epoch_task, completed=batch)
+
+    def where(self, epoch: int, step: int) -> str:
+        """`epoch k/N step s/T`: the epoch counted from 1, as a progress display does."""
+        epochs = f"/{self.max_epochs}" if self.max_epochs else ""
+        steps = f"/{self.total_steps}" if self.total_steps else ""
+        return f"epoch {epoch + 1}{epochs} step {step}{steps}"
+
+    def eta(self, step: int) -> str:
+        """The time left at this step's pace since the start (validations included)."""
+        done = step - self.first_step
+        if done <= 0 or not self.total_steps:
+            return "?"
+        left = (self.total_steps - step) * (time.perf_counter() - self.started) / done
+        return _clock(left)
 
     def show(self, metrics: dict[str, Any], step: int, epoch: int) -> None:
         text = "  ".join(_fmt(k, v) for k, v in metrics.items())
         if self.bar:
-            self.bar.update(self.task, stats=text)
+            self.bar.update(self.epoch_task, stats=text)
         elif self.mode == "plain":
-            log.info("epoch %d step %d  %s", epoch, step, text)
+            log.info("%s  %s  ETA %s", self.where(epoch, step), text, self.eta(step))
 
     def message(self, text: str) -> None:
         if self.bar:
@@ -77,8 +105,67 @@ class Progress:
             self.bar, self.mode = None, "plain"  # later messages: log lines, below the bar
 
     def console(self) -> Console:
-        """Where rich output goes: the bar's console, or a plain one on stdout."""
-        return self.bar.console if self.bar else Console()
+        """Where rich output goes: the bar's console, or the stream the log lines go to (so
+        that a table printed after them comes after them, also through torchrun's capture
+        of a worker's stdout and stderr as separate files)."""
+        if self.bar:
+            return self.bar.console
+        stream = log_stream()
+        stream.flush()
+        return Console(file=stream)
+
+
+def log_stream():
+    """The console stream the `accel_train` log lines are written to: Hydra's handler writes to
+    stdout, a torchrun worker's (logging.basicConfig) to stderr."""
+    logger: logging.Logger | None = log
+    while logger is not None:
+        for handler in logger.handlers:
+            if type(handler) is logging.StreamHandler:  # (not a FileHandler, a subclass)
+                return handler.stream
+        logger = logger.parent if logger.propagate else None
+    return sys.stdout
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds + 0.5)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _bar(poll: Callable[[], None]):
+    """rich's Progress, whose refresh thread first calls `poll` (the loop's counters)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        ProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.progress import Progress as RichProgress
+    from rich.text import Text
+
+    class Speed(ProgressColumn):
+        def render(self, task) -> Text:
+            speed = task.finished_speed or task.speed
+            unit = task.fields.get("unit", "step")
+            return Text(f"{speed:.2f} {unit}s/s" if speed else f"- {unit}s/s", style="cyan")
+
+    class Bar(RichProgress):
+        def get_renderables(self):
+            poll()
+            yield from super().get_renderables()
+
+    return Bar(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        Speed(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[stats]}"),
+        transient=False,
+    )
 
 
 def _fmt(key: str, value: Any) -> str:
@@ -128,6 +215,12 @@ def startup_tree(
     if not count:
         changed.label = "changed from the defaults: nothing"
     return tree
+
+
+def print_startup(tree: Tree) -> None:
+    """The start-up tree on stdout. Without a terminal (a log file, CI, a SLURM log) its lines
+    are as long as they are: a path folded mid-word could not be copied from the log."""
+    (Console() if sys.stdout.isatty() else Console(width=100_000)).print(tree)
 
 
 def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 
 from omegaconf import DictConfig
-from rich.console import Console
 
 from accel_train.config.run_config import write_run_config
+from accel_train.console import print_startup
 from accel_train.environment import in_srun_step, inside_torchrun
 from accel_train.launchers.base import Launcher
 from accel_train.launchers.slurm_job import adopt_srun_task
@@ -53,7 +53,7 @@ class Torchrun(Launcher):
         name = f"config.node{cfg.launcher.node_rank}.yaml" if multi_node else "config.yaml"
         path = write_run_config(cfg, run_dir, name)
         if cfg.trainer.progress != "none":
-            Console().print(launch_tree(cfg))
+            print_startup(launch_tree(cfg))
         log.info("run dir: %s", run_dir)
         if self.in_process_when_alone and nproc == 1 and not multi_node:
             return run_worker(cfg).get(cfg.objective)

@@ -77,6 +77,8 @@ class StopAtTarget(Technique):
         self.target, self.stop = target, stop
         self.metric, op, self.value = parse_target(target, f"trainer.{self.name}")
         self.reached = _OPS[op]
+        self.higher = op.startswith(">")  # which way "best" is, for a target missed
+        self.best: float | None = None  # the metric's best value at any validation
         self.trained_s = 0.0  # wall seconds of this target's run before a resume
         self.started = time.perf_counter()
         self.time_to_target_s: float | None = None
@@ -86,7 +88,10 @@ class StopAtTarget(Technique):
         self.started = time.perf_counter()
 
     def on_validation_end(self, loop: Any, metrics: dict[str, float]) -> None:
-        if self.steps_to_target is not None or not self.reached(metrics[self.metric], self.value):
+        value = metrics[self.metric]
+        if self.best is None or (value > self.best if self.higher else value < self.best):
+            self.best = value
+        if self.steps_to_target is not None or not self.reached(value, self.value):
             return
         # From the loop's start (after building), validations included; start-up is in wall_s.
         self.time_to_target_s = self.trained_s + time.perf_counter() - self.started
@@ -101,8 +106,17 @@ class StopAtTarget(Technique):
             log.info("%s (trainer.target: training goes on)", reached)
 
     def summary(self, loop: Any) -> dict[str, Any]:
+        """The run's end (called once, as summary.json is written): a target never reached is
+        said there and on the console, with the best value the run got to."""
+        reached = self.steps_to_target is not None
+        best = f"{self.best:.4f}" if self.best is not None else "none: nothing validated"
+        missed = f"trainer.{self.name} {self.target} not reached (best {self.metric} {best})"
+        if not reached and loop.env.is_main:
+            log.warning(missed)
         return {
             self.name: self.target,
+            f"{self.name}_reached": reached,
+            f"{self.name}_best": self.best,  # the metric's best value over the validations
             "time_to_target_s": self.time_to_target_s,
             "steps_to_target": self.steps_to_target,
         }
@@ -113,9 +127,11 @@ class StopAtTarget(Technique):
             "trained_s": elapsed,
             "time_to_target_s": self.time_to_target_s,
             "steps_to_target": self.steps_to_target,
+            "best": self.best,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.trained_s = state["trained_s"]
         self.time_to_target_s = state["time_to_target_s"]
         self.steps_to_target = state["steps_to_target"]
+        self.best = state.get("best")  # (None in checkpoints before it)

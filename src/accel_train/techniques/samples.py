@@ -3,7 +3,8 @@ each of `trainer.sample_prompts` is rendered with the model folder's chat templa
 for a folder without one), `trainer.sample_max_new_tokens` tokens are generated with the KV cache
 (transformers' generate, through HFModel.generate_ids; greedy at sample_temperature=0), and the
 (step, prompt, completion) rows go to `samples.jsonl` in the run dir and to every logger that
-takes text (TensorBoard, MLflow, W&B: MetricsLogger.log_table).
+takes text (TensorBoard, MLflow, W&B: MetricsLogger.log_table); the console shows each round's
+first sample, naming samples.jsonl the first time.
 
 Every rank generates (a sharded model needs each rank in every forward; greedy decoding of the
 same prompts takes the same steps everywhere); rank 0 writes. The sampling draws from a generator
@@ -111,6 +112,7 @@ class TrainingSamples(Technique):
         self.folder, self.template = tokenizer
         self.tok = None
         self.ids: list[list[int]] = []
+        self.named = False  # samples.jsonl named on the console (once a process)
 
     def on_fit_start(self, loop) -> None:
         require_generate(loop.module, "trainer.sample_every_n_steps")
@@ -143,6 +145,11 @@ class TrainingSamples(Technique):
         rows = self.generate(loop)
         if not loop.env.is_main:
             return
+        # The round's first sample on the console (the rest in the file, named once).
+        _, prompt, completion = rows[0]
+        where = "" if self.named else f" (every prompt's, every round: {self.path})"
+        self.named = True
+        log.info("step %d sample%s: %r -> %r", loop.step, where, prompt, completion)
         with self.path.open("a") as f:
             for step, prompt, completion in rows:
                 f.write(

@@ -218,6 +218,11 @@ class Loop:
             if resumed is not None:
                 self._apply(resumed)
             announce(self, resumed.path if resumed else None)
+            # The bar reads the loop's host counters itself (no call per step).
+            position = lambda: (self.step, self.batch_in_epoch)  # noqa: E731
+            self.progress.start_run(
+                self.parts.total_steps, self.parts.max_epochs, self.step, position
+            )
             self._fire("on_fit_start")
             try:
                 if resumed is not None:
@@ -306,7 +311,6 @@ class Loop:
             samples += n
             self.samples_seen += n * self.data_world
             self.tokens_seen += self.task.tokens_in(batch) * self.data_world
-            self.progress.advance()
             if not boundary:
                 continue
             self._optimizer_step()
@@ -525,7 +529,7 @@ class Loop:
         self._fire("on_validation_end", metrics)
         self.metrics.log(metrics, self.step, self.epoch)
         shown = "  ".join(f"val/{name}={value:.4f}" for name, value in scored.items())
-        self.progress.message(f"epoch {self._trained_epoch()} step {self.step}  {shown}")
+        self.progress.message(f"{self.progress.where(self._trained_epoch(), self.step)}  {shown}")
         for line in self.task.validation_text(self.eval_model, self.precision.autocast):
             if self.env.is_main:  # (task.sample_lines: sampled text, into the log file too)
                 log.info("step %d %s", self.step, line)

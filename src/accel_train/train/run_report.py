@@ -21,9 +21,9 @@ def announce(loop: Any, resumed_from: str | None) -> None:
         return
     p, loader_cfg, strategy = loop.parts, loop.cfg.loader, loop.strategy
     log.info(
-        "model %s (%s parameters) on %s; precision %s; data %s: %d train / %d val / %s test",
+        "model %s (%s) on %s; precision %s; data %s: %d train / %d val / %s test",
         loop.cfg.model.get("name", loop.cfg.model._target_),
-        f"{strategy.parameter_count(loop.module):,}",
+        parameters_text(strategy.parameter_count(loop.module), loop.module),
         loop.env.device,
         loop.precision.describe(),
         loop.cfg.dataset.get("name", "custom"),
@@ -48,6 +48,23 @@ def announce(loop: Any, resumed_from: str | None) -> None:
         log.info("techniques: %s", ", ".join(t.name for t in loop.techniques))
     if resumed_from:
         log.info("resumed from %s at epoch %d, step %d", resumed_from, loop.epoch, loop.step)
+
+
+def parameters_text(total: int, module: Any) -> str:
+    """`N parameters`, split into trainable and frozen (LoRA's base, model.freeze) as PEFT's
+    print_trainable_parameters does. `total`: the strategy's count of the whole model (a
+    pipeline stage's module holds only its part: then the split is not known here)."""
+    params = list(module.parameters())
+    frozen = sum(p.numel() for p in params if not p.requires_grad)
+    if sum(p.numel() for p in params) != total:
+        return f"{total:,} parameters"
+    if not frozen:
+        return f"{total:,} parameters, all trainable"
+    trainable = total - frozen
+    return (
+        f"{total:,} parameters: {trainable:,} trainable ({trainable / max(total, 1):.2%}), "
+        f"{frozen:,} frozen"
+    )
 
 
 def write_summary(
