@@ -6,6 +6,7 @@ in-process; the behaviour through the real CLI, on tiny runs (4 optimizer steps 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -493,3 +494,63 @@ def test_a_mid_epoch_checkpoint_is_not_resumed_by_another_number_of_processes(ru
     assert "this run has 2 data-parallel ranks" in proc.stderr
     assert "Resume with 1 data-parallel rank (1 process) as the checkpoint was" in proc.stderr
     assert _snapshot(run_dir) == before
+
+
+# A checkpoint every 2 steps, a validation every half epoch (2 steps): every validation falls on
+# a checkpoint step, mid-epoch (steps 2, 6) and at each epoch's end (4, 8); best.pt by val/loss.
+# Clipping on, and a target never reached: the same run checks what the console says.
+HALVES = [
+    *BASE,
+    "trainer.max_epochs=2",
+    "trainer.ckpt_every_n_steps=2",
+    "trainer.val_check_interval=0.5",
+    "checkpoint.monitor=val/loss",
+    "checkpoint.mode=min",
+    "trainer.gradient_clip_val=1.0",
+    "trainer.target='val/loss<=0.01'",
+    "trainer.progress=plain",
+]
+
+
+@pytest.fixture(scope="module")
+def halves(root, run_cli_in):
+    """The uninterrupted run of HALVES, and its output."""
+    run_dir = root / "halves"
+    proc = run_cli_in([*HALVES, f"hydra.run.dir={run_dir}"], root)
+    check_ok(proc)
+    return run_dir, _output(proc)
+
+
+def test_a_kill_at_a_half_epoch_validation_resumes_to_the_same_best_rows_and_summary(
+    halves, run_cli, tmp_path
+):
+    """SIGKILL as step 6's validation starts (issue 47: last.pt was step 6's, written before
+    that validation): resumed, the run ends as the uninterrupted one did. The resumed run draws
+    the rich progress bar (trainer.progress=rich) where the output is no terminal."""
+    reference, _ = halves
+    (tmp_path / "kill_at.py").write_text(KILLER)
+    run_dir = tmp_path / "run"
+    common = [*HALVES, f"hydra.run.dir={run_dir}"]
+    kill = ["+callbacks.kill._target_=kill_at.KillAt", "+callbacks.kill.step=6"]
+    killed = run_cli([*common, *kill, "+callbacks.kill.at=validation"])
+    assert killed.returncode == -9, _output(killed)
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]["step"] == 4
+    proc = run_cli([*common, "resume=auto", "trainer.progress=rich"])
+    check_ok(proc)
+    assert_same_run(run_dir, reference)
+    # The bar: the last epoch and the whole run, with steps/s (its final frame, no terminal).
+    assert re.search(r"epoch 2/2 .*4/4 .*batches/s", proc.stdout), proc.stdout
+    assert re.search(r"run .*8/8 .*steps/s", proc.stdout), proc.stdout
+
+
+def test_the_console_says_a_target_was_missed_and_logs_the_gradient_norm(halves):
+    run_dir, out = halves
+    summary = json.loads((run_dir / "summary.json").read_text())
+    best = min(v for (_, k), v in _rows(run_dir).items() if k == "val/loss")
+    assert summary["target_reached"] is False and summary["target_best"] == best
+    assert f"trainer.target val/loss<=0.01 not reached (best val/loss {best:.4f})" in out
+    # The norm clipping computed, at every logging step (before clipping: above 1.0 at times).
+    norms = _series(run_dir, "train/grad_norm")
+    assert sorted(norms) == list(range(1, 9)) and all(n > 0 for n in norms.values())
+    # Without a terminal: epoch k/N, step s/T and the ETA on each training line.
+    assert re.search(r"epoch 2/2 step 8/8  loss=.* grad_norm=.* ETA \d+:\d\d:\d\d", out)

@@ -36,41 +36,51 @@ class Progress:
         self.bar = self.epoch_task = self.run_task = None
         self.max_epochs = self.total_steps = self.first_step = 0
         self.started = time.perf_counter()
-        self.position: Callable[[], tuple[int, int]] | None = None
+        self.position: Callable[[], tuple[int, int, int]] | None = None
+        self.shown_epoch = self.epoch_batches = 0  # the epoch the bar shows, its batches
         if self.mode == "rich":
             self.bar = _bar(self._poll)
             self.bar.start()
 
     def start_run(
-        self, total_steps: int, max_epochs: int, step: int, position: Callable[[], tuple[int, int]]
+        self,
+        total_steps: int,
+        max_epochs: int,
+        step: int,
+        position: Callable[[], tuple[int, int, int]],
     ) -> None:
         """Training starts (or resumes) at `step`; `position()` gives (optimizer steps done,
-        batches done in this epoch) whenever the bar is drawn."""
+        the epoch, batches done in it) whenever the bar is drawn."""
         self.total_steps, self.max_epochs, self.first_step = total_steps, max_epochs, step
         self.started, self.position = time.perf_counter(), position
         if self.bar:
             self.run_task = self.bar.add_task(
-                "run", total=total_steps, completed=step, stats="", unit="step"
+                "run", total=total_steps, completed=step, unit="steps"
             )
 
     def start_epoch(self, epoch: int, total: int, done: int = 0) -> None:
-        if self.bar:
-            if self.epoch_task is not None:
-                self.bar.remove_task(self.epoch_task)
+        if not self.bar:
+            return
+        description = f"epoch {epoch + 1}/{self.max_epochs}"
+        self.shown_epoch, self.epoch_batches = epoch, total
+        if self.epoch_task is None:
             self.epoch_task = self.bar.add_task(
-                f"epoch {epoch + 1}/{self.max_epochs}", total=total, completed=done, stats="",
-                unit="batch",
-            )  # fmt: skip
+                description, total=total, completed=done, unit="batches"
+            )
+        else:  # the same task (the refresh thread holds its id): its clock and speed restart
+            self.bar.reset(self.epoch_task, total=total, completed=done, description=description)
 
     def _poll(self) -> None:
         """The bar's refresh thread: move both bars to where the loop is (host integers)."""
         if self.position is None:
             return
-        step, batch = self.position()
+        step, epoch, batch = self.position()
         if self.run_task is not None:
             self.bar.update(self.run_task, completed=step)
         if self.epoch_task is not None:
-            self.bar.update(self.epoch_task, completed=batch)
+            # (past the shown epoch's end the loop counts the next one's batches: 0 so far)
+            done = batch if epoch == self.shown_epoch else self.epoch_batches
+            self.bar.update(self.epoch_task, completed=done)
 
     def where(self, epoch: int, step: int) -> str:
         """`epoch k/N step s/T`: the epoch counted from 1, as a progress display does."""
@@ -89,7 +99,7 @@ class Progress:
     def show(self, metrics: dict[str, Any], step: int, epoch: int) -> None:
         text = "  ".join(_fmt(k, v) for k, v in metrics.items())
         if self.bar:
-            self.bar.update(self.epoch_task, stats=text)
+            self.bar.stats = text  # drawn by the refresh thread
         elif self.mode == "plain":
             log.info("%s  %s  ETA %s", self.where(epoch, step), text, self.eta(step))
 
@@ -133,7 +143,8 @@ def _clock(seconds: float) -> str:
 
 
 def _bar(poll: Callable[[], None]):
-    """rich's Progress, whose refresh thread first calls `poll` (the loop's counters)."""
+    """rich's Progress: one row per bar, then the last logged numbers on a line of their own;
+    its refresh thread first calls `poll` (the loop's counters)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -143,27 +154,31 @@ def _bar(poll: Callable[[], None]):
         TimeRemainingColumn,
     )
     from rich.progress import Progress as RichProgress
+    from rich.table import Column
     from rich.text import Text
 
     class Speed(ProgressColumn):
         def render(self, task) -> Text:
             speed = task.finished_speed or task.speed
-            unit = task.fields.get("unit", "step")
-            return Text(f"{speed:.2f} {unit}s/s" if speed else f"- {unit}s/s", style="cyan")
+            unit = task.fields.get("unit", "steps")
+            return Text(f"{speed:.2f} {unit}/s" if speed else f"- {unit}/s", style="cyan")
 
     class Bar(RichProgress):
+        stats = ""  # the last logging step's numbers
+
         def get_renderables(self):
             poll()
-            yield from super().get_renderables()
+            yield self.make_tasks_table(self.tasks)
+            if self.stats:
+                yield Text(self.stats, style="dim")
 
     return Bar(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
+        TextColumn("[bold]{task.description}", table_column=Column(no_wrap=True)),
+        BarColumn(bar_width=30),
         MofNCompleteColumn(),
-        Speed(),
+        Speed(table_column=Column(no_wrap=True)),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        TextColumn("{task.fields[stats]}"),
         transient=False,
     )
 

@@ -219,7 +219,7 @@ class Loop:
                 self._apply(resumed)
             announce(self, resumed.path if resumed else None)
             # The bar reads the loop's host counters itself (no call per step).
-            position = lambda: (self.step, self.batch_in_epoch)  # noqa: E731
+            position = lambda: (self.step, self.epoch, self.batch_in_epoch)  # noqa: E731
             self.progress.start_run(
                 self.parts.total_steps, self.parts.max_epochs, self.step, position
             )
