@@ -75,8 +75,19 @@ def test_samples_and_harness_in_training_then_accel_eval_on_run_and_base(root, r
         f"trainer.harness.include_path={TASKS}",
         f"hydra.run.dir={run}",
     ]
-    check_ok(run_cli_in(args, root))
+    proc = run_cli_in(args, root)
+    check_ok(proc)
     check_ok(run_cli_in([*data, "logger=none", f"hydra.run.dir={plain}"], root))
+    out = proc.stdout + proc.stderr
+    # Each round's first sample on the console; samples.jsonl named once (issue 47).
+    said = [line for line in out.splitlines() if " sample" in line and "'Say hello.' -> " in line]
+    assert len(said) == 2 and "step 2 sample (every prompt's" in said[0], said
+    assert out.count(str(run / "samples.jsonl")) == 1
+    # The parameter line splits LoRA's trainable adapters from the frozen base (as PEFT does).
+    assert re.search(r"\([\d,]+ parameters: [\d,]+ trainable \(\d+\.\d\d%\), [\d,]+ frozen\)", out)
+    # sft_lora clips at 1.0 (TRL's max_grad_norm): train/grad_norm at each logging step.
+    norms = [m["train/grad_norm"] for m in read_jsonl(run / "metrics.jsonl") if "train/loss" in m]
+    assert len(norms) == 4 and all(n > 0 for n in norms)
 
     def losses(run_dir: Path) -> list[float]:
         return [m["train/loss"] for m in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in m]
