@@ -183,6 +183,24 @@ def _bar(poll: Callable[[], None]):
     )
 
 
+def shown_numbers(metrics: dict[str, Any], task_metrics: dict[str, Any]) -> dict[str, Any]:
+    """A logging step's numbers as the console shows them (the metrics rows hold them all)."""
+    shown = {"loss": metrics["train/loss"], **task_metrics}  # the task's own: acc, mae, ...
+    shown["lr"] = metrics["train/lr"]
+    if "train/grad_norm" in metrics:
+        shown["grad_norm"] = metrics["train/grad_norm"]
+    if "train/tokens_per_s" in metrics:  # what language-model users read
+        shown["tokens/s"] = round(metrics["train/tokens_per_s"])
+    elif "train/samples_per_s" in metrics:
+        shown["samples/s"] = round(metrics["train/samples_per_s"])
+    if "train/samples_per_s" in metrics:
+        shown["data"] = f"{metrics['train/data_wait_share']:.0%}"
+        shown["mem"] = f"{metrics['train/peak_mem_mb']:.0f}MB"
+    if "train/mfu" in metrics:
+        shown["mfu"] = f"{metrics['train/mfu']:.1%}"
+    return shown
+
+
 def _fmt(key: str, value: Any) -> str:
     if isinstance(value, float):
         return f"{key}={value:.4g}" if "lr" in key else f"{key}={value:.4f}".rstrip("0")

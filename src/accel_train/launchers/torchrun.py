@@ -48,7 +48,7 @@ class Torchrun(Launcher):
                 write_run_config(cfg, run_dir)
             return run_worker(cfg).get(cfg.objective)
         # Nodes of a multi-node run share the run dir: each writes config.node<k>.yaml, and
-        # global rank 0 writes config.yaml once all ranks agree on it (train.agree_on_config).
+        # global rank 0 writes config.yaml once all ranks agree on it (train/agreement.py).
         multi_node = str(nnodes) != "1"
         name = f"config.node{cfg.launcher.node_rank}.yaml" if multi_node else "config.yaml"
         path = write_run_config(cfg, run_dir, name)

@@ -33,26 +33,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from omegaconf import DictConfig
 
-from accel_train import checkpoint as ckpt_io
 from accel_train.config.facts import validation_metrics
-from accel_train.config.run_config import flatten, to_container, write_run_config
-from accel_train.console import Progress, print_summary, start_curves_plot
+from accel_train.console import Progress, print_summary, shown_numbers, start_curves_plot
 from accel_train.data.batch import count_samples
-from accel_train.errors import UserError
 from accel_train.loggers import MetricsLogger
 from accel_train.parallel import DistEnv, process_group
 from accel_train.strategies.tensor_parallel import local
 from accel_train.tasks import split_output
 from accel_train.techniques import Technique
+from accel_train.train.agreement import agree_on_config
 from accel_train.train.auto_batch import resolve_batch_size
 from accel_train.train.build import Components, build_components
 from accel_train.train.checkpointer import Checkpointer
 from accel_train.train.checkpointing import Checkpointing, known_metrics
 from accel_train.train.evaluate import score
-from accel_train.train.resume import Resumed, resume
+from accel_train.train.resume import Resumed, checkpoint_state, resume
 from accel_train.train.run_report import announce, test_pass, write_summary
 from accel_train.train.signals import StopRequest
 from accel_train.train.stopping import stop_run
@@ -74,29 +71,6 @@ def run_training(cfg: DictConfig) -> dict[str, Any]:
             # the loaders must be gone, or gloo's threads are still held when the interpreter
             # finalises and the rank aborts after its work is done (issue 22, section 0).
             loop.release()
-
-
-def agree_on_config(cfg: DictConfig, env: DistEnv) -> None:
-    """Every rank must train the same config (nodes compose their own); name the first
-    difference. Then global rank 0 writes the run's config.yaml."""
-    mine = flatten(to_container(cfg))
-    mine.pop("launcher.node_rank", None)  # the one key that differs between nodes by design
-    gathered: list[dict | None] = [None] * env.world_size
-    dist.all_gather_object(gathered, mine)
-    for rank, theirs in enumerate(gathered):
-        if theirs != gathered[0]:
-            key = next(
-                k
-                for k in sorted(set(theirs) | set(gathered[0]))
-                if theirs.get(k) != gathered[0].get(k)
-            )
-            raise UserError(
-                f"the nodes disagree on the config: {key}={gathered[0].get(key)!r} on rank 0 but "
-                f"{theirs.get(key)!r} on rank {rank}. Start every node with the same overrides "
-                "(only launcher.node_rank may differ)."
-            )
-    if env.is_main:
-        write_run_config(cfg, Path(cfg.paths.output_dir))
 
 
 class Loop:
@@ -174,7 +148,7 @@ class Loop:
         self.metrics = MetricsLogger(self.run_dir, cfg.logger, enabled=env.is_main, run_config=cfg)
         # Writes, waits for and loads checkpoints (sync, async, sharded): train/checkpointer.py.
         self.checkpointer = Checkpointer(
-            cfg, env, self.strategy, self.ckpt_dir, self.metrics, self._progress_state
+            cfg, env, self.strategy, self.ckpt_dir, self.metrics, lambda: checkpoint_state(self)
         )
         self.progress = Progress(cfg.trainer.progress, enabled=env.is_main)
 
@@ -463,7 +437,8 @@ class Loop:
             if logged:  # train/grad_norm, read with the logging step's sync (no sync here)
                 self.grad_norm = norm
         if logged:  # train/lr: the rate this step used, before the schedule moves it on
-            self.step_lr = self.optimizer.param_groups[0]["lr"]
+            lr = self.optimizer.param_groups[0]["lr"]  # (a tensor lr is changed in place)
+            self.step_lr = lr.clone() if isinstance(lr, torch.Tensor) else lr
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -503,20 +478,7 @@ class Loop:
             metrics["train/grad_norm"] = norm
         self._fire("on_log", metrics)  # techniques/speed.py adds samples/s, step time, ...
         self.metrics.log(metrics, self.step, self.epoch)
-        shown = {"loss": metrics["train/loss"], **task_metrics}  # the task's own: acc, mae, ...
-        shown["lr"] = metrics["train/lr"]
-        if "train/grad_norm" in metrics:
-            shown["grad_norm"] = metrics["train/grad_norm"]
-        if "train/tokens_per_s" in metrics:  # what language-model users read
-            shown["tokens/s"] = round(metrics["train/tokens_per_s"])
-        elif "train/samples_per_s" in metrics:
-            shown["samples/s"] = round(metrics["train/samples_per_s"])
-        if "train/samples_per_s" in metrics:
-            shown["data"] = f"{metrics['train/data_wait_share']:.0%}"
-            shown["mem"] = f"{metrics['train/peak_mem_mb']:.0f}MB"
-        if "train/mfu" in metrics:
-            shown["mfu"] = f"{metrics['train/mfu']:.1%}"
-        self.progress.show(shown, self.step, self.epoch)
+        self.progress.show(shown_numbers(metrics, task_metrics), self.step, self.epoch)
 
     def _validate(self, final: bool = False) -> None:
         # async_save: the copy complete before EMA swaps its weights in for validation
@@ -575,40 +537,6 @@ class Loop:
         return self.stopping and (synced or not self.env.distributed)
 
     # ---- checkpoints ---------------------------------------------------------------------
-
-    def _progress_state(self) -> dict[str, Any]:
-        """Everything a checkpoint holds but the model and optimizer (train/checkpointer.py)."""
-        return {
-            "scaler": self.scaler.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-            "progress": {
-                "epoch": self.epoch,
-                "step": self.step,
-                "batch_in_epoch": self.batch_in_epoch,
-                "best_val": dict(self.best_val),
-                "checkpointing": self.checkpoints.state_dict(),  # checkpoint.monitor's best, top k
-                "last_val": dict(self.last_val) if self.last_val else None,
-                # A resume redoes a validation due at its step that it does not record.
-                "validated_step": self.validated_step,
-                # The run's length: a resume to another length rebuilds the lr schedule.
-                "total_steps": self.parts.total_steps,
-                # batch_in_epoch counts batches of this many processes' shards (resume checks);
-                # under pipeline the replicas, not the stages, share the data.
-                "world_size": self.data_world,
-                # ... and how this run's processes make them (a resume's refusal says it).
-                "width": self.strategy.describe_width(self.env.world_size),
-                # Settings beyond the seed that a loader's order depends on (resume checks).
-                "order_depends_on": dict(getattr(self.train_loader, "order_depends_on", {})),
-                # Finished before its length (early stopping, a target): nothing left to train.
-                "finished_early": self.finish_reason,
-            },
-            # The metrics rows written so far: a resume drops those after it (not duplicated).
-            "metrics_rows": self.metrics.position(),
-            "techniques": {t.name: t.state_dict() for t in self.techniques},
-            "task": self.task.checkpoint_data(),  # e.g. a language model's tokenizer
-            "rng": ckpt_io.rng_state(),
-            "config": to_container(self.cfg),
-        }
 
     def save(self, name: str, then=None) -> None:
         """Write checkpoint `name` (then call `then` on rank 0, once it is complete)."""

@@ -140,9 +140,10 @@ def check_resume(cfg: DictConfig, world_size: int | None = None) -> dict[str, An
 
 class Loop(Protocol):
     """What resume reads: the loop passes itself (train/loop.py calls this module downward;
-    this module never imports the loop). Resume loads the components' own state (weights,
-    optimizer, scaler, techniques, checkpoint ranking, RNG) and returns the loop's progress as
-    a `Resumed`, which the loop applies in one place (Loop._apply)."""
+    this module never imports the loop). checkpoint_state() writes what resume() reads back.
+    Resume loads the components' own state (weights, optimizer, scaler, techniques, checkpoint
+    ranking, RNG) and returns the loop's progress as a `Resumed`, which the loop applies in one
+    place (Loop._apply)."""
 
     cfg: DictConfig
     env: Any
@@ -161,6 +162,14 @@ class Loop(Protocol):
     checkpointer: Any  # its format: `suffix`, `sharded`
     strategy: Any  # describe_width
     data_world: int
+    # What checkpoint_state() records of the loop's progress:
+    epoch: int
+    step: int
+    batch_in_epoch: int
+    best_val: dict[str, float]
+    last_val: dict[str, float] | None
+    validated_step: int | None
+    finish_reason: str | None
 
 
 @dataclass
@@ -181,6 +190,42 @@ class Resumed:
     # all, and the epoch the loop stops before.
     total_steps: int = 0
     max_epochs: int = 0
+
+
+def checkpoint_state(loop: Loop) -> dict[str, Any]:
+    """Everything a checkpoint holds but the model and optimizer (train/checkpointer.py writes
+    it, resume() reads it back)."""
+    return {
+        "scaler": loop.scaler.state_dict(),
+        "scheduler": loop.scheduler.state_dict() if loop.scheduler else None,
+        "progress": {
+            "epoch": loop.epoch,
+            "step": loop.step,
+            "batch_in_epoch": loop.batch_in_epoch,
+            "best_val": dict(loop.best_val),
+            "checkpointing": loop.checkpoints.state_dict(),  # checkpoint.monitor's best, top k
+            "last_val": dict(loop.last_val) if loop.last_val else None,
+            # A resume redoes a validation due at its step that it does not record.
+            "validated_step": loop.validated_step,
+            # The run's length: a resume to another length rebuilds the lr schedule.
+            "total_steps": loop.parts.total_steps,
+            # batch_in_epoch counts batches of this many processes' shards (resume checks);
+            # under pipeline the replicas, not the stages, share the data.
+            "world_size": loop.data_world,
+            # ... and how this run's processes make them (a resume's refusal says it).
+            "width": loop.strategy.describe_width(loop.env.world_size),
+            # Settings beyond the seed that a loader's order depends on (resume checks).
+            "order_depends_on": dict(getattr(loop.train_loader, "order_depends_on", {})),
+            # Finished before its length (early stopping, a target): nothing left to train.
+            "finished_early": loop.finish_reason,
+        },
+        # The metrics rows written so far: a resume drops those after it (not duplicated).
+        "metrics_rows": loop.metrics.position(),
+        "techniques": {t.name: t.state_dict() for t in loop.techniques},
+        "task": loop.task.checkpoint_data(),  # e.g. a language model's tokenizer
+        "rng": ckpt_io.rng_state(),
+        "config": to_container(loop.cfg),
+    }
 
 
 def resume(loop: Loop) -> Resumed | None:
