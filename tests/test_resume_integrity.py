@@ -434,10 +434,29 @@ def test_a_longer_onecycle_run_resumes(run_cli, tmp_path):
     assert lrs[4] == _expected_lrs(sched, 4)[4]  # the first epoch: the 1-epoch cycle
 
 
+def _as_written_before_its_validation(run_dir: Path) -> None:
+    """Make last.pt (step 6's, a checkpoint step that validates) what the order before issue 47
+    wrote: no `validated_step`, and the metrics position before step 6's validation rows. A
+    resume must redo that validation (its score equals the recorded best's: best.pt stays)."""
+    path = run_dir / "checkpoints" / "last.pt"
+    state = torch.load(path, weights_only=True)
+    del state["progress"]["validated_step"]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    state["metrics_rows"]["jsonl"] = next(
+        i for i, r in enumerate(rows) if r.get("step") == 6 and "val/loss" in r
+    )
+    table = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
+    state["metrics_rows"]["csv"] = next(
+        i for i, r in enumerate(table) if r[0] == "6" and r[2].startswith("val/")
+    )
+    torch.save(state, path)
+
+
 def test_a_kill_between_checkpoints_leaves_no_duplicate_metrics_and_resume_is_exact(
     cosine, run_cli, tmp_path
 ):
-    """Two kills, then a resume to the end:
+    """Two kills, then a resume (from a checkpoint made as the old order wrote it) to the end:
     - SIGKILL as step 6's validation starts, a checkpoint step too (issue 47: last.pt was
       written before that validation, so the resumed run skipped it and made a later, worse
       step best.pt): last.pt is step 4's, and the resume redoes steps 5 and 6;
@@ -457,9 +476,13 @@ def test_a_kill_between_checkpoints_leaves_no_duplicate_metrics_and_resume_is_ex
     progress = load_checkpoint(run_dir / "checkpoints" / "last.pt")["progress"]
     assert (progress["step"], progress["validated_step"]) == (6, 6)  # its validation recorded
     assert max(_series(run_dir, "train/loss")) == 7
+    _as_written_before_its_validation(run_dir)
 
     proc = run_cli([*common, "resume=auto"])
     check_ok(proc)
+    assert "the checkpoint at step 6 holds no record of its validation: validating now" in (
+        _output(proc)
+    )
     assert "changed on resume: callbacks.kill._target_ kill_at.KillAt -> <unset>" in _output(proc)
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert sorted(_series(run_dir, "train/loss")) == list(range(1, 9))
