@@ -260,8 +260,8 @@ def test_a_fast_forwarded_schedule_equals_one_planned_for_that_length():
         planned = _expected_lrs(sched, 20)
         opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=LR)
         scheduler = build_scheduler(opt, OmegaConf.create(sched), 20, start_step=7)
-        assert opt.param_groups[0]["lr"] == planned[7]
-        for step in range(8, 21):
+        assert opt.param_groups[0]["lr"] == planned[8]  # 7 steps done: step 8's rate
+        for step in range(9, 21):
             opt.step()
             scheduler.step()
             assert opt.param_groups[0]["lr"] == planned[step]
