@@ -331,8 +331,10 @@ class Loop:
         if not self._validates_mid_epoch(b - 1, self.train_loader.order.num_batches):
             return
         if self.env.is_main:
-            log.info("the checkpoint at step %d holds no record of its validation: validating "
-                     "now", self.step)  # fmt: skip
+            log.info(
+                "the checkpoint at step %d holds no record of its validation: validating now",
+                self.step,
+            )
         self._validate()
 
     def _validates_mid_epoch(self, b: int, num_batches: int) -> bool:
