@@ -33,7 +33,7 @@ OURS = tuple(p.name for p in PACKAGES)
 # one layer. (cli imports no plugin either: Hydra finds the plugins by its own scan.)
 LAYERS = [
     ["accel_train.errors"],
-    ["accel_train.config", "accel_train.environment", "accel_train.written"],
+    ["accel_train.config", "accel_train.environment", "accel_train.written", "accel_train.plugins"],
     [
         "accel_train.targets",
         "accel_train.data",
@@ -52,7 +52,10 @@ LAYERS = [
         "accel_train.safe_load",
         "accel_train.tasks",
     ],
-    ["accel_train.techniques", "accel_train.run_checkpoint"],
+    ["accel_train.techniques"],
+    # Opens a run's checkpoint (the model rebuilt, LoRA adapters included): above techniques,
+    # which get a distillation teacher handed in from the build step (train/teacher.py).
+    ["accel_train.run_checkpoint"],
     [
         "accel_train.train",
         "accel_train.export",
