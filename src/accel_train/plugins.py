@@ -35,9 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hydra.core.config_store import ConfigStore
-
 from accel_train.config import CONFIG_DIR
+from accel_train.config.lazy_store import store_lazily
 from accel_train.config.schema import (
     OPTION_SCHEMAS,
     LauncherConfig,
@@ -116,14 +115,13 @@ def _store(group: str, name: str, config: type, cls: type) -> None:
     """The option's typed schema, and the option itself unless a YAML of the package holds it
     (a built-in option's commented defaults win; the schema types both)."""
     OPTION_SCHEMAS.setdefault(group, {})[name] = config
-    cs = ConfigStore.instance()
-    cs.store(group=group, name=schema_name(config), node=config)
+    store_lazily(schema_name(config), config, group)
     if (CONFIG_DIR / group / f"{name}.yaml").is_file():
         return
     node: dict[str, Any] = {"name": name}
     if group == "task":
         node["_target_"] = _qualname(cls)
-    cs.store(group=group, name=name, node=config(**node))
+    store_lazily(name, config(**node), group)
 
 
 def class_for(group: str, name: str) -> type | None:

@@ -15,10 +15,7 @@
 
 A new launcher is one file with a `Launcher` subclass under `@register_launcher(name, Config)`
 (accel_train.plugins), and its line in registry.py's BUILTIN_MODULES (or, outside accel-train,
-an `accel_train.plugins` entry point). Nothing here imports the launchers: a run imports only
-the one it uses.
+an `accel_train.plugins` entry point). This package imports nothing: a run imports only the
+launcher it uses, and Hydra's plugin scan, which imports submitit_launcher.py at every start-up
+(hydra_plugins/accel_train_submitit), imports no torch.
 """
-
-from accel_train.launchers.registry import LAUNCHERS, launcher_for
-
-__all__ = ["LAUNCHERS", "launcher_for"]
