@@ -1,6 +1,6 @@
 """`accel-report`: the speed report. Trains the baseline and each technique switch side by side,
 repeated and alternating, each as a normal `accel-train` run dir, then the combination of the
-switches that helped, and writes `speed_report.md`, `speed_report.csv` and (with matplotlib)
+switches that helped, and writes `speed_report.md`, `speed_report.csv` and
 `speed_report.png` into the report dir.
 
     accel-report +experiment=mnist_amp                      # every applicable switch, 3 repeats
@@ -380,12 +380,12 @@ def write_report(out: Path, runs: list[Run], rows: list[tuple[str, int, str]], a
 
 def _plot(out: Path, runs: list[Run], rows) -> None:
     try:
-        import matplotlib  # optional extra: accel-train[plot]
+        import matplotlib  # a core dependency, imported only to draw
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log.info("matplotlib is not installed (pip install 'accel-train[plot]'): no PNG")
+        log.info("matplotlib (a dependency of accel-train) cannot be imported here: no PNG")
         return
     labels, medians, lows, highs = [], [], [], []
     for name, phase, _ in rows:
