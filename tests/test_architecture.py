@@ -243,6 +243,21 @@ def test_start_up_leaves_the_workers_imports_to_the_workers():
     assert json.loads(out.stdout) == []
 
 
+def test_help_and_a_misspelled_option_import_no_torch(run_cli):
+    """`accel-train --help` and a config Hydra refuses end before torch is imported (3-4 s of
+    CPU): Hydra's plugin scan imports hydra_plugins.accel_train_submitit, whose launcher module
+    must not pull the launchers (and torch) in. PYTHONPROFILEIMPORTTIME lists every import."""
+    env = {"PYTHONPROFILEIMPORTTIME": "1"}
+    for args in (["--help"], ["model=no_such_model"]):
+        proc = run_cli(args, env=env)
+        imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines()}
+        assert "hydra" in imported and "torch" not in imported, (args, proc.returncode)
+        if args == ["--help"]:
+            assert proc.returncode == 0 and "strategy=" in proc.stdout
+        else:
+            assert proc.returncode != 0 and "no_such_model" in proc.stderr
+
+
 def test_an_option_holds_only_its_own_keys(compose_cfg, tmp_path):
     local = compose_cfg(["launcher=local", f"paths.output_dir={tmp_path}"])
     assert "partition" not in local.launcher and "sbatch_extra" not in local.launcher
