@@ -1,8 +1,8 @@
-"""A new launcher or strategy from a package of the user's own, with no edit to accel-train
-(docs/architecture.md): a package holding tests/toy_launcher.py and tests/toy_strategy.py is
+"""A new launcher, strategy or task from a package of the user's own, with no edit to accel-train
+(docs/architecture.md): a package holding tests/toy_launcher.py, toy_strategy.py and toy_task.py is
 installed the way pip installs one (the modules beside a `.dist-info` folder whose
 entry_points.txt names them in the `accel_train.plugins` group, found by importlib.metadata on
-the path), and the real CLI lists both options in `--help` and trains through both. A plugin
+the path), and the real CLI lists the options in `--help` and trains through them. A plugin
 that fails to import is reported as its own error, with its file and line."""
 
 from __future__ import annotations
@@ -35,14 +35,15 @@ def _env(site: Path) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
 
 
-def test_a_plugin_package_adds_a_launcher_and_a_strategy(tmp_path, run_cli):
+def test_a_plugin_package_adds_a_launcher_a_strategy_and_a_task(tmp_path, run_cli):
     site = tmp_path / "site"
-    sources = {m: (TESTS / f"toy_{m}.py").read_text() for m in ("launcher", "strategy")}
+    sources = {m: (TESTS / f"toy_{m}.py").read_text() for m in ("launcher", "strategy", "task")}
     install_package(site, "toyplug", sources)
     help_text = run_cli(["--help"], env=_env(site))
     check_ok(help_text)
     lines = {line.split("=")[0].strip(): line for line in help_text.stdout.splitlines()}
     assert "toy" in lines["launcher"] and "toy" in lines["strategy"], help_text.stdout
+    assert "toy_cls" in lines["task"], help_text.stdout
     run_dir = tmp_path / "run"
     args = [
         *FAST,
@@ -50,6 +51,7 @@ def test_a_plugin_package_adds_a_launcher_and_a_strategy(tmp_path, run_cli):
         "launcher=toy",
         "strategy=toy",
         "strategy.marker=seen.txt",  # the plugin's own key, typed by its dataclass
+        "task=toy_cls",
         "trainer.max_steps=2",
         "trainer.limit_val_batches=1",
         "trainer.test_after_fit=false",
@@ -59,7 +61,9 @@ def test_a_plugin_package_adds_a_launcher_and_a_strategy(tmp_path, run_cli):
     check_ok(run_cli(args, env=_env(site)))
     assert (run_dir / "launched_by_toy.txt").is_file(), "the toy launcher did not launch the run"
     config = (run_dir / "config.yaml").read_text()
-    assert config.count("name: toy") == 2, config  # the launcher and the strategy
+    assert config.count("name: toy\n") == 2, config  # the launcher and the strategy
+    assert "_target_: toyplug.task.ToyTask" in config and "name: toy_cls" in config
+    assert (tmp_path / "built_toy_task.txt").is_file()  # the task class was built
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
     # The loop asked the toy strategy before each optimizer step.
     assert (run_dir / "seen.txt").read_text().strip() == "2"
