@@ -70,7 +70,8 @@ def register(group: str, name: str, config: type | None = None) -> Callable[[T],
     the option `group=name`, which Hydra composes with no YAML."""
     base = BASES[group]
     config = config or base
-    if not (dataclasses.is_dataclass(config) and issubclass(config, base)):
+    typed = isinstance(config, type) and dataclasses.is_dataclass(config)
+    if not (typed and issubclass(config, base)):
         raise UserError(
             f"register_{group}({name!r}, {getattr(config, '__name__', config)!r}): the config "
             f"must be a dataclass extending accel_train.config.schema.{base.__name__} (its "
