@@ -33,7 +33,7 @@ OURS = tuple(p.name for p in PACKAGES)
 # one layer. (cli imports no plugin either: Hydra finds the plugins by its own scan.)
 LAYERS = [
     ["accel_train.errors"],
-    ["accel_train.config", "accel_train.environment", "accel_train.written"],
+    ["accel_train.config", "accel_train.environment", "accel_train.written", "accel_train.plugins"],
     [
         "accel_train.targets",
         "accel_train.data",
@@ -52,7 +52,10 @@ LAYERS = [
         "accel_train.safe_load",
         "accel_train.tasks",
     ],
-    ["accel_train.techniques", "accel_train.run_checkpoint"],
+    ["accel_train.techniques"],
+    # Opens a run's checkpoint (the model rebuilt, LoRA adapters included): above techniques,
+    # which get a distillation teacher handed in from the build step (train/teacher.py).
+    ["accel_train.run_checkpoint"],
     [
         "accel_train.train",
         "accel_train.export",
@@ -238,6 +241,21 @@ def test_start_up_leaves_the_workers_imports_to_the_workers():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_help_and_a_misspelled_option_import_no_torch(run_cli):
+    """`accel-train --help` and a config Hydra refuses end before torch is imported (3-4 s of
+    CPU): Hydra's plugin scan imports hydra_plugins.accel_train_submitit, whose launcher module
+    must not pull the launchers (and torch) in. PYTHONPROFILEIMPORTTIME lists every import."""
+    env = {"PYTHONPROFILEIMPORTTIME": "1"}
+    for args in (["--help"], ["model=no_such_model"]):
+        proc = run_cli(args, env=env)
+        imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines()}
+        assert "hydra" in imported and "torch" not in imported, (args, proc.returncode)
+        if args == ["--help"]:
+            assert proc.returncode == 0 and "strategy=" in proc.stdout
+        else:
+            assert proc.returncode != 0 and "no_such_model" in proc.stderr
 
 
 def test_an_option_holds_only_its_own_keys(compose_cfg, tmp_path):

@@ -203,7 +203,7 @@ def test_a_shortened_recipe_runs_and_says_tokens_per_s(run_cli, tmp_path):
     ratio = summary["train_tokens_per_s"] / summary["train_samples_per_s"]
     assert ratio == pytest.approx(16.0)
     png = run_dir / "curves.png"
-    if png.exists():  # (the plot extra): loss and perplexity, two panels of 500 px
+    if png.exists():  # loss and perplexity, two panels of 500 px
         assert png.read_bytes()[16:24] == (1000).to_bytes(4, "big") + (400).to_bytes(4, "big")
 
 

@@ -5,7 +5,6 @@ train.log and no DDP grad-stride warning."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 from helpers import FAST, check_ok, read_jsonl
@@ -61,8 +60,7 @@ def test_default_cadence_logs_train_loss_and_acc_in_epoch_0(run_cli, tmp_path):
     assert "run summary" in proc.stdout and "best.pt val/acc" in proc.stdout
     done = [line for line in out.splitlines() if "done:" in line]
     assert done and all(line.split("]")[0].startswith("[") for line in done)
-    has_plot = importlib.util.find_spec("matplotlib") is not None
-    assert (run_dir / "curves.png").exists() == has_plot
+    assert (run_dir / "curves.png").is_file()  # matplotlib is a core dependency: every run
 
 
 def test_ddp_rank0_output_in_train_log_and_no_grad_stride_warning(run_cli, tmp_path):

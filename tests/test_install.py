@@ -118,6 +118,13 @@ def test_a_wheel_installs_and_runs_outside_the_checkout(tmp_path):
         check=True,
     ).stdout
     assert where.startswith(str(venv)), where  # the wheel's copy, not the checkout's
+    # matplotlib is a core dependency (curves.png in every run dir), not behind an extra.
+    requires = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import importlib.metadata as m; "
+         "print('\\n'.join(m.requires('accel-train')))"],
+        cwd=work, env=env, capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert any(r.startswith("matplotlib") and "extra ==" not in r for r in requires), requires
     proc = run("accel-train", "--help")
     check_ok(proc)
     assert "model=" in proc.stdout and "mnist_cnn*" in proc.stdout

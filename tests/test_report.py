@@ -4,17 +4,18 @@ the report files; variants that change nothing are left out; bad arguments are o
 from __future__ import annotations
 
 import csv
+import statistics
 
 from helpers import FAST, check_ok
 
-from accel_train.commands.report import Run, combination, plan
+from accel_train.commands.report import Run, combination, plan, verdict
 
 TINY = [*FAST, "trainer.max_epochs=1", "trainer.log_every_n_steps=1", "logger=csv"]
 
 
 def test_the_report_runs_each_switch_then_the_combination(run_cli, tmp_path):
-    """--min-gain 0: both switches count as winners, so phase 2 runs their combination
-    against the baseline again. 5 tiny runs."""
+    """--min-gain 0 and --no-spread-check (one round measures no spread): both switches count
+    as winners, so phase 2 runs their combination against the baseline again. 5 tiny runs."""
     out = tmp_path / "report"
     proc = run_cli(
         [
@@ -26,6 +27,7 @@ def test_the_report_runs_each_switch_then_the_combination(run_cli, tmp_path):
             "0",
             "--max-acc-drop",
             "1",
+            "--no-spread-check",
             "--out",
             out,
             *TINY,
@@ -49,6 +51,48 @@ def test_the_report_runs_each_switch_then_the_combination(run_cli, tmp_path):
     report = (out / "speed_report.md").read_text()
     assert "| best (phase 2) | `loader=device trainer.channels_last=true` |" in report
     assert "load average before the runs" in report
+    assert "judged by their median ratio alone (--no-spread-check)" in report
+
+
+def test_a_difference_inside_the_rounds_spread_is_no_measurable_difference(run_cli, tmp_path):
+    """Two rounds of 2-step runs: the report gives the baseline's spread, and each switch's
+    verdict follows from the CSV's own numbers (faster only outside 1 + spread). 4 tiny runs."""
+    out = tmp_path / "report"
+    args = ["--variants", "channels_last", "--repeats", "2", "--out", out, *TINY]
+    proc = run_cli([*args, "trainer.max_steps=2"], prog="accel-report", timeout=600)
+    check_ok(proc)
+    rows = list(csv.DictReader((out / "speed_report.csv").read_text().splitlines()))
+    speed = {(r["variant"], r["repeat"]): float(r["samples_per_s"]) for r in rows}
+    base = [speed["baseline", k] for k in ("0", "1")]
+    spread = (max(base) - min(base)) / statistics.median(base)
+    ratios = [speed["channels_last", k] / speed["baseline", k] for k in ("0", "1")]
+    report = (out / "speed_report.md").read_text()
+    assert f"spread {spread:.0%} over its 2 rounds" in report, report
+    row = next(line for line in report.splitlines() if line.startswith("| channels_last |"))
+    if min(ratios) > 1 + spread:
+        assert "| faster, " in row, row
+    elif max(ratios) < 1 - spread:
+        assert "| slower, " in row, row
+    else:
+        assert "| no measurable difference |" in row, row
+
+
+def test_a_gain_inside_the_noise_is_not_combined(tmp_path):
+    """RandAugment "1.59x faster" from a 2-step run: the baseline's own rounds differ by more
+    than that, so neither switch is a winner, and a clear gain outside the spread is."""
+
+    def run(variant: str, repeat: int, speed: float) -> Run:
+        values = {"samples_per_s": speed, "test_acc": 0.5}
+        return Run(variant, repeat, 1, tmp_path, 0.0, "done", values)
+
+    runs = [run("baseline", 0, 100), run("baseline", 1, 180), run("baseline", 2, 110)]
+    runs += [run("auto_augment", k, s) for k, s in enumerate((190, 200, 170))]  # 1.1-1.9x
+    runs += [run("ema", k, s) for k, s in enumerate((300, 540, 330))]  # 3x every round
+    assert verdict(runs, "auto_augment", 1) == "no measurable difference"
+    assert verdict(runs, "ema", 1) == "faster, 3.00x"
+    kept = ["baseline", "auto_augment", "ema"]
+    assert combination(runs, kept, 1.02, 1, spread_check=True) == ["ema"]
+    assert combination(runs, kept, 1.02, 1) == ["auto_augment", "ema"]  # medians alone
 
 
 def test_a_switch_the_base_config_already_has_is_left_out(tmp_path):

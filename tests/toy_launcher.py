@@ -1,7 +1,7 @@
-"""A launcher as a developer adds one (docs/architecture.md): this file, one registry line
-(`LAUNCHERS["toy"] = ToyLauncher`, which tests/test_toy_launcher.py runs before the CLI) and its
-option, launcher/toy.yaml. It trains in this process, as launcher=local does, and leaves a
-marker that says it was the one that launched."""
+"""A launcher as a third-party package adds one (docs/architecture.md): this file, registered by
+its decorator, and an `accel_train.plugins` entry point naming it (tests/test_toy_extensions.py
+installs both in a package of its own). It trains in this process, as launcher=local does, and
+leaves a marker that says it was the one that launched. No YAML: its dataclass is the option."""
 
 from __future__ import annotations
 
@@ -11,21 +11,16 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from accel_train.config.run_config import write_run_config
+from accel_train.config.schema import LauncherConfig
 from accel_train.launchers.base import Launcher
 from accel_train.launchers.worker import run_worker
 from accel_train.launchers.world import check_strategy
+from accel_train.plugins import register_launcher
 
 MARKER = "launched_by_toy.txt"
 
-# The option's file, for a config folder on Hydra's search path.
-OPTION_YAML = """\
-defaults:
-  - launcher_schema
-  - _self_
-name: toy
-"""
 
-
+@register_launcher("toy", LauncherConfig)
 class ToyLauncher(Launcher):
     def planned_world_size(self, cfg: DictConfig) -> int:
         return 1

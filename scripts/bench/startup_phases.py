@@ -78,7 +78,7 @@ wrap(speed, "training_flops_per_sample", "    FLOP count (imports torch._dynamo)
 wrap(build, "build_optimizer", "    build_optimizer")
 wrap(loop.Loop, "fit", "  Loop.fit")
 wrap(loop.Loop, "_train", "    training")
-wrap(loop.Loop, "_test", "    the test pass")
+wrap(loop, "test_pass", "    the test pass")
 
 
 def report() -> None:

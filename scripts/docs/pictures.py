@@ -9,7 +9,7 @@ validation; the test accuracy as a dashed line). `report`: the speed report's sa
 variant, relative to the baseline, from `accel-report`'s speed_report.csv, or without one from
 the table in BENCHMARKS.md section 13 (a real `accel-report` run, its command printed there).
 `benchmarks`: bar charts of tables in BENCHMARKS.md, parsed from the file, so a picture never
-shows a number the file does not hold. Needs matplotlib (the `plot` or `docs` extra).
+shows a number the file does not hold. Needs matplotlib (a core dependency).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from accel_train import plugins
 from accel_train.command_checks import check_export_config
 from accel_train.commands import sweep_summary
 from accel_train.commands.outputs import interrupts_exit
@@ -70,7 +71,9 @@ def config_groups_help() -> str:
             defaults.update(OmegaConf.to_container(entry))
     lines = []
     for group in sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name != "hydra"):
-        options = sorted(f.stem for f in group.glob("*.yaml"))
+        # The YAML options, and those the installed plugins registered (accel_train.plugins).
+        registered = plugins.CLASSES.get(group.name, {})
+        options = sorted({f.stem for f in group.glob("*.yaml")} | set(registered))
         marked = [f"{o}*" if defaults.get(group.name) == o else o for o in options]
         spelling = f"+{group.name}=" if group.name in _ADDED_GROUPS else f"{group.name}="
         lines.append(f"  {spelling:<17} {', '.join(marked)}")
@@ -231,6 +234,7 @@ def _export(cfg: DictConfig):
 def train() -> None:
     global _enforce_tags
     _check_config_dir()
+    report_user_errors(plugins.load_plugins)()  # their options exist before Hydra composes
     if _wants_help(sys.argv[1:]):
         _print_help("hydra/default.yaml")
         return
@@ -301,6 +305,7 @@ def _exit_without_teardown(code: int) -> None:
 def _run_entry(task_function, config_file: str) -> None:
     """A plain entry point: the config dir checked, our own --help, else the Hydra task."""
     _check_config_dir()
+    report_user_errors(plugins.load_plugins)()  # a checkpoint may name a plugin's strategy
     if _wants_help(sys.argv[1:]):
         _print_help(config_file)
         return

@@ -348,8 +348,9 @@ def start_curves_plot(run_dir: Path) -> Callable[[], Path | None]:
 
     Called when training ends, so the drawing (~1 s of matplotlib, most of it holding the GIL)
     overlaps the test pass (torch kernels, which release the GIL). The series are read here, in
-    the caller's thread: the test pass appends to metrics.jsonl while the thread draws. Needs the
-    `plot` extra (matplotlib); without it, one info line a process and nothing else."""
+    the caller's thread: the test pass appends to metrics.jsonl while the thread draws. matplotlib
+    is a core dependency, imported here, at the end of training (never at start-up); an
+    environment where it cannot be imported gets one info line a process and no plot."""
     global _said_no_matplotlib
     try:
         import matplotlib
@@ -359,7 +360,10 @@ def start_curves_plot(run_dir: Path) -> Callable[[], Path | None]:
     except ImportError:
         if not _said_no_matplotlib:
             _said_no_matplotlib = True
-            log.info("curves.png skipped: `pip install accel-train[plot]` (matplotlib) to get it")
+            log.info(
+                "curves.png skipped: matplotlib (a dependency of accel-train) cannot be imported "
+                "here: `pip install matplotlib` to get it"
+            )
         return lambda: None
     series: dict[str, tuple[list[int], list[float]]] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():

@@ -1,6 +1,6 @@
 """`accel-report`: the speed report. Trains the baseline and each technique switch side by side,
 repeated and alternating, each as a normal `accel-train` run dir, then the combination of the
-switches that helped, and writes `speed_report.md`, `speed_report.csv` and (with matplotlib)
+switches that helped, and writes `speed_report.md`, `speed_report.csv` and
 `speed_report.png` into the report dir.
 
     accel-report +experiment=mnist_amp                      # every applicable switch, 3 repeats
@@ -17,9 +17,15 @@ Order: repeat-major (baseline, v1, v2, ..., baseline, v1, v2, ...), so a machine
 drifts affects every variant alike; each row reports median and min-max over its repeats, and
 the ratio to the baseline is the median of per-repeat ratios (each against the baseline of the
 same round). The load average before each run is recorded. Phase 2 runs the combination of the
-variants whose median throughput ratio was above `--min-gain` and whose median test accuracy
-(best validation accuracy without a test split) stayed within `--max-acc-drop` of the
-baseline, alternating with the baseline again.
+variants whose throughput gain is measurable (below) and whose median ratio is above
+`--min-gain`, and whose median test accuracy (best validation accuracy without a test split)
+stayed within `--max-acc-drop` of the baseline, alternating with the baseline again.
+
+Noise: the baseline's samples/s differ from round to round (a 2-step run's by tens of percent).
+That spread, (max - min) / median over the rounds, is reported, and a switch is called faster
+(or slower) only when every round's ratio lies above 1 + spread (or below 1 - spread); anything
+else is "no measurable difference", never a winner. One round measures no spread, so nothing is
+judged then (`--no-spread-check`: judge by the medians alone).
 """
 
 from __future__ import annotations
@@ -130,6 +136,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--no-combine", action="store_true", help="skip the combination phase")
     parser.add_argument("--min-gain", type=float, default=1.02, help="throughput ratio to count")
+    parser.add_argument(
+        "--no-spread-check",
+        action="store_true",
+        help="judge switches by their median ratio alone, even inside the rounds' spread",
+    )
     parser.add_argument(
         "--max-acc-drop",
         type=float,
@@ -282,8 +293,42 @@ def ratio_to_baseline(runs: list[Run], name: str, phase: int) -> list[float]:
     ]
 
 
-def combination(runs: list[Run], kept: list[str], min_gain: float, max_drop: float) -> list[str]:
-    """The switches that helped on their own, at most one of each exclusive set. The accuracy
+def baseline_spread(runs: list[Run], phase: int) -> float | None:
+    """The baseline's round-to-round spread of samples/s, (max - min) / median; None with fewer
+    than two rounds (nothing to measure it on)."""
+    speeds = _values(runs, "baseline", "samples_per_s", phase)
+    if len(speeds) < 2 or statistics.median(speeds) <= 0:
+        return None
+    return (max(speeds) - min(speeds)) / statistics.median(speeds)
+
+
+NO_DIFFERENCE = "no measurable difference"
+
+
+def verdict(runs: list[Run], name: str, phase: int, spread_check: bool = True) -> str:
+    """faster / slower when every round's ratio to its baseline lies outside 1 +- the baseline's
+    spread; inside it: no measurable difference. Without the check: the median's side of 1."""
+    ratios = ratio_to_baseline(runs, name, phase)
+    if not ratios:
+        return "-"
+    med = statistics.median(ratios)
+    if not spread_check:
+        return f"{med:.2f}x (median only)"
+    spread = baseline_spread(runs, phase)
+    if spread is None:
+        return "not judged (1 round: no spread)"
+    if min(ratios) > 1 + spread:
+        return f"faster, {med:.2f}x"
+    if max(ratios) < 1 - spread:
+        return f"slower, {med:.2f}x"
+    return NO_DIFFERENCE
+
+
+def combination(
+    runs: list[Run], kept: list[str], min_gain: float, max_drop: float, spread_check: bool = False
+) -> list[str]:
+    """The switches that helped on their own, at most one of each exclusive set: a median ratio
+    of at least `min_gain`, and with `spread_check` a gain outside the rounds' spread. The accuracy
     guard compares test accuracy, or the best validation accuracy when the data set has no test
     split, or for a task without accuracy its monitored metric (a switch must not buy its speed
     with quality in any case)."""
@@ -301,6 +346,8 @@ def combination(runs: list[Run], kept: list[str], min_gain: float, max_drop: flo
         accs = judged(name)
         if not ratios or statistics.median(ratios) < min_gain:
             continue
+        if spread_check and not verdict(runs, name, 1).startswith("faster"):
+            continue  # inside the noise (or one round): nothing measured to combine
         if base_acc and accs and statistics.median(accs) < statistics.median(base_acc) - max_drop:
             continue
         winners[name] = statistics.median(ratios)
@@ -320,7 +367,35 @@ def _cell(values: list[float], fmt: str) -> str:
     return f"{format(med, fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
-def write_report(out: Path, runs: list[Run], rows: list[tuple[str, int, str]], argv: list[str]):
+def spread_line(runs: list[Run], phase: int, spread_check: bool) -> str:
+    """What the verdicts of a phase were judged against, in one sentence."""
+    spread = baseline_spread(runs, phase)
+    rounds = len(_values(runs, "baseline", "samples_per_s", phase))
+    where = "" if phase == 1 else " (phase 2)"
+    if spread is None:
+        measured = f"The baseline{where} ran {rounds} round: no spread measured"
+    else:
+        measured = (
+            f"The baseline's samples/s{where} spread {spread:.0%} over its {rounds} rounds "
+            "((max - min) / median)"
+        )
+    if not spread_check:
+        return f"{measured}; switches judged by their median ratio alone (--no-spread-check)."
+    if spread is None:
+        return f"{measured}, so no switch is judged faster or slower: use --repeats 3 or more."
+    return (
+        f"{measured}: a switch is faster or slower only when every round's ratio lies outside "
+        f"1 +- {spread:.2f}; inside it, {NO_DIFFERENCE}."
+    )
+
+
+def write_report(
+    out: Path,
+    runs: list[Run],
+    rows: list[tuple[str, int, str]],
+    argv: list[str],
+    spread_check: bool = True,
+):
     """rows: (variant, phase, overrides shown)."""
     loads = [r.load for r in runs]
     lines = [
@@ -334,10 +409,12 @@ def write_report(out: Path, runs: list[Run], rows: list[tuple[str, int, str]], a
         "throughput ratios against the baseline run of the same round. samples/s leaves out the "
         "first logging interval (warm-up); `launch to exit` is the whole command.",
         "",
-        "| variant | overrides | samples/s | vs baseline | "
+        *(spread_line(runs, p, spread_check) + "  " for p in sorted({p for _, p, _ in rows})),
+        "",
+        "| variant | overrides | samples/s | vs baseline | verdict | "
         + " | ".join(FIELDS[k] for k in list(FIELDS)[1:])
         + " | runs |",
-        "|" + "---|" * (len(FIELDS) + 4),
+        "|" + "---|" * (len(FIELDS) + 5),
     ]
     for name, phase, shown in rows:
         mine = [r for r in runs if r.variant == name and r.phase == phase]
@@ -346,6 +423,7 @@ def write_report(out: Path, runs: list[Run], rows: list[tuple[str, int, str]], a
         cells = [
             _cell(_values(runs, name, "samples_per_s", phase), ".0f"),
             _cell(ratios, ".2f") if ratios else ("1.00" if name == "baseline" else "-"),
+            "-" if name == "baseline" else verdict(runs, name, phase, spread_check),
             _cell(_values(runs, name, "wall_s", phase), ".1f"),
             _cell(_values(runs, name, "time_to_target_s", phase), ".1f"),
             _cell(_values(runs, name, "peak_mem_mb", phase), ".0f"),
@@ -380,12 +458,12 @@ def write_report(out: Path, runs: list[Run], rows: list[tuple[str, int, str]], a
 
 def _plot(out: Path, runs: list[Run], rows) -> None:
     try:
-        import matplotlib  # optional extra: accel-train[plot]
+        import matplotlib  # a core dependency, imported only to draw
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log.info("matplotlib is not installed (pip install 'accel-train[plot]'): no PNG")
+        log.info("matplotlib (a dependency of accel-train) cannot be imported here: no PNG")
         return
     labels, medians, lows, highs = [], [], [], []
     for name, phase, _ in rows:
@@ -423,7 +501,12 @@ def main(argv: list[str] | None = None) -> None:
     runs: list[Run] = []
     run_rounds(kept, opts.repeats, 1, out, base, overrides_of, runs)
     rows = [(n, 1, " ".join(ALL_VARIANTS[n])) for n in kept]
-    best = [] if opts.no_combine else combination(runs, kept, opts.min_gain, opts.max_acc_drop)
+    check = not opts.no_spread_check
+    best = (
+        []
+        if opts.no_combine
+        else combination(runs, kept, opts.min_gain, opts.max_acc_drop, spread_check=check)
+    )
     if len(best) > 1:  # one winner is already measured as it is
         combo = [o for n in best for o in ALL_VARIANTS[n]]
         try:
@@ -436,7 +519,7 @@ def main(argv: list[str] | None = None) -> None:
                 ["baseline", "best"], opts.repeats, 2, out / "phase2", base, overrides_of, runs
             )
             rows += [("baseline", 2, ""), ("best", 2, " ".join(combo))]
-    write_report(out, runs, rows, argv)
+    write_report(out, runs, rows, argv, spread_check=check)
     print((out / "speed_report.md").read_text())
     png = " and .png" if (out / "speed_report.png").exists() else ""
     print(f"accel-report: wrote {out / 'speed_report.md'} (and .csv{png})")

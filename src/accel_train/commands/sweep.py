@@ -40,8 +40,8 @@ from accel_train.config.facts import OBJECTIVES
 from accel_train.config.hydra_errors import as_user_error
 from accel_train.config.run_config import flatten, resolve, to_container
 from accel_train.errors import UserError
-from accel_train.launchers import launcher_for
 from accel_train.launchers.launch import launch
+from accel_train.launchers.registry import launcher_for
 from accel_train.launchers.slurm_job import Requeued, await_submitit_requeue, requeued_submitit_job
 from accel_train.train.signals import Stopped, signal_name
 

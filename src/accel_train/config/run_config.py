@@ -17,6 +17,7 @@ from rich.tree import Tree
 from accel_train.config import CONFIG_DIR
 from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS, TrainConfig
 from accel_train.errors import UserError
+from accel_train.plugins import BASES, load_plugins
 
 
 def to_container(cfg: DictConfig) -> dict[str, Any]:
@@ -67,6 +68,8 @@ def typed(tree: dict[str, Any], *, resolved: bool = True) -> DictConfig:
         tree = escape_interpolations(tree)
     if "task" not in tree:  # written before tasks existed: every such run classified
         tree = {**tree, "task": dict(DEFAULT_TASK)}
+    if any(_unregistered(tree.get(group), group) for group in BASES):
+        load_plugins()  # a worker's config names a plugin's strategy (its schema registers)
     cfg = OmegaConf.structured(TrainConfig)
     for group, options in OPTION_SCHEMAS.items():
         node = tree.get(group)
@@ -90,6 +93,10 @@ def typed(tree: dict[str, Any], *, resolved: bool = True) -> DictConfig:
     merged = OmegaConf.merge(cfg, tree)
     assert isinstance(merged, DictConfig)
     return merged
+
+
+def _unregistered(node: Any, group: str) -> bool:
+    return isinstance(node, dict) and node.get("name") not in OPTION_SCHEMAS.get(group, {})
 
 
 def _schema_by_target(options: dict[str, type], node: dict[str, Any]) -> type | None:

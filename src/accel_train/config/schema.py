@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from omegaconf import MISSING
 
+from accel_train.config.lazy_store import store_lazily
 from accel_train.config.sweeper import register_optuna_sweeper
 
 # ---- model: a class or factory by _target_; the data shape is passed where accepted -------
@@ -958,17 +959,18 @@ def schema_name(schema: type) -> str:
 
 def register_configs() -> None:
     cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
-    cs.store(name="eval_schema", node=EvalConfig)
-    cs.store(name="export_schema", node=ExportConfig)
-    cs.store(name="tokenize_schema", node=TokenizeConfig)
-    cs.store(name="shard_schema", node=ShardConfig)
-    cs.store(name="sample_schema", node=SampleConfig)
+    # Converted when a compose first reads them (config/lazy_store.py): a run reads ~20 of them.
+    store_lazily("train_schema", TrainConfig)
+    store_lazily("eval_schema", EvalConfig)
+    store_lazily("export_schema", ExportConfig)
+    store_lazily("tokenize_schema", TokenizeConfig)
+    store_lazily("shard_schema", ShardConfig)
+    store_lazily("sample_schema", SampleConfig)
     for group, options in OPTION_SCHEMAS.items():
         for schema in set(options.values()):
-            cs.store(group=group, name=schema_name(schema), node=schema)
+            store_lazily(schema_name(schema), schema, group)
     for name, schema in LOGGER_SCHEMAS.items():  # logger/csv.yaml: `defaults: [csv_schema]`
-        cs.store(group="logger", name=f"{name}_schema", node={name: schema})
+        store_lazily(f"{name}_schema", {name: schema}, "logger")
     if SlurmQueueConf is not None:
         # Replaces the plugin's own node. Hydra's plugin scan runs the plugin's config module
         # again (storing its node again), so it runs first: Hydra does it at start-up anyway and

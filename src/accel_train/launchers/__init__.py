@@ -1,7 +1,8 @@
 """Launchers: the objects `launcher=<name>` chooses, one small file each, and what they share.
 
-- base.py (what a launcher answers), registry.py (`LAUNCHERS`, `launcher_for`), launch.py (the
-  body of `accel-train`: the steps every launch shares, then the launcher's `launch`);
+- base.py (what a launcher answers), registry.py (`launcher_for`: the launcher registered under
+  the name, its module imported then), launch.py (the body of `accel-train`: the steps every
+  launch shares, then the launcher's `launch`);
 - local.py, torchrun.py (this node: in-process or torchrun), slurm.py, ray.py, kubernetes.py;
 - their helpers: world (processes per node, the strategy's check), startup_tree (what a launch
   prints), torchrun_process, rendezvous, worker and node (the processes torchrun and srun
@@ -12,20 +13,9 @@
   because who takes the lock (the launching process, global rank 0 or a submitted job) is a
   question about how the run was launched.
 
-A new launcher is one file with a `Launcher` subclass and one line below.
+A new launcher is one file with a `Launcher` subclass under `@register_launcher(name, Config)`
+(accel_train.plugins), and its line in registry.py's BUILTIN_MODULES (or, outside accel-train,
+an `accel_train.plugins` entry point). This package imports nothing: a run imports only the
+launcher it uses, and Hydra's plugin scan, which imports submitit_launcher.py at every start-up
+(hydra_plugins/accel_train_submitit), imports no torch.
 """
-
-from accel_train.launchers.kubernetes import Kubernetes
-from accel_train.launchers.local import Local
-from accel_train.launchers.ray import Ray
-from accel_train.launchers.registry import LAUNCHERS, launcher_for
-from accel_train.launchers.slurm import Slurm
-from accel_train.launchers.torchrun import Torchrun
-
-LAUNCHERS["local"] = Local
-LAUNCHERS["torchrun"] = Torchrun
-LAUNCHERS["slurm"] = Slurm
-LAUNCHERS["ray"] = Ray
-LAUNCHERS["kubernetes"] = Kubernetes
-
-__all__ = ["LAUNCHERS", "launcher_for"]

@@ -9,12 +9,15 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from accel_train.config.run_config import write_run_config
+from accel_train.config.schema import KubernetesLauncherConfig
 from accel_train.launchers import kubernetes_manifest as manifests
 from accel_train.launchers.base import Launcher
 from accel_train.launchers.world import check_strategy, node_keys
+from accel_train.plugins import register_launcher
 from accel_train.strategies import WorldKeys
 
 
+@register_launcher("kubernetes", KubernetesLauncherConfig)
 class Kubernetes(Launcher):
     def check(self, cfg: DictConfig) -> None:
         manifests.check(cfg)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from accel_train.config.schema import LauncherConfig
 from accel_train.environment import inside_torchrun
 from accel_train.launchers.torchrun import Torchrun
+from accel_train.plugins import register_launcher
 
 
+@register_launcher("local", LauncherConfig)
 class Local(Torchrun):
     in_process_when_alone = True
 

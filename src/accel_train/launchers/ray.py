@@ -7,12 +7,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from accel_train.config.schema import RayLauncherConfig
 from accel_train.launchers import ray_train
 from accel_train.launchers.base import Launcher
 from accel_train.launchers.world import check_strategy
+from accel_train.plugins import register_launcher
 from accel_train.strategies import WorldKeys
 
 
+@register_launcher("ray", RayLauncherConfig)
 class Ray(Launcher):
     def check(self, cfg: DictConfig) -> None:
         ray_train.check(cfg.launcher)

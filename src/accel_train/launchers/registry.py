@@ -1,10 +1,10 @@
-"""The launchers by name: `launcher=<name>` picks `LAUNCHERS[name]`.
+"""The launchers by name: `launcher=<name>` picks the class registered as that name
+(`@register_launcher(name, Config)`, accel_train/plugins.py), imported when a run asks for it.
 
-The dict is filled in `launchers/__init__.py`, one line per launcher. It is defined here, below
-the launcher modules, because the run dir's lock (`lock.role`, which the launchers' workers
-import) asks it too: defined in the package's `__init__`, which imports every launcher, it
-would close an import cycle. Any import of a `launchers` module runs `__init__` first, so the
-dict is full by the time anyone looks a name up.
+The built-in ones are a module each, named below; a run imports the one it uses (local: none of
+Ray's, SLURM's or Kubernetes' code), and an installed package's launcher comes in through the
+`accel_train.plugins` entry points. Defined below the launcher modules, because the run dir's
+lock (`lock.role`, which the launchers' workers import) asks it too.
 """
 
 from __future__ import annotations
@@ -13,18 +13,29 @@ from omegaconf import DictConfig
 
 from accel_train.errors import UserError
 from accel_train.launchers.base import Launcher
+from accel_train.plugins import BUILTIN_MODULES, CLASSES, class_for, names
 
-LAUNCHERS: dict[str, type[Launcher]] = {}
+# The built-in launchers: name -> the module whose `@register_launcher` registers it.
+BUILTIN_MODULES["launcher"].update(
+    local="accel_train.launchers.local",
+    torchrun="accel_train.launchers.torchrun",
+    slurm="accel_train.launchers.slurm",
+    ray="accel_train.launchers.ray",
+    kubernetes="accel_train.launchers.kubernetes",
+)
+
+# The launcher classes registered so far, by name (the built-in ones once imported).
+LAUNCHERS: dict[str, type[Launcher]] = CLASSES["launcher"]
 
 
 def launcher_for(cfg: DictConfig) -> Launcher:
     """The launcher `cfg.launcher.name` names."""
     name = cfg.launcher.name
-    if name not in LAUNCHERS:
-        known = ", ".join(sorted(LAUNCHERS))
+    cls = class_for("launcher", name)
+    if cls is None:
         raise UserError(
-            f"launcher={name} is not a launcher accel-train knows ({known}): "
-            f"choose one of them, or register yours with `LAUNCHERS[{name!r}] = YourLauncher` "
-            "(accel_train.launchers) before the run starts (docs/architecture.md)."
+            f"launcher={name} is not a launcher accel-train knows ({', '.join(names('launcher'))}):"
+            " choose one of them, or register yours with `@register_launcher(name, Config)` "
+            "(accel_train.plugins; docs/architecture.md)."
         )
-    return LAUNCHERS[name]()
+    return cls()

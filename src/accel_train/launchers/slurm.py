@@ -8,15 +8,18 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from accel_train.config.run_config import write_run_config
+from accel_train.config.schema import SlurmLauncherConfig
 from accel_train.environment import in_srun_step
 from accel_train.errors import UserError
 from accel_train.launchers import slurm_job
 from accel_train.launchers.base import Launcher
 from accel_train.launchers.world import check_strategy, node_keys
+from accel_train.plugins import register_launcher
 from accel_train.strategies import WorldKeys
 from accel_train.train.found import forget as forget_checkpoint
 
 
+@register_launcher("slurm", SlurmLauncherConfig)
 class Slurm(Launcher):
     def planned_world_size(self, cfg: DictConfig) -> int:
         return slurm_job.processes_per_node(cfg.launcher) * int(cfg.launcher.nodes)

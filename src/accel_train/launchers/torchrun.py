@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from accel_train.config.run_config import write_run_config
+from accel_train.config.schema import LauncherConfig
 from accel_train.console import print_startup
 from accel_train.environment import in_srun_step, inside_torchrun
 from accel_train.launchers.base import Launcher
@@ -19,11 +20,13 @@ from accel_train.launchers.startup_tree import launch_tree
 from accel_train.launchers.torchrun_process import run_torchrun
 from accel_train.launchers.worker import run_worker
 from accel_train.launchers.world import check_strategy, local_world_size
+from accel_train.plugins import register_launcher
 from accel_train.train.found import forget as forget_checkpoint
 
 log = logging.getLogger("accel_train")
 
 
+@register_launcher("torchrun", LauncherConfig)
 class Torchrun(Launcher):
     # One process on one node trains in this process, without torchrun (launcher=local).
     in_process_when_alone = False

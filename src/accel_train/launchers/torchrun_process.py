@@ -9,16 +9,16 @@ import signal
 import sys
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
-from torch.distributed.run import get_args_parser, run
 
 from accel_train.environment import LAUNCHER_PID
 from accel_train.errors import UserError
 from accel_train.launchers.rendezvous import Arrivals, check_rendezvous, timed_out
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 log = logging.getLogger("accel_train")
 
@@ -69,6 +69,10 @@ def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
         # torchrun's own default (1 thread per process when there are several), set quietly.
         cores = os.cpu_count() or 1
         os.environ["OMP_NUM_THREADS"] = str(max(1, cores // nproc))
+    # torchrun's own modules (~50 ms) only when it is used: launcher=local imports this file
+    # and trains in-process.
+    from torch.distributed.run import get_args_parser
+
     argv = torchrun_argv(cfg, config_path, nproc)
     log.info("torchrun %s", " ".join(argv))
     args = get_args_parser().parse_args(argv)
@@ -95,6 +99,11 @@ def run_torchrun(cfg: DictConfig, config_path: Path, nproc: int) -> None:
 def _run_agent(cfg: DictConfig, args, arrivals: Arrivals | None) -> None:
     """torchrun's agent in this process, to the end of the run; a signal that stopped it, a
     rendezvous that timed out or a failed worker said the launcher's way."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+    from torch.distributed.run import run
+
     try:
         run(args)
     except RendezvousTimeoutError:

@@ -1,7 +1,8 @@
 """Parallelism strategies: one small class per strategy (base.py says what a strategy answers),
-chosen by `strategy.name` from the one registry below. To add one: a file here with a
-`Strategy` subclass, its line in STRATEGIES, and its option in configs/strategy/
-(docs/architecture.md)."""
+chosen by `strategy.name` from the classes registered with `@register_strategy(name, Config)`
+(accel_train.plugins). To add one: a file here with a `Strategy` subclass under that decorator
+and its import line below (or, outside accel-train, an `accel_train.plugins` entry point;
+docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from accel_train.config import CONFIG_DIR
 from accel_train.config.schema import OPTION_SCHEMAS
+from accel_train.plugins import CLASSES, class_for, names
 from accel_train.strategies.base import Strategy, WorldKeys, Wrapped, refuse_unknown
 from accel_train.strategies.ddp import DDP
 from accel_train.strategies.dp import DataParallel
@@ -27,21 +29,19 @@ __all__ = [
     "strategy_for",
 ]
 
-STRATEGIES: dict[str, type[Strategy]] = {
-    "single": Single,
-    "dp": DataParallel,
-    "ddp": DDP,
-    "fsdp": FSDP,
-    "tp": TensorParallel,
-    "pipeline": PipelineParallel,
-}
+# The strategies by name: the built-in ones (imported above, each registering itself) and the
+# installed plugins' (accel_train.plugins.load_plugins, on the first name not found here).
+STRATEGIES: dict[str, type[Strategy]] = CLASSES["strategy"]
+# The built-in strategies, registered by their own decorators when imported above.
+BUILTIN = (Single, DataParallel, DDP, FSDP, TensorParallel, PipelineParallel)
 
 
 def strategy_class(name: str) -> type[Strategy]:
     """The class registered under `name` (e.g. a checkpoint's strategy, for what it holds)."""
-    if name not in STRATEGIES:
-        raise refuse_unknown(name, sorted(STRATEGIES))
-    return STRATEGIES[name]
+    cls = class_for("strategy", name)
+    if cls is None:
+        raise refuse_unknown(name, names("strategy"))
+    return cls
 
 
 def strategy_for(cfg: DictConfig) -> Strategy:

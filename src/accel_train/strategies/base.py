@@ -183,6 +183,6 @@ class Strategy:
 def refuse_unknown(name: str, known: list[str]) -> UserError:
     return UserError(
         f"strategy={name} is not a strategy accel-train knows (it has: {', '.join(known)}). "
-        "Pick one of those, or add yours as one file in accel_train/strategies/ plus its line "
-        "in the STRATEGIES registry (docs/architecture.md)."
+        "Pick one of those, or register yours with `@register_strategy(name, Config)` "
+        "(accel_train.plugins; docs/architecture.md)."
     )

@@ -8,11 +8,14 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from accel_train.config.schema import DdpConfig
 from accel_train.parallel import DistEnv
+from accel_train.plugins import register_strategy
 from accel_train.precision import Precision
 from accel_train.strategies.base import Strategy, Wrapped
 
 
+@register_strategy("ddp", DdpConfig)
 class DDP(Strategy):
     name = "ddp"
     replicates_buffers = True

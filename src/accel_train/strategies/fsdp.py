@@ -23,8 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_train.config.schema import FsdpConfig
 from accel_train.errors import UserError
 from accel_train.parallel import DistEnv
+from accel_train.plugins import register_strategy
 from accel_train.precision import Precision
 from accel_train.strategies.base import Strategy, Wrapped
 from accel_train.strategies.context_parallel import check_context_parallel, sharded_sequences
@@ -32,6 +34,7 @@ from accel_train.strategies.mesh import MeshLayout
 from accel_train.strategies.tp import check_tp_divides
 
 
+@register_strategy("fsdp", FsdpConfig)
 class FSDP(Strategy):
     name = "fsdp"
     sharded_checkpoints = True

@@ -11,7 +11,9 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from accel_train.config.schema import PipelineConfig
 from accel_train.parallel import DistEnv
+from accel_train.plugins import register_strategy
 from accel_train.precision import Precision
 from accel_train.strategies.base import Strategy, Wrapped
 from accel_train.strategies.mesh import MeshLayout
@@ -24,6 +26,7 @@ from accel_train.strategies.pipeline_schedule import (
 )
 
 
+@register_strategy("pipeline", PipelineConfig)
 class PipelineParallel(Strategy):
     name = "pipeline"
     sharded_checkpoints = True

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from accel_train.config.schema import StrategyConfig
 from accel_train.errors import UserError
+from accel_train.plugins import register_strategy
 from accel_train.strategies.base import Strategy
 
 
+@register_strategy("single", StrategyConfig)
 class Single(Strategy):
     name = "single"
 

@@ -7,8 +7,10 @@ from typing import Any
 
 from torch import nn
 
+from accel_train.config.schema import TpConfig
 from accel_train.errors import UserError
 from accel_train.parallel import DistEnv
+from accel_train.plugins import register_strategy
 from accel_train.precision import Precision
 from accel_train.strategies.base import Strategy, WorldKeys, Wrapped
 from accel_train.strategies.mesh import MeshLayout
@@ -28,6 +30,7 @@ def check_tp_divides(tp: int, world: int, keys: WorldKeys) -> None:
         )
 
 
+@register_strategy("tp", TpConfig)
 class TensorParallel(Strategy):
     name = "tp"
     sharded_checkpoints = True

@@ -20,15 +20,18 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from accel_train.config.schema import ClassificationTaskConfig
 from accel_train.data.batch_mix import BatchMix, build_batch_mix, mixing_on
 from accel_train.errors import UserError
 from accel_train.losses import build_loss
 from accel_train.models import check_output
+from accel_train.plugins import register_task
 from accel_train.tasks.base import Task, TaskContext
 
 log = logging.getLogger("accel_train")
 
 
+@register_task("classification", ClassificationTaskConfig)
 class Classification(Task):
     name = "classification"
     uses_loss_group = True

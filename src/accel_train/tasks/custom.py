@@ -25,8 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_train.config.schema import CustomTaskConfig
 from accel_train.data.batch import count_samples
 from accel_train.errors import UserError
+from accel_train.plugins import register_task
 from accel_train.targets import locate
 from accel_train.tasks.base import Task, TaskContext, split_output
 
@@ -45,6 +47,7 @@ def _function(path: str, key: str):
     return fn
 
 
+@register_task("custom", CustomTaskConfig)
 class Custom(Task):
     name = "custom"
 

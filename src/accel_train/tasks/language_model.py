@@ -27,17 +27,20 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from accel_train.config.schema import LanguageModelTaskConfig
 from accel_train.data.data_tokenizer import dataset_tokenizer, tokenizer_data
 from accel_train.data.tokenizer import tokenizer_from_meta
 from accel_train.errors import UserError
 from accel_train.losses import TokenLoss, liger_available
 from accel_train.models.generate import generate
+from accel_train.plugins import register_task
 from accel_train.tasks.base import Task, TaskContext, evaluating
 
 log = logging.getLogger("accel_train")
 HEAD_LOSS = "head_loss"  # the model capability task.chunked_loss calls: forward(..., head_loss=)
 
 
+@register_task("language_model", LanguageModelTaskConfig)
 class LanguageModel(Task):
     name = "language_model"
     generates_text = True

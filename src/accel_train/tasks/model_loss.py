@@ -11,7 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_train.config.schema import TaskConfig
 from accel_train.errors import UserError
+from accel_train.plugins import register_task
 from accel_train.tasks.base import Task, TaskContext, evaluating
 
 
@@ -33,6 +35,7 @@ def loss_of(out: Any) -> torch.Tensor | None:
     return loss if isinstance(loss, torch.Tensor) else None
 
 
+@register_task("model_loss", TaskConfig)
 class ModelLoss(Task):
     name = "model_loss"
 

@@ -46,9 +46,11 @@ from omegaconf import DictConfig
 from torch import nn
 
 from accel_train.config.combinations import REFUSED, strategy_key
+from accel_train.config.schema import PreferenceTaskConfig
 from accel_train.data.batch import to_device
 from accel_train.errors import UserError
 from accel_train.models import build_model
+from accel_train.plugins import register_task
 from accel_train.tasks.base import Task, TaskContext, evaluating
 from accel_train.tasks.language_model import call
 
@@ -152,6 +154,7 @@ def _flat(batch: Mapping) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.transpose(0, 1).flatten(0, 1), labels.transpose(0, 1).flatten(0, 1)
 
 
+@register_task("preference", PreferenceTaskConfig)
 class Preference(Task):
     name = "preference"
     generates_text = True  # a causal LM: accel-sample may sample its checkpoints

@@ -15,12 +15,15 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
+from accel_train.config.schema import RegressionTaskConfig
 from accel_train.errors import UserError
+from accel_train.plugins import register_task
 from accel_train.tasks.base import Task, TaskContext, evaluating
 
 LOSSES = ("mse", "l1", "huber")
 
 
+@register_task("regression", RegressionTaskConfig)
 class Regression(Task):
     name = "regression"
     per_sample_loss = True

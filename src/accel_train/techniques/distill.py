@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +38,31 @@ from torch import nn
 from accel_train.errors import UserError
 from accel_train.models import build_model
 from accel_train.models.timm import read_folder_config, timm_model
-from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.techniques import PREPARE, BuildContext, LossFn, Technique
 
 log = logging.getLogger("accel_train")
+
+
+# A checkpoint's path and the student's (in_channels, image_size, num_classes) -> the teacher
+# and what identifies it ({"teacher": ..., "sha256": ...}).
+TeacherOpener = Callable[[Path, tuple[int, int, int]], tuple[nn.Module, dict]]
 
 
 class Distill(Technique):
     name = "distill"
     order = PREPARE  # builds the teacher at build time, beside the student (not a transform)
 
-    def __init__(self, teacher: Any, alpha: float = 0.5, temperature: float = 4.0):
+    def __init__(
+        self,
+        teacher: Any,
+        from_checkpoint: TeacherOpener,
+        alpha: float = 0.5,
+        temperature: float = 4.0,
+    ):
         self.source, self.alpha, self.temperature = teacher, alpha, temperature
+        # The build step hands in how a run's checkpoint becomes a model (train/teacher.py):
+        # opening one is a question for the layer above techniques (run_checkpoint.py).
+        self.from_checkpoint = from_checkpoint
         self.teacher: nn.Module | None = None
         self.record: dict[str, Any] = {}  # what identifies the teacher (checkpoint, summary)
         self._student: torch.Tensor | None = None
@@ -72,7 +86,7 @@ class Distill(Technique):
         if isinstance(self.source, str) and read_folder_config(self.source).get("architecture"):
             teacher, self.record = _from_timm_folder(Path(self.source).expanduser(), shape)
         elif isinstance(self.source, str):
-            teacher, self.record = _from_checkpoint(Path(self.source).expanduser(), shape)
+            teacher, self.record = self.from_checkpoint(Path(self.source).expanduser(), shape)
         else:
             teacher, self.record = _from_target(self.source, shape)
         teacher = teacher.to(sample.device, dtype=dtype).eval().requires_grad_(False)
@@ -176,41 +190,7 @@ class Distill(Technique):
             )
 
 
-def _from_checkpoint(path: Path, shape: tuple[int, int, int]) -> tuple[nn.Module, dict]:
-    """The teacher rebuilt from its checkpoint's own config (its LoRA adapters included), its
-    weights loaded (weights-only): run_checkpoint.py, as every tool opens a run's checkpoint."""
-    opened = RunCheckpoint(path, key="distill.teacher")
-    cfg = opened.cfg
-    in_channels, image_size, num_classes = shape
-    recorded = cfg.dataset.get("num_classes")
-    if recorded is not None and recorded != num_classes:
-        raise UserError(_classes_message(path, f"{recorded} classes", num_classes))
-
-    def fit_error(err: RuntimeError) -> UserError:
-        first = str(err).strip().splitlines()
-        detail = " ".join(first[1:2] or first[:1]).strip()[:200]
-        if "size mismatch" in str(err):
-            return UserError(
-                f"distill.teacher={path}: the teacher's weights do not fit its model built "
-                f"for the student's data ({num_classes} classes, {in_channels}x{image_size}x"
-                f"{image_size} inputs; {detail}). A teacher must take the student's inputs "
-                "and predict the same classes: train it on the student's data set (or one "
-                "of the same shape and classes), or give another `distill.teacher`."
-            )
-        return UserError(
-            f"distill.teacher={path}: its weights do not fit the model its config builds "
-            f"(model._target_={cfg.model._target_}; {detail}). Has the model's code changed "
-            "since the teacher was trained?"
-        )
-
-    def build_error(err: UserError) -> UserError:
-        return UserError(f"distill.teacher={path}: rebuilding the teacher failed: {err}")
-
-    teacher = opened.model(_data_args(shape), fit_error=fit_error, build_error=build_error)
-    return teacher, {"teacher": str(path.resolve()), "sha256": _sha256_path(path)}
-
-
-def _classes_message(path: Path, what: str, num_classes: int) -> str:
+def classes_message(path: Path, what: str, num_classes: int) -> str:
     return (
         f"distill.teacher={path}: the teacher was trained on {what}, the student on "
         f"{num_classes}: a teacher must predict the same classes as the student. Train the "
@@ -231,12 +211,12 @@ def _from_timm_folder(path: Path, shape: tuple[int, int, int]) -> tuple[nn.Modul
 
 def _from_target(node: DictConfig, shape: tuple[int, int, int]) -> tuple[nn.Module, dict]:
     try:
-        teacher = build_model(node, _data_args(shape))
+        teacher = build_model(node, data_args(shape))
     except UserError as err:
         raise UserError(f"distill.teacher._target_={node._target_}: {err}") from None
     if getattr(teacher, "fresh_head", None):  # model.weights re-initialised its classifier
         raise UserError(
-            _classes_message(
+            classes_message(
                 Path(str(node.weights)), "other classes (its head does not fit)", shape[2]
             )
         )
@@ -250,12 +230,12 @@ def _from_target(node: DictConfig, shape: tuple[int, int, int]) -> tuple[nn.Modu
     return teacher, {"teacher": shown, "sha256": digest.hexdigest()}
 
 
-def _data_args(shape: tuple[int, int, int]) -> dict:
+def data_args(shape: tuple[int, int, int]) -> dict:
     """The student's input shape and classes, as its Splits.data_args gave them to it."""
     return dict(zip(("in_channels", "image_size", "num_classes"), shape, strict=True))
 
 
-def _sha256_path(path: Path) -> str:
+def sha256_path(path: Path) -> str:
     """The file's sha256 (an FSDP .dcp directory: over its files, by name)."""
     digest = hashlib.sha256()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]

@@ -48,6 +48,7 @@ from accel_train.techniques.selective_backprop import SelectiveBackprop
 from accel_train.techniques.speed import SpeedMetrics
 from accel_train.train.data_checks import check_data_sizes
 from accel_train.train.evaluate import sample_batch
+from accel_train.train.teacher import teacher_from_checkpoint
 
 
 def build_techniques(cfg: DictConfig) -> list[Technique]:
@@ -75,7 +76,8 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
     if sb.keep < 1:
         chosen.append(SelectiveBackprop(sb.keep, sb.start, sb.end, sb.interrupt))
     if cfg.distill.teacher is not None:
-        chosen.append(Distill(cfg.distill.teacher, cfg.distill.alpha, cfg.distill.temperature))
+        d = cfg.distill  # a checkpoint teacher is opened by train/teacher.py (the layer above)
+        chosen.append(Distill(d.teacher, teacher_from_checkpoint, d.alpha, d.temperature))
     if cfg.prune.amount > 0:
         p, s = cfg.prune, cfg.prune.schedule
         chosen.append(Prune(p.amount, p.method, p.scope, s.start, s.end, s.ramp, s.every_n_steps))
