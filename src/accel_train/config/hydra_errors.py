@@ -148,8 +148,11 @@ def _other_task_key(err: OmegaConfBaseException | None, group: str, leaf: str) -
     options = schema_module.OPTION_SCHEMAS.get("task", {})
     schema = getattr(err, "object_type", None) if err is not None else None
     ours = next((name for name, cls in options.items() if cls is schema), None)
+    # The base schema (model_loss's) also types a task class of the user's own: its key may be
+    # that class's own argument (`+task.<leaf>`), so the usual message stands there.
+    base = any(cls is not schema and issubclass(cls, schema) for cls in options.values())
     having = [n for n, cls in options.items() if leaf in {f.name for f in dataclasses.fields(cls)}]
-    if ours is None or not having:
+    if ours is None or base or not having:
         return None
     why = TASK_KEYS_REFUSED.get((ours, leaf))
     if why:
