@@ -266,6 +266,8 @@ CHUNKED = ["task.chunked_loss with task=preference", "does not support the chunk
         # task.loss_chunk_tokens, a key the user never typed
         ("chunked", CHUNKED),
         ("chunked-added", CHUNKED),
+        # asked of the strategy (shards_parameters), not its name (issue 47 E.24)
+        ("fsdp-copy", ["with strategy=fsdp and lora.rank=0", "whole unsharded frozen copy"]),
         # a TRL record beside an Alpaca one: was read silently
         ("mixed-formats", ["mixes preference record formats", "mixed.jsonl:1 is TRL's",
                            "mixed.jsonl:3 is Alpaca's"]),
@@ -277,6 +279,8 @@ def test_careless_preference_inputs_are_one_paragraph(case, needles, llama, tmp_
     prog = "accel-train"
     if case == "orpo-precompute":
         args += ["task.loss=orpo", "task.precompute_reference=true"]
+    elif case == "fsdp-copy":
+        args += ["strategy=fsdp", "lora.rank=0"]
     elif case in ("chunked", "chunked-added"):
         args.append(f"{'+' if case == 'chunked-added' else ''}task.chunked_loss=true")
     else:  # refused as the records are read: accel-data shard reads them with the same code
