@@ -373,7 +373,11 @@ def split_files(
     keys = {"train": "dataset.path", "val": "dataset.val_path", "test": "dataset.test_path"}
     sets = {name: encode(file, keys[name]) for name, file in files.items() if file}
     if "val" not in sets:
-        train_idx, val_idx = held_out_indices(len(sets["train"]), val_fraction, seed)
+        n = len(sets["train"])
+        # At least one held out, as datasets' train_test_split rounds the test share up: a
+        # first try on a few records (5 % of 8) still validates.
+        fraction = max(val_fraction, 1 / n) if val_fraction > 0 and n >= 2 else val_fraction
+        train_idx, val_idx = held_out_indices(n, fraction, seed)
         if len(val_idx) == 0 or len(train_idx) == 0:
             raise UserError(
                 f"dataset.path={files['train']}: {len(sets['train'])} {what} leave none for "
