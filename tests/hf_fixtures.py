@@ -133,3 +133,18 @@ def write_preferences(path: Path, n: int = 48, form: str = "text", start: int = 
                 rec = {"prompt": prompt, "chosen": chosen, "rejected": rejected}
             f.write(json.dumps(rec) + "\n")
     return path
+
+
+def write_gpt2_tokens(folder: Path, docs: int = 200, seed: int = 0) -> Path:
+    """A token folder as `accel-data tokenize` writes one with GPT-2's tokenizer (uint16 ids
+    below 50,257, meta.json), of short random documents each ended by <|endoftext|> (50256):
+    what docs/long-context.md's `dataset.document_separator=50256` lines train on."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train.bin", docs), ("val.bin", max(docs // 10, 4))):
+        parts = [np.append(rng.integers(0, 50256, rng.integers(8, 40)), 50256) for _ in range(n)]
+        np.concatenate(parts).astype(np.uint16).tofile(folder / name)
+    (folder / "meta.json").write_text(json.dumps({"vocab_size": 50257, "dtype": "uint16"}))
+    return folder

@@ -31,7 +31,8 @@ GPT = [
 @pytest.fixture(scope="module")
 def cwd(tmp_path_factory) -> Path:
     """tok/ (a token folder), odd/ (its train.bin one byte short), neg/ (meta.json's
-    vocab_size negative) and run/ (a 2-step GPT trained on tok/)."""
+    vocab_size negative) and run/ (a 2-step GPT trained on tok/, its blocks checkpointed; its
+    output in run.out)."""
     root = tmp_path_factory.mktemp("careless")
     (root / "input.txt").write_text(TEXT)
     check_ok(run_cli(["tokenize", "input=input.txt", "out=tok"], root, prog="accel-data"))
@@ -43,8 +44,17 @@ def cwd(tmp_path_factory) -> Path:
     (root / "odd" / "train.bin").write_bytes(train[:-1])
     meta = json.loads((root / "tok" / "meta.json").read_text())
     (root / "neg" / "meta.json").write_text(json.dumps({**meta, "vocab_size": -5}))
-    check_ok(run_cli([*GPT, "dataset.path=tok", "hydra.run.dir=run"], root))
+    # Every block checkpointed: a one-block GPT's Block is found by name (issue 47 B.10).
+    ac = "activation_checkpointing.mode=full"
+    proc = run_cli([*GPT, "dataset.path=tok", ac, "hydra.run.dir=run"], root)
+    check_ok(proc)
+    (root / "run.out").write_text(proc.stdout + proc.stderr)
     return root
+
+
+def test_a_one_block_gpt_checkpoints_its_block(cwd):
+    """Was: "no class repeats as a block ... name the class" (issue 47 B.10)."""
+    assert "activation checkpointing (full): 1 of 1 blocks (Block)" in (cwd / "run.out").read_text()
 
 
 CKPT = "ckpt_path=run/checkpoints/last.pt"

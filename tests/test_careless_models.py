@@ -111,6 +111,19 @@ CASES = {
         ["model=gpt", "dataset=sft", "dataset.path=chat.jsonl", "dataset.max_length=512"],
         ["dataset.max_length=512 is longer than model.block_size=256"],
     ),
+    # Said "Remove `+drop_pathrate`", a key that does not exist (issue 47 B.12).
+    "timm-unknown-kwarg": (
+        [
+            "model=timm",
+            "model.name=resnet10t",
+            "+model.drop_pathrate=0.1",
+            "dataset=synthetic",
+            "dataset.num_train=32",
+            "dataset.num_test=8",
+            "trainer.max_steps=1",
+        ],
+        ["model.drop_pathrate: timm's resnet10t does not take it", "Remove `+model.drop_pathrate`"],
+    ),  # fmt: skip
     # Both numbers given by the user contradict each other: the one refusal left.
     "warmup-over-max-steps": (
         ["trainer.max_steps=5", "scheduler=cosine", "scheduler.warmup_steps=10"],

@@ -68,7 +68,7 @@ def test_the_language_model_hands_over_rows_with_their_positions():
 @pytest.mark.parametrize(
     ("overrides", "nproc", "said"),
     [
-        (["strategy.cp=2"], 3, "strategy.cp=2 must be >= 1 and divide the 3 processes"),
+        (["strategy.cp=2"], 3, "strategy.cp=2 must divide the 3 processes"),
         (["strategy.cp=2", "strategy.tp=2"], 2, "strategy.cp=2 x strategy.tp=2"),
         (["strategy.cp=2"], 2, "ring attention, which PyTorch implements for CUDA"),
     ],
@@ -86,12 +86,15 @@ def test_impossible_context_parallel_is_refused(overrides, nproc, said, compose_
 
 
 def test_a_cpu_run_with_cp_is_one_paragraph_before_any_process_starts(run_cli, tmp_path):
+    """One process and a CPU: both refusals in the one paragraph (issue 47 B.13), not the
+    process count first and the CPU once that is fixed."""
     proc = run_cli(
-        [*GPT, "strategy=fsdp", "strategy.cp=2", "launcher.nproc_per_node=2", "hydra.run.dir=r"]
+        [*GPT, "strategy=fsdp", "strategy.cp=2", "launcher.nproc_per_node=1", "hydra.run.dir=r"]
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-    assert "strategy.cp=2 splits each sequence over 2 GPUs" in proc.stderr
+    assert "for 2 reasons: (1) strategy.cp=2 must divide the 1 process " in proc.stderr
+    assert "(2) strategy.cp=2 splits each sequence over 2 GPUs" in proc.stderr
     assert not (tmp_path / "r" / "checkpoints").exists()
 
 

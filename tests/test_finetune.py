@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers import check_ok, read_jsonl
 from hf_fixtures import write_records, write_tiny_llama
+from omegaconf import OmegaConf
 
 from accel_train.checkpoint import load_checkpoint
 
@@ -337,16 +338,18 @@ def test_export_peft_loads_in_peft_with_the_merged_logits(folders, reference, ru
 
 
 def test_accel_eval_scores_instruction_records(folders, reference, run_cli, tmp_path):
-    """A run with test records: accel-eval reports the token loss and perplexity on them."""
+    """A run with test records: accel-eval reports the token loss and perplexity on them. The
+    run asks for rows longer than the model's context (the tiny Llama's 256 positions): cut to
+    it as the run starts, in one warning naming both numbers (issue 47 A.7)."""
     run_dir = tmp_path / "run"
-    check_ok(
-        run_cli(
-            [
-                *_sft(folders, f"dataset.test_path={folders['pc']}", "trainer.max_steps=2"),
-                f"hydra.run.dir={run_dir}",
-            ]
-        )
+    longer = ["dataset.max_length=1024", "trainer.max_steps=2"]  # (the last override wins)
+    proc = run_cli(
+        [*_sft(folders, f"dataset.test_path={folders['pc']}", *longer), f"hydra.run.dir={run_dir}"]
     )
+    check_ok(proc)
+    said = "dataset.max_length=1024 is longer than the model's context (max_position_embeddings=256"
+    assert said in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    assert OmegaConf.load(run_dir / "config.yaml").dataset.max_length == 256
     out = tmp_path / "eval.json"
     proc = run_cli(
         [f"ckpt_path={run_dir / 'checkpoints' / 'last.pt'}", f"out_path={out}"], prog="accel-eval"
@@ -354,16 +357,30 @@ def test_accel_eval_scores_instruction_records(folders, reference, run_cli, tmp_
     check_ok(proc)
     result = json.loads(out.read_text())
     assert result["test/loss"] > 0 and result["test/ppl"] > 1
+    # Packed rows of 256 tokens hold several records each: counted as what they hold (issue
+    # 47 B.14: was "(N samples)" for the rows).
+    rows = result["num_samples"]
+    assert result["num_records"] == 24 and rows < 24
+    assert f"({rows} packed rows (24 records))" in proc.stdout + proc.stderr
 
 
 def test_accel_eval_scores_a_run_without_test_records(folders, reference, run_cli):
     """The fine-tuning page's own lines: the validation split (split=val: its loss is the run's
     last val/loss), or a file of records given on accel-eval's command line (data_path)."""
     ckpt = f"ckpt_path={reference / 'checkpoints' / 'last.pt'}"
-    check_ok(run_cli([ckpt, "split=val"], prog="accel-eval"))
+    proc = run_cli([ckpt, "split=val"], prog="accel-eval")
+    check_ok(proc)
     result = json.loads((reference / "eval_last_val.json").read_text())
     final = json.loads((reference / "summary.json").read_text())["final_val_loss"]
     assert result["split"] == "val" and result["val/loss"] == pytest.approx(final, rel=1e-4)
+    # Counted in records (at 96 tokens a row each of these fills one: see the test above for
+    # packed rows holding several).
+    assert result["num_records"] == result["num_samples"] == 8
+    assert "(8 records)" in proc.stdout + proc.stderr
+    # val.jsonl's records are the training file's (the fixture repeats its 8 questions): the
+    # data says so as it is read (issue 47 A.7b).
+    warned = f"dataset.val_path={folders['val']}: all its 8 usable records are also training"
+    assert warned in proc.stdout + proc.stderr
     check_ok(run_cli([ckpt, f"data_path={folders['pc']}"], prog="accel-eval"))
     result = json.loads((reference / "eval_last.json").read_text())
     assert result["data_path"] == str(folders["pc"]) and result["test/ppl"] > 1
@@ -421,6 +438,7 @@ def test_resnet18_weights_replaced_head_and_frozen_stem(run_cli, tmp_path):
         "bad_target",
         "quantized_fresh_base",
         "shard_without_tokenizer",
+        "template_syntax",
     ],
 )
 def test_bad_inputs_are_one_paragraph(case, folders, run_cli, tmp_path):
@@ -434,6 +452,9 @@ def test_bad_inputs_are_one_paragraph(case, folders, run_cli, tmp_path):
         "bad_target": "lora.target",
         "quantized_fresh_base": "model.weights=<file>",
         "shard_without_tokenizer": "dataset.tokenizer=",
+        # the template file and line (was: "building dataset._target_=... raised
+        # TemplateSyntaxError"; issue 47 B.11)
+        "template_syntax": f"{tmp_path / 'chat.jinja'}:2: a Jinja syntax error",
     }[case]
     prog = "accel-train"
     if case == "hub_id":
@@ -461,6 +482,16 @@ def test_bad_inputs_are_one_paragraph(case, folders, run_cli, tmp_path):
         args += ["model.pretrained=false", "lora.base_dtype=int8"]
     elif case == "shard_without_tokenizer":
         prog, args = "accel-data", ["shard", "dataset=sft", f"dataset.path={folders['train']}"]
+        args.append(f"out={tmp_path / 'shards'}")
+    elif case == "template_syntax":  # read as the records are: accel-data shard, the same code
+        (tmp_path / "chat.jinja").write_text(
+            "{% for m in messages %}\n{{ m['content'] }\n{% endfor %}\n"
+        )
+        prog, args = "accel-data", ["shard", "dataset=sft", f"dataset.path={folders['train']}"]
+        args += [
+            f"dataset.tokenizer={folders['model']}",
+            f"dataset.chat_template={tmp_path / 'chat.jinja'}",
+        ]
         args.append(f"out={tmp_path / 'shards'}")
     proc = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"], prog=prog)
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -1,7 +1,7 @@
 """Benchmark evaluation with lm-evaluation-harness and generation samples during training: a
 tiny LoRA fine-tune through the real CLI with trainer.sample_every_n_steps and
 trainer.harness_every_n_steps on, then `accel-eval harness.tasks=[...]` on its checkpoint and on
-the base folder, over the offline task of tests/harness_tasks (a multiple-choice and a
+the base folder, over the offline example task shipped in the package (a multiple-choice and a
 generate-until task over local JSONL files); in-process, the LM wrapper's log-likelihoods
 against the model's own, and the refusals."""
 
@@ -19,12 +19,12 @@ from omegaconf import OmegaConf
 
 from accel_train.config.text_checks import check_text_in_training
 from accel_train.errors import UserError
-from accel_train.models.harness import HarnessTasks, import_harness
+from accel_train.models.harness import EXAMPLE_TASKS, HarnessTasks, import_harness
 from accel_train.models.harness_lm import harness_lm
 from accel_train.models.hf import hf_model, load_tokenizer
 from accel_train.train.harness_eval import check_sources, evaluate_harness
 
-TASKS = Path(__file__).parent / "harness_tasks"  # relative data_files: resolved from here
+TASKS = EXAMPLE_TASKS  # the package's own (relative data_files: resolved from there)
 
 SFT = [
     "+experiment=sft_lora",
@@ -110,7 +110,8 @@ def test_samples_and_harness_in_training_then_accel_eval_on_run_and_base(root, r
     events = EventAccumulator(str(run / "tensorboard")).Reload()
     assert any(t.startswith("samples") for t in events.Tags()["tensors"])
 
-    harness = ["harness.tasks=[tiny_offline]", f"harness.include_path={TASKS}"]
+    # No include_path: the package's example task, as docs/fine-tuning.md prints the commands.
+    harness = ["harness.tasks=[tiny_offline]"]
     base_dir = root / "elsewhere"
     base_dir.mkdir()
     for source, cwd, out in (

@@ -250,3 +250,51 @@ def test_preference_with_a_model_that_is_not_hf_is_refused(tmp_path, run_cli):
     proc = run_cli(["task=preference", "model=gpt", "dataset=tokens", "dataset.path=x"])
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "task=preference with model=gpt" in proc.stderr + proc.stdout
+
+
+# Issue 47's careless preference inputs: each one paragraph naming the key or file, exit 2.
+CHUNKED = ["task.chunked_loss with task=preference", "does not support the chunked loss"]
+
+
+@pytest.mark.parametrize(
+    ("case", "needles"),
+    [
+        # a reference-free loss with a reference option: was ignored silently
+        ("orpo-precompute", ["task.precompute_reference=true with task.loss=orpo",
+                             "reference-free"]),
+        # was "not a key of task yet ... `+task.chunked_loss`", which then failed on
+        # task.loss_chunk_tokens, a key the user never typed
+        ("chunked", CHUNKED),
+        ("chunked-added", CHUNKED),
+        # asked of the strategy (shards_parameters), not its name (issue 47 E.24)
+        ("fsdp-copy", ["with strategy=fsdp and lora.rank=0", "whole unsharded frozen copy"]),
+        # a TRL record beside an Alpaca one: was read silently
+        ("mixed-formats", ["mixes preference record formats", "mixed.jsonl:1 is TRL's",
+                           "mixed.jsonl:3 is Alpaca's"]),
+    ],
+)  # fmt: skip
+def test_careless_preference_inputs_are_one_paragraph(case, needles, llama, tmp_path, run_cli):
+    prefs = write_preferences(tmp_path / "prefs.jsonl", 8)
+    args = ["+experiment=dpo_lora", f"model.path={llama}", f"dataset.path={prefs}"]
+    prog = "accel-train"
+    if case == "orpo-precompute":
+        args += ["task.loss=orpo", "task.precompute_reference=true"]
+    elif case == "fsdp-copy":
+        args += ["strategy=fsdp", "lora.rank=0"]
+    elif case in ("chunked", "chunked-added"):
+        args.append(f"{'+' if case == 'chunked-added' else ''}task.chunked_loss=true")
+    else:  # refused as the records are read: accel-data shard reads them with the same code
+        mixed = tmp_path / "mixed.jsonl"
+        lines = [{"prompt": "q", "chosen": "A", "rejected": "a"},
+                 {"prompt": "r", "chosen": "B", "rejected": "b"},
+                 {"instruction": "s", "chosen": "C", "rejected": "c"}]  # fmt: skip
+        mixed.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        prog = "accel-data"
+        args = ["shard", "dataset=preference", f"dataset.path={mixed}",
+                f"dataset.tokenizer={llama}", f"out={tmp_path / 'shards'}"]  # fmt: skip
+    proc = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"], prog=prog)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr[-3000:]
+    assert "+task.chunked_loss" not in proc.stderr and "loss_chunk_tokens" not in proc.stderr

@@ -25,6 +25,20 @@ OBJECTIVES: dict[str, str] = {
     "time_to_target_s": "minimize",
 }
 
+# A task option's key that another task has and this one refuses, with the paragraph that says
+# why: (task option, key) -> the reason and the fix. Read by the unknown-key message (a key set
+# on the command line) and by the task's own check (the same key added with `+`).
+TASK_KEYS_REFUSED: dict[tuple[str, str], str] = {
+    ("preference", "chunked_loss"): (
+        "task=preference does not support the chunked loss: task.chunked_loss (a key of "
+        "task=language_model) computes one cross-entropy over every token straight from the "
+        "last hidden states and the output layer, while preference tuning needs each answer's "
+        "own summed log-probs (chosen and rejected rows, and the reference's) to compare them. "
+        "Drop `task.chunked_loss`; for long pairs, lower `dataset.max_length` or use "
+        "`activation_checkpointing.mode=full`."
+    ),
+}
+
 
 def declared_class(target: str):
     """The class (or function) a dotted path names, imported but not built; None when it cannot

@@ -42,6 +42,7 @@ from omegaconf.errors import (
 from accel_train.config import CONFIG_DIR
 from accel_train.config import schema as schema_module
 from accel_train.config.aliases import RENAMED
+from accel_train.config.facts import TASK_KEYS_REFUSED
 from accel_train.errors import UserError
 
 
@@ -126,6 +127,9 @@ def _unknown_key(
         if verb == "added"
         else ""
     )
+    other_task = _other_task_key(err, group, leaf) if group == "task" else None
+    if other_task:
+        return UserError(other_task)
     if verb == "set" and group in ("model", "dataset", "loss", "task"):
         # Hydra's `+` adds the key; typed() lets these groups' extra keys through.
         return UserError(
@@ -135,6 +139,28 @@ def _unknown_key(
     return UserError(
         f"{full_key} is not a key of {where}, whose keys are fixed by its schema, so it cannot "
         f"be {verb}{added}. {hint}"
+    )
+
+
+def _other_task_key(err: OmegaConfBaseException | None, group: str, leaf: str) -> str | None:
+    """`task.<leaf>` is a key of another built-in task than the run's: say so (and why the run's
+    task refuses it, where TASK_KEYS_REFUSED knows), rather than suggest `+task.<leaf>`."""
+    options = schema_module.OPTION_SCHEMAS.get("task", {})
+    schema = getattr(err, "object_type", None) if err is not None else None
+    ours = next((name for name, cls in options.items() if cls is schema), None)
+    # The base schema (model_loss's) also types a task class of the user's own: its key may be
+    # that class's own argument (`+task.<leaf>`), so the usual message stands there.
+    base = any(cls is not schema and issubclass(cls, schema) for cls in options.values())
+    having = [n for n, cls in options.items() if leaf in {f.name for f in dataclasses.fields(cls)}]
+    if ours is None or base or not having:
+        return None
+    why = TASK_KEYS_REFUSED.get((ours, leaf))
+    if why:
+        return f"{group}.{leaf} with task={ours}: {why}"
+    return (
+        f"{group}.{leaf} is a key of task={', task='.join(having)}, not of task={ours} (this "
+        f"run's task), which does not read it. Drop `{group}.{leaf}`, or pick a task that has "
+        f"it (`task={having[0]}`)."
     )
 
 

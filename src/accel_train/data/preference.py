@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from accel_train.data.records import as_preference
+from accel_train.data.records import OneFamily, as_preference
 from accel_train.data.sft import read_records, split_files
 from accel_train.data.splits import Splits
 from accel_train.errors import UserError
@@ -258,8 +258,9 @@ class PadPairs:
 def _encode_file(
     file: str, key: str, encoder: PairEncoder, max_length: int, max_prompt_length: int | None
 ) -> list[Pair]:
-    pairs, cut = [], 0
+    pairs, cut, family = [], 0, OneFamily()
     for where, record in read_records(file, key):
+        family.see(where, record)
         pair, was_cut = truncate(encoder.encode(where, record_parts(where, record)), max_length,
                                  max_prompt_length)  # fmt: skip
         cut += was_cut

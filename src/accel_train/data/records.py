@@ -108,3 +108,36 @@ def as_preference(where: str, record: Any) -> Any:
             answer = [{"role": "assistant", "content": answer}]
         out[key] = answer
     return {**record, **out}
+
+
+# The preference record families a file may hold (one per file), by the key that marks each.
+PREFERENCE_FAMILIES = {
+    "prompt": "TRL's (prompt, chosen, rejected)",
+    "instruction": "Alpaca's (instruction, input, chosen, rejected)",
+    "conversations": "ShareGPT's (conversations, chosen, rejected)",
+}
+
+
+class OneFamily:
+    """Refuses a file that mixes preference record families (a TRL record beside an Alpaca
+    one): each reads, but a file so assembled is usually two sets pasted together, with other
+    prompts, templates or answer conventions, and TRL's and LLaMA-Factory's loaders (a column
+    set per file) refuse it too. `see(where, record)` for each record in file order."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, str] = {}  # family -> where its first record is
+
+    def see(self, where: str, record: Any) -> None:
+        family = next((k for k in PREFERENCE_FAMILIES if isinstance(record, dict) and k in record),
+                      None)  # fmt: skip
+        if family is None or family in self.first:
+            return
+        self.first[family] = where
+        if len(self.first) > 1:
+            (a, at), (b, bt) = self.first.items()
+            raise UserError(
+                f"{bt}: this file mixes preference record formats: {at} is "
+                f"{PREFERENCE_FAMILIES[a]} and {bt} is {PREFERENCE_FAMILIES[b]}. One file holds "
+                "one format; convert the records to one of them, or put each format in a file "
+                "of its own."
+            )

@@ -30,6 +30,7 @@ loader's seeded order then makes resume exact mid-epoch.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -196,8 +197,11 @@ class Encoder:
 class SFTRows(Dataset):
     """Rows of (inputs, labels); packed rows' inputs are {input_ids, position_ids}."""
 
-    def __init__(self, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]):
+    def __init__(
+        self, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], records: int
+    ):
         self.rows = rows
+        self.records = records  # the records laid into the rows (more than the rows if packed)
         self.collate = None  # the loader's collate (TrimPadding), None = default_collate
 
     def __len__(self) -> int:
@@ -250,7 +254,7 @@ def build_rows(
         for x, y in pairs:
             pad = length - len(x)
             rows.append((tensor(x + [pad_id] * pad), tensor(y + [ignore] * pad), None))
-        return SFTRows(rows)
+        return SFTRows(rows, len(pairs))
     x_row: list[int] = []
     y_row: list[int] = []
     pos_row: list[int] = []
@@ -275,7 +279,7 @@ def build_rows(
         pos_row += list(range(len(x)))
     if x_row:
         close()
-    return SFTRows(rows)
+    return SFTRows(rows, len(pairs))
 
 
 def sft_splits(
@@ -369,7 +373,11 @@ def split_files(
     keys = {"train": "dataset.path", "val": "dataset.val_path", "test": "dataset.test_path"}
     sets = {name: encode(file, keys[name]) for name, file in files.items() if file}
     if "val" not in sets:
-        train_idx, val_idx = held_out_indices(len(sets["train"]), val_fraction, seed)
+        n = len(sets["train"])
+        # At least one held out, as datasets' train_test_split rounds the test share up: a
+        # first try on a few records (5 % of 8) still validates.
+        fraction = max(val_fraction, 1 / n) if val_fraction > 0 and n >= 2 else val_fraction
+        train_idx, val_idx = held_out_indices(n, fraction, seed)
         if len(val_idx) == 0 or len(train_idx) == 0:
             raise UserError(
                 f"dataset.path={files['train']}: {len(sets['train'])} {what} leave none for "
@@ -379,7 +387,40 @@ def split_files(
         every = sets["train"]
         sets["train"] = [every[i] for i in train_idx.tolist()]
         sets["val"] = [every[i] for i in val_idx.tolist()]
+    for name in ("val", "test"):
+        if files.get(name) and name in sets:
+            _warn_seen_in_training(sets, name, files, keys, what)
     return sets
+
+
+def _frozen(item: Any) -> Any:
+    """An encoded item (lists of ids, or a dataclass of them) as a hashable value."""
+    if dataclasses.is_dataclass(item):
+        item = dataclasses.astuple(item)
+    if isinstance(item, list | tuple):
+        return tuple(_frozen(v) for v in item)
+    return item
+
+
+def _warn_seen_in_training(sets: dict, name: str, files: dict, keys: dict, what: str) -> None:
+    """A validation (or test) file whose items are training items scores what the model
+    learnt by heart: val/loss, and best.pt chosen by it, then say nothing about new data. Said
+    once, with how many (a `dataset.val_path` naming the training file is the usual cause)."""
+    seen = {hash(_frozen(item)) for item in sets["train"]}
+    same = sum(hash(_frozen(item)) in seen for item in sets[name])
+    if not same:
+        return
+    total, noun = len(sets[name]), what.split()[-1]
+    share = "all" if same == total else f"{same} of"
+    scored = "validation (val/loss, and best.pt chosen by it)" if name == "val" else "the test"
+    instead = f", or leave {keys[name]} out" if name == "val" else ""
+    log.warning(
+        "%s=%s: %s its %d %s are also training %s (%s=%s), so %s scores what the model was "
+        "trained on: it measures memorisation, not how the model does on new data. Give "
+        "held-out %s%s",
+        keys[name], files[name], share, total, what, noun, keys["train"], files["train"],
+        scored, noun, instead,
+    )  # fmt: skip
 
 
 def tokenizer_fingerprint(tok: Any) -> str:

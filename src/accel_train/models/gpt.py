@@ -268,6 +268,9 @@ class GPT(nn.Module):
                 for _ in range(n_layer)
             )
         )
+        # The blocks, named (a capability): activation checkpointing and FSDP take them at any
+        # depth, where finding blocks as a class that repeats would miss a one-block GPT's.
+        self.block_names = tuple(f"blocks.{i}" for i in range(n_layer))
         self.head = Head(vocab_size, n_embd, bias)
         if tie_embeddings:  # weight tying (Press & Wolf, 2017)
             self.head.lm_head.weight = self.embed.wte.weight

@@ -5,7 +5,9 @@ run on a `HarnessLM` (models/harness_lm.py), its table and its metrics as flat n
 
 Offline only: HF_DATASETS_OFFLINE and HF_HUB_OFFLINE are set before the harness (and `datasets`)
 is imported, so a task reads local files (`dataset_path: json` with `dataset_kwargs.data_files`)
-or the datasets cache, and never downloads. Tasks are looked up in `include_path` first without
+or the datasets cache, and never downloads. `include_path` left out is the package's own folder
+of examples (`harness_tasks/`: `tiny_offline`, a multiple-choice and a generate-until task over
+a few local lines, which any install can run). Tasks are looked up in `include_path` first without
 the harness's own index (scanning its ~10k built-in YAML files costs ~8 CPU s); only a name not
 found there builds that index. Relative `data_files` in a task's YAML resolve from
 `include_path` (the tasks are loaded with it as the working directory), so a task folder works
@@ -23,6 +25,9 @@ from typing import Any
 from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
+
+# The include_path when none is given: the tiny offline example task shipped in the package.
+EXAMPLE_TASKS = Path(__file__).resolve().parents[1] / "harness_tasks"
 
 MISSING_PACKAGE = (
     "{key} runs lm-evaluation-harness, and the lm-eval package is not installed. Install the "
@@ -62,11 +67,12 @@ class HarnessTasks:
         if self.include is not None and not self.include.is_dir():
             raise UserError(
                 f"{key.rsplit('.', 1)[0]}.include_path={include_path}: no such folder. Give the "
-                "folder of your task YAML files (e.g. tests/harness_tasks)."
+                f"folder of your task YAML files (e.g. {EXAMPLE_TASKS}, the example's)."
             )
-        include = str(self.include) if self.include else None
-        local = manager(include_path=include, include_defaults=False) if include else None
-        missing = [n for n in self.names if local is None or n not in local.all_tasks]
+        self.include = self.include or EXAMPLE_TASKS
+        include = str(self.include)
+        local = manager(include_path=include, include_defaults=False)
+        missing = [n for n in self.names if n not in local.all_tasks]
         self.manager = manager(include_path=include) if missing else local
         unknown = [n for n in missing if n not in self.manager.all_tasks]
         if unknown:
@@ -74,7 +80,7 @@ class HarnessTasks:
         self.loaded = [item for n in self.names for item in self._load(n)]
 
     def _unknown(self, unknown: list[str]) -> str:
-        where = f"in {self.include} nor " if self.include else ""
+        where = f"in {self.include} nor "
         folder = f"{self.key.rsplit('.', 1)[0]}.include_path"
         return (
             f"{self.key}: {', '.join(unknown)} is not a task, group or tag {where}among "
@@ -84,7 +90,7 @@ class HarnessTasks:
 
     def _load(self, name: str) -> list:
         """The task's (or group's, tag's) top-level objects, their data read now."""
-        with _working_dir(self.include or Path.cwd()):
+        with _working_dir(self.include):
             try:
                 loaded = self.manager.load([name])
             except Exception as err:  # datasets' offline, not-found and builder errors

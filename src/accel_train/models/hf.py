@@ -23,11 +23,14 @@ import os
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from accel_train.config.device_checks import LIGER_MODEL_TYPES
 from accel_train.errors import UserError
 from accel_train.losses import output_layer
+
+log = logging.getLogger("accel_train")
 
 HEADS = ("causal_lm", "sequence_classification")
 # Encoders that transformers builds as a "causal LM" only when config.is_decoder is true; with it
@@ -315,6 +318,44 @@ def hf_model(
     return HFModel(hf, str(folder), head)
 
 
+# The keys a config.json gives the model's context by: Llama's, Qwen's, Mistral's, Gemma's, ...;
+# GPT-2's; a few others'. The first one present counts.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def prepare_config(cfg: DictConfig) -> None:
+    """In the launching process, before config.yaml is written: rows longer than the folder's
+    context (`dataset.max_length` above config.json's max_position_embeddings) would index
+    past the model's positions, or run it at lengths it never saw. They are cut to the context,
+    in one warning that names both numbers (the config.yaml written records what trains). Read
+    from config.json as JSON: no transformers import in the launching process. Shard sets
+    (`dataset.remote`) fixed their length when written, so they are left as they are."""
+    if OmegaConf.is_missing(cfg.model, "path") or "remote" in cfg.dataset:
+        return
+    length, path = cfg.dataset.get("max_length"), cfg.model.get("path")
+    if not isinstance(length, int) or not path:
+        return
+    config = Path(str(path)).expanduser() / "config.json"
+    try:
+        values = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return  # the build names what is wrong with the folder
+    key = next((k for k in CONTEXT_KEYS if isinstance(values.get(k), int)), None)
+    if key is None or length <= values[key]:
+        return
+    context = values[key]
+    cfg.dataset.max_length = context
+    log.warning(
+        "dataset.max_length=%d is longer than the model's context (%s=%d in %s): rows are cut "
+        "to %d tokens, dataset.max_length=%d. Set `dataset.max_length=%d` (or less) yourself to "
+        "silence this, or fine-tune a model with a longer context",
+        length, key, context, config, context, context, context,
+    )  # fmt: skip
+
+
+hf_model.prepare_config = prepare_config  # type: ignore[attr-defined]
+
+
 def apply_liger(model_type: str | None, kernels=None) -> str:
     """`model.liger=true`: Liger's `apply_liger_kernel_to_<model_type>` (RMSNorm, RoPE and the
     SwiGLU / GeGLU MLP as Triton kernels; transformers' classes of that model type replaced, so
@@ -339,7 +380,7 @@ def apply_liger(model_type: str | None, kernels=None) -> str:
     name = f"apply_liger_kernel_to_{model_type}"
     getattr(kernels, name)(rope=True, rms_norm=True, cross_entropy=False,
                            fused_linear_cross_entropy=False)  # fmt: skip
-    logging.getLogger("accel_train").info("model.liger: %s (RMSNorm, RoPE, MLP)", name)
+    log.info("model.liger: %s (RMSNorm, RoPE, MLP)", name)
     return name
 
 
@@ -382,4 +423,30 @@ def read_chat_template(path: str) -> str:
             "chat template (a Jinja template that loops over `messages`, as in a chat model's "
             "chat_template.jinja)."
         )
+    _check_jinja(text, file, path)
     return text
+
+
+def _check_jinja(text: str, file: Path, path: str) -> None:
+    """The template parsed now, as transformers' Jinja environment will compile it: a syntax
+    error named by the file and its line, not by the record that first renders it."""
+    import jinja2  # transformers' own dependency, for chat templates (the hf extra)
+    from jinja2.ext import Extension, loopcontrols
+
+    class Generation(Extension):  # transformers' `{% generation %}` tag, parsed only
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.Scope(body, lineno=lineno)
+
+    try:
+        jinja2.Environment(extensions=[loopcontrols, Generation]).parse(text)
+    except jinja2.TemplateSyntaxError as err:
+        line = (text.splitlines() or [""])[max(err.lineno, 1) - 1].strip()
+        raise UserError(
+            f"dataset.chat_template={path}: {file}:{err.lineno}: a Jinja syntax error, "
+            f"{err.message} (the line: {line[:160]!r}). Fix the template (chat templates are "
+            "Jinja: https://huggingface.co/docs/transformers/chat_templating)."
+        ) from None

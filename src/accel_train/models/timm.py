@@ -107,8 +107,8 @@ def timm_model(
         bad = re.search(r"argument '(\w+)'", str(err))
         key = f"model.{bad.group(1)}" if bad else "model.*"
         raise UserError(
-            f"{key}: timm's {name} does not take it ({err}). Remove `+{key[len('model.') :]}` "
-            "or check the spelling against the architecture's constructor."
+            f"{key}: timm's {name} does not take it ({err}). Remove `+{key}` from the "
+            "command line, or check the spelling against the architecture's constructor."
         ) from None
     except (ValueError, AssertionError, RuntimeError) as err:
         raise UserError(

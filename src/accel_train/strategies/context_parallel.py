@@ -37,46 +37,67 @@ from accel_train.errors import UserError
 
 def check_context_parallel(cfg: DictConfig, cp: int, tp: int, world: int, keys: Any) -> None:
     """strategy.cp before any process starts: a degree that divides the processes (with TP's),
-    a CUDA run, unpacked rows the load balancer can cut in 2 x cp chunks."""
-    if cp < 1 or (cp > 1 and world % (cp * max(tp, 1))):
-        with_tp = f" x strategy.tp={tp}" if tp > 1 else ""
-        each = ", each of them a TP group" if tp > 1 else ""
-        raise UserError(
-            f"strategy.cp={cp}{with_tp} must be >= 1 and divide the {world} processes (each "
-            f"context-parallel group holds cp of them{each})."
-            f" Set {keys.count} to a multiple of {max(cp, 1) * max(tp, 1)}, or `strategy.cp` "
-            f"to a divisor of {world // max(tp, 1)}."
-        )
+    a CUDA run, unpacked rows the load balancer can cut in 2 x cp chunks. Every refusal that
+    applies is reported at once (numbered), so that fixing one does not reveal the next."""
+    if cp < 1:
+        raise UserError(f"strategy.cp={cp} must be >= 1 (1 = no context parallelism).")
     if cp == 1:
         return
+    found = [why for why in (_world(cp, tp, world, keys), *_run_refusals(cfg, cp)) if why]
+    if len(found) == 1:
+        raise UserError(found[0])
+    if found:
+        listed = " ".join(f"({i}) {why}" for i, why in enumerate(found, 1))
+        raise UserError(f"strategy.cp={cp} cannot run here, for {len(found)} reasons: {listed}")
+
+
+def _world(cp: int, tp: int, world: int, keys: Any) -> str | None:
+    if not world % (cp * max(tp, 1)):
+        return None
+    with_tp = f" x strategy.tp={tp}" if tp > 1 else ""
+    each = ", each of them a TP group" if tp > 1 else ""
+    return (
+        f"strategy.cp={cp}{with_tp} must divide the {world} process"
+        f"{'es' if world != 1 else ''} (each "
+        f"context-parallel group holds cp of them{each})."
+        f" Set {keys.count} to a multiple of {cp * max(tp, 1)}, or `strategy.cp` "
+        f"to a divisor of {world // max(tp, 1)}."
+    )
+
+
+def _run_refusals(cfg: DictConfig, cp: int) -> list[str | None]:
+    """What the run's device, rows and model leave impossible for ring attention."""
     why = cpu_run(cfg)
-    if why:
-        raise UserError(
-            f"strategy.cp={cp} splits each sequence over {cp} GPUs with ring attention, which "
-            f"PyTorch implements for CUDA's attention kernels only; this run trains on the CPU "
-            f"({why}). "
-            "Set `strategy.cp=1`; on a CPU, long rows fit with `task.chunked_loss=true` and "
-            "`activation_checkpointing.mode=full` (docs/long-context.md)."
-        )
     block = cfg.model.get("block_size") or cfg.dataset.get("max_length")
-    if block and int(block) % (2 * cp):
-        raise UserError(
+    return [
+        why
+        and (
+            f"strategy.cp={cp} splits each sequence over {cp} GPUs with ring attention, which "
+            "PyTorch implements for CUDA's attention kernels only; this run trains on the CPU "
+            f"({why}). Set `strategy.cp=1`; on a CPU, long rows fit with "
+            "`task.chunked_loss=true` and `activation_checkpointing.mode=full` "
+            "(docs/long-context.md)."
+        ),
+        block
+        and int(block) % (2 * cp)
+        and (
             f"strategy.cp={cp}: rows of {block} tokens do not split into {2 * cp} equal chunks "
             "(context parallelism gives each GPU a chunk from the front of the sequence and "
             f"its mirror from the back). Use a row length that is a multiple of {2 * cp}."
-        )
-    if cfg.model.get("name") == "hf":
-        raise UserError(
+        ),
+        cfg.model.get("name") == "hf"
+        and (
             f"strategy.cp={cp} with model=hf is not supported yet: transformers reads the "
             "positions of a split row (a chunk from each end) as packed records. Use "
             "`model=gpt` (its positions are passed through), or `strategy.cp=1`."
-        )
-    if cfg.dataset.get("pack") or cfg.dataset.get("document_separator") is not None:
-        raise UserError(
+        ),
+        (cfg.dataset.get("pack") or cfg.dataset.get("document_separator") is not None)
+        and (
             f"strategy.cp={cp} with packed rows (dataset.pack / dataset.document_separator): "
             "PyTorch's ring attention is causal over the whole row and cannot keep records "
             "apart. Train with unpacked rows, or `strategy.cp=1`."
-        )
+        ),
+    ]
 
 
 @contextlib.contextmanager

@@ -46,11 +46,13 @@ from omegaconf import DictConfig
 from torch import nn
 
 from accel_train.config.combinations import REFUSED, strategy_key
+from accel_train.config.facts import TASK_KEYS_REFUSED
 from accel_train.config.schema import PreferenceTaskConfig
 from accel_train.data.batch import to_device
 from accel_train.errors import UserError
 from accel_train.models import build_model
 from accel_train.plugins import register_task
+from accel_train.strategies import strategy_class
 from accel_train.tasks.base import Task, TaskContext, evaluating
 from accel_train.tasks.language_model import call
 
@@ -355,6 +357,17 @@ def _refused_keys(task: DictConfig) -> str | None:
             f"task.label_smoothing={task.label_smoothing}: the probability that a pair's "
             "preference is flipped (cDPO) must be in [0, 0.5); 0 = off."
         )
+    if task.get("chunked_loss") is not None:  # (`+task.chunked_loss`: not in the schema)
+        why = TASK_KEYS_REFUSED[("preference", "chunked_loss")]
+        return f"task.chunked_loss with task=preference: {why}"
+    if task.get("precompute_reference") and task.loss in REFERENCE_FREE:
+        return (
+            f"task.precompute_reference=true with task.loss={task.loss}: {task.loss} is "
+            "reference-free (it scores the policy alone, no reference model), so there is "
+            "nothing to precompute and the option would be ignored. Drop "
+            "`task.precompute_reference=true`, or use a loss that compares with a reference "
+            "(`task.loss=dpo` or `task.loss=ipo`)."
+        )
     if task.get("label_smoothing", 0.0) and task.loss not in ("dpo", "simpo"):
         return (
             f"task.label_smoothing with task.loss={task.loss}: only dpo (cDPO) and simpo "
@@ -389,15 +402,18 @@ def _refused_combination(cfg: DictConfig) -> str | None:
             "and LoRA is refused with this strategy. Use `strategy=ddp`, or `strategy=fsdp` "
             "without strategy.tp."
         )
-    sharded = cfg.strategy.name == "fsdp" and int(cfg.strategy.get("tp", 1) or 1) <= 1
+    # Asked of the strategy, not its name: one that shards the parameters over the processes
+    # (FSDP) would hold the frozen copy whole on each. (Its TP rows were refused above.)
+    sharded = strategy_class(cfg.strategy.name).shards_parameters
     needs_ref = cfg.task.get("loss", "dpo") not in REFERENCE_FREE
     copy = needs_ref and cfg.lora.rank <= 0 and not cfg.task.get("precompute_reference")
     if sharded and copy:
         return (
-            f"task=preference task.loss={cfg.task.loss} with strategy=fsdp and lora.rank=0: "
-            "the reference model would be a whole unsharded frozen copy on every process, "
-            "which defeats FSDP. Set `task.precompute_reference=true` (one pass before "
-            "training, saved in the run dir), or train LoRA adapters (`lora.rank=16`: the "
-            "reference is the model with its adapters off)."
+            f"task=preference task.loss={cfg.task.loss} with strategy={cfg.strategy.name} and "
+            "lora.rank=0: the reference model would be a whole unsharded frozen copy on every "
+            "process, which defeats sharding the parameters. Set "
+            "`task.precompute_reference=true` (one pass before training, saved in the run "
+            "dir), or train LoRA adapters (`lora.rank=16`: the reference is the model with its "
+            "adapters off)."
         )
     return None

@@ -5,8 +5,8 @@ about one more forward of compute.
 Which blocks (in this order):
 
 - `activation_checkpointing.classes=[pkg.mod.Block]`: the outermost modules of those classes;
-- else the blocks the model declares (`block_names`: model=timm's, from timm's grouping: a
-  ViT's blocks, a ResNet's or EfficientNet's stages);
+- else the blocks the model declares (`block_names`: the built-in GPT's blocks, however few;
+  model=timm's, from timm's grouping: a ViT's blocks, a ResNet's or EfficientNet's stages);
 - else the model's repeated blocks: the outermost modules whose class occurs at least twice, that
   hold parameters and have children, and that are not plain containers (Sequential, ModuleList):
   torchvision ResNet's BasicBlocks/Bottlenecks, a transformer's layers;

@@ -112,6 +112,7 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         "split": split,
         **({"data_path": str(ecfg.data_path)} if ecfg.data_path else {}),
         "num_samples": len(data),
+        **({"num_records": data.records} if hasattr(data, "records") else {}),
         **{f"{split}/{name}": value for name, value in scored.items()},
         "step": state["progress"]["step"],
         "epoch": state["progress"]["epoch"],
@@ -120,9 +121,20 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     out = Path(ecfg.out_path) if ecfg.out_path else _default_out(ckpt_path, split)
     # The result first: a failed write below still leaves it on the screen.
     shown = "  ".join(f"{split}/{name}={value:.4f}" for name, value in scored.items())
-    log.info("%s  (%d samples)  -> %s", shown, len(data), out)
+    log.info("%s  (%s)  -> %s", shown, _counted(data), out)
     _write_result(result, out, given=bool(ecfg.out_path))
     return result
+
+
+def _counted(data: Any) -> str:
+    """What was scored, as the user counts it: packed instruction rows hold several records
+    each (a split's `records`), so "10 packed rows (143 records)", not "10 samples"."""
+    records = getattr(data, "records", None)
+    if records is None:
+        return f"{len(data)} samples"
+    if records == len(data):
+        return f"{records} records"
+    return f"{len(data)} packed rows ({records} records)"
 
 
 def sample_batch(splits, device: torch.device) -> Any:
