@@ -355,3 +355,12 @@ def test_a_split_that_would_be_empty_is_refused_before_writing(run_cli, tmp_path
     )
     _refused(proc, "val split would hold no image", "dataset.val_fraction")
     assert not out.exists()
+    # Nor into the data being sharded (its files would be one more class of train/), nor
+    # shrunk to nothing: both refused at once, before the header check, nothing written.
+    before = sorted(p.relative_to(few) for p in few.rglob("*"))
+    inside = few / "train" / "shards"
+    shard = ["shard", "dataset=image_folder", f"dataset.root={few}", "max_side=1"]
+    proc = run_cli([*shard, f"out={inside}"], prog="accel-data")
+    _refused(proc, f"out={inside} is inside dataset.root={few}", "Choose a folder outside it")
+    assert "max_side=1" in proc.stderr and "at least 32" in proc.stderr
+    assert sorted(p.relative_to(few) for p in few.rglob("*")) == before

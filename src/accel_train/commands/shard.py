@@ -72,6 +72,9 @@ from accel_train.written import check_out_folder, install, names
 log = logging.getLogger("accel_train")
 
 COMMAND = "accel-data shard"  # who a shard set's manifest says wrote it
+# The smallest max_side: the smallest images people train on (CIFAR's 32 px); a shard set of
+# 1-px images was written with exit 0 before (issue 47).
+MIN_SIDE = 32
 
 
 class ReadItem:
@@ -143,6 +146,7 @@ def shard(cfg: DictConfig) -> str:
             f"dataset.root={ds.root}: no such folder. Point it at the folder that holds "
             f"`{ds.train_split}/<class>/*.jpg`."
         )
+    _check_image_options(cfg, out, root)  # before the header check, which can take minutes
     train_folder = scan_folder(root, ds.train_split, "dataset.train_split")
     labels = train_folder.labels
     train_idx, val_idx = held_out_indices(len(labels), float(ds.val_fraction), int(ds.seed), labels)
@@ -185,19 +189,35 @@ def shard(cfg: DictConfig) -> str:
     return out
 
 
+def _check_image_options(cfg: DictConfig, out: str, root: Path) -> None:
+    """`out` outside the image folder, `max_side` and `jpeg_quality` in range: every problem
+    at once, in one paragraph."""
+    problems = []
+    if not is_s3(out):
+        try:
+            refuse_inside(Path(out), root, "out", "dataset.root")
+        except UserError as err:
+            problems.append(str(err))
+    max_side, quality = int(cfg.max_side), int(cfg.jpeg_quality)
+    if max_side < 0 or 0 < max_side < MIN_SIDE or not 1 <= quality <= 100:
+        problems.append(
+            f"max_side={max_side}, jpeg_quality={quality}: max_side is the longest side in "
+            f"pixels images are shrunk to, at least {MIN_SIDE} (smaller images hold too little "
+            "for any training crop; 0 keeps them as they are), jpeg_quality the JPEG quality "
+            "they are re-encoded at (1-100). E.g. `max_side=512 jpeg_quality=90` (FFCV's "
+            "ImageNet shards: 512)."
+        )
+    if problems:
+        raise UserError(" ".join(problems))
+
+
 def _image_reader(cfg: DictConfig, paths: list[str]) -> ReadItem:
-    """The items' reader for `max_side` / `jpeg_quality`, after every file's header is checked
-    as training checks it (a bad file is refused before anything is written)."""
+    """The items' reader for `max_side` / `jpeg_quality` (checked already), after every file's
+    header is checked as training checks it (a bad file is refused before anything is
+    written)."""
     if cfg.dataset.get("check_images", True):
         check_images(paths, log=log)
-    max_side, quality = int(cfg.max_side), int(cfg.jpeg_quality)
-    if max_side < 0 or not 1 <= quality <= 100:
-        raise UserError(
-            f"max_side={max_side}, jpeg_quality={quality}: max_side is the longest side in "
-            "pixels images are shrunk to (0 keeps them as they are), jpeg_quality the JPEG "
-            "quality they are re-encoded at (1-100). E.g. `max_side=512 jpeg_quality=90`."
-        )
-    return ReadItem(max_side, quality)
+    return ReadItem(int(cfg.max_side), int(cfg.jpeg_quality))
 
 
 def read_tokens(entry: tuple[str, str, int, int]) -> np.ndarray:
