@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from accel_train.config.recipe_checks import POLICIES, policy_sections_problem
+from accel_train.config.recipe_checks import policy_sections_problem
 from accel_train.config.schema import ProgressiveResizeConfig
 from accel_train.data.seeded import seeded_rngs
 from accel_train.data.splits import Splits
