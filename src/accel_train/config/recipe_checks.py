@@ -52,6 +52,23 @@ def check_recipe(cfg: DictConfig) -> None:
         _check_progressive(resize)
 
 
+def recipe_switches(cfg: DictConfig) -> list[str]:
+    """The recipe switches a run has on, as the `techniques:` line names them (they are not
+    Technique objects: the loader, the task's batch mixing and the optimizer run them)."""
+    ds, on = cfg.dataset, []
+    if ds.get("auto_augment"):
+        on.append(f"auto_augment={ds.auto_augment}")
+    if ds.get("random_erasing"):
+        on.append(f"random_erasing={ds.random_erasing}")
+    if ds.get("mixup_alpha"):
+        on.append(f"mixup={ds.mixup_alpha}")
+    if ds.get("cutmix_alpha"):
+        on.append(f"cutmix={ds.cutmix_alpha}")
+    if cfg.optimizer.get("layer_decay") is not None:
+        on.append(f"layer_decay={cfg.optimizer.layer_decay}")
+    return on
+
+
 def policy_sections_problem(spec: str) -> str | None:
     """What is wrong with the sections of a timm policy string (None: nothing): an unknown
     family, or a section timm's parser would skip silently or refuse."""
