@@ -73,6 +73,7 @@ def data(tmp_path_factory, endpoint, run_cli_in):
     )
     client.create_bucket(Bucket=BUCKET)
     shard = ["dataset=image_folder", f"dataset.root={tree}", f"chunk_bytes={CHUNK}"]
+    shard.append("dataset.holdout=true")  # val/ tests, 10 % of train/ validates (as before)
     outs = (root / "shards", f"s3://{BUCKET}/images", f"s3://{BUCKET}/images-again")
 
     # All three at once: shard jobs on one machine must not share LitData's staging folder

@@ -46,7 +46,7 @@ from accel_train.commands.outputs import (
     resolved,
 )
 from accel_train.data.decode import check_images, unreadable
-from accel_train.data.image_folder import scan_folder
+from accel_train.data.image_tree import plan_layout
 from accel_train.data.object_store import (
     allow_plain_http,
     check_url,
@@ -59,7 +59,6 @@ from accel_train.data.object_store import (
 from accel_train.data.preference import preference_splits
 from accel_train.data.sft import encode_rows, tokenizer_fingerprint
 from accel_train.data.shard_set import META, META_FORMAT, SPLITS, parse_size, require_litdata
-from accel_train.data.splits import held_out_indices
 from accel_train.data.streaming_preference import pair_item
 from accel_train.data.streaming_sft import row_item
 from accel_train.data.tokenizer import TOKENIZER_FILE
@@ -147,19 +146,23 @@ def shard(cfg: DictConfig) -> str:
             f"`{ds.train_split}/<class>/*.jpg`."
         )
     _check_image_options(cfg, out, root)  # before the header check, which can take minutes
-    train_folder = scan_folder(root, ds.train_split, "dataset.train_split")
-    labels = train_folder.labels
-    train_idx, val_idx = held_out_indices(len(labels), float(ds.val_fraction), int(ds.seed), labels)
+    # The same folders and held-out split as `dataset=image_folder` trains on (its rule).
+    layout = plan_layout(
+        root, ds.train_split, ds.get("val_split"), ds.get("test_split"),
+        bool(ds.get("holdout", False)), float(ds.val_fraction),
+    )  # fmt: skip
+    train_folder, labels = layout.train, layout.train.labels
+    train_idx, val_idx = layout.indices(float(ds.val_fraction), int(ds.seed))
     files = [str(train_folder.path / f) for f in train_folder.files]
-    parts = {
-        "train": [(files[i], int(labels[i])) for i in train_idx.tolist()],
-        "val": [(files[i], int(labels[i])) for i in sorted(val_idx.tolist())],
-    }
-    if ds.test_split and (root / ds.test_split).is_dir():
-        test = scan_folder(root, ds.test_split, "dataset.test_split", train_folder.classes)
-        parts["test"] = [
-            (str(test.path / f), int(y)) for f, y in zip(test.files, test.labels.tolist())
-        ]
+    parts = {"train": [(files[i], int(labels[i])) for i in train_idx.tolist()]}
+    if val_idx is not None:
+        parts["val"] = [(files[i], int(labels[i])) for i in sorted(val_idx.tolist())]
+    for name, folder in (("val", layout.val), ("test", layout.test)):
+        if folder is not None:
+            parts[name] = [
+                (str(folder.path / f), int(y)) for f, y in zip(folder.files, folder.labels.tolist())
+            ]
+    parts = {name: parts[name] for name in ("train", "val", "test") if name in parts}
     reader = _image_reader(cfg, [path for items in parts.values() for path, _ in items])
     for name, items in parts.items():
         if not items:  # LitData refuses an empty input list with a bare ValueError
