@@ -283,7 +283,7 @@ class ClassificationTaskConfig(TaskConfig):
     monitor: str = "val/acc"
     monitor_mode: str = "max"
     objective: str = "best_val_acc"
-    top_k: list[int] = field(default_factory=lambda: [1])
+    top_k: list[int] | None = None  # None: [1, 5] with >= 10 classes, else [1]
 
 
 @dataclass
