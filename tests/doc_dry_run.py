@@ -53,20 +53,29 @@ SIZE, BATCH = 32, 4  # the shrunk image side and batch
 
 def _shrink(cfg) -> None:
     """What a reader would append to try a documented command on a laptop, where the composed
-    config has those keys: 32-px images (a progressive schedule 32 -> 64 px), batches of 4, no
-    loader workers, no compile."""
+    config has those keys: images of at most 32 px, every image size scaled alike (so that
+    sizes that do not fit each other still do not: a progressive schedule's against the
+    model's) to a multiple of 16, batches of 4, no loader workers, no compile."""
     from omegaconf import open_dict
 
     with open_dict(cfg):
         ds, t = cfg.dataset, cfg.trainer
+        side = int(ds.get("image_size") or 0)
+        scale = SIZE / side if side > SIZE else 1.0
+
+        def shrunk(x) -> int:  # (multiples of 16: a ViT's patch)
+            return max(16, round(int(x) * scale / 16) * 16)
+
         for key in ("image_size", "eval_image_size"):
             if ds.get(key):
-                ds[key] = min(int(ds[key]), SIZE)
+                ds[key] = shrunk(ds[key])
         if ds.get("resize_size"):
             ds.resize_size = 0
         if t.get("progressive_resize") is not None:
             pr = t.progressive_resize
-            pr.start_size, pr.end_size, pr.step = SIZE, 2 * SIZE, SIZE
+            for key in ("start_size", "end_size"):
+                pr[key] = shrunk(pr.get(key, 160 if key == "start_size" else 192))
+            pr.step = 16
         cfg.loader.batch_size = min(int(cfg.loader.batch_size), BATCH)
         cfg.loader.num_workers = 0
         t.compile = False

@@ -82,7 +82,10 @@ class ProgressiveResize(Technique):
                 s.start_size, s.start_epoch, s.end_size, s.end_epoch, s.step,
             )  # fmt: skip
             if self.image_size is not None:
-                said = log.warning if self.image_size not in self.used_sizes() else log.info
+                # A warning where the user asked for smaller images than any the schedule
+                # trains at (+experiment=imagenet_resnet50 dataset.image_size=32: 160 px).
+                small = self.image_size < min(self.used_sizes())
+                said = log.warning if small else log.info
                 said(
                     "progressive_resize: the schedule sets the training size, not "
                     "dataset.image_size=%s (which evaluation keeps, with eval_image_size)",
