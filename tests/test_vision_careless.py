@@ -107,3 +107,23 @@ def test_an_unknown_section_of_a_policy_is_refused(photos, run_cli, tmp_path):
     """timm skips a section it does not know: `rand-bogus` ran as plain RandAugment (A.3)."""
     proc = run_cli(args(photos, tmp_path / "run", "dataset.auto_augment=rand-bogus"))
     refused(proc, "dataset.auto_augment='rand-bogus'", "the section 'bogus'", "mstd<number>")
+
+
+def test_an_architecture_without_dynamic_img_size_is_refused_with_a_schedule(compose_cfg):
+    """In the launching process, before config.yaml (the CLI path of the ViT run above, without
+    a run): a relative-position ViT has no dynamic_img_size to take the schedule's sizes (A.2)."""
+    from accel_train.errors import UserError
+    from accel_train.models.timm import prepare_config
+
+    base = ["model=timm", "dataset=image_folder", "dataset.root=x", SCHEDULE]
+    cfg = compose_cfg([*base, "model.name=test_vit_relpos"])
+    with pytest.raises(UserError, match="test_vit_relpos takes one input size only"):
+        prepare_config(cfg)
+    cfg = compose_cfg([*base, "model.name=test_vit"])
+    prepare_config(cfg)
+    assert cfg.model.dynamic_img_size is True
+    cfg = compose_cfg(
+        ["model=timm", "model.name=test_vit", "dataset=image_folder", "dataset.root=x"]
+    )
+    prepare_config(cfg)
+    assert "dynamic_img_size" not in cfg.model  # no schedule: the model as asked
