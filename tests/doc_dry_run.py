@@ -7,9 +7,15 @@ checks every variant's config (its `plan`) and runs nothing.
 
     python tests/doc_dry_run.py commands.json results.json
 
-commands.json: a list of argv lists (argv[0] the program). results.json: per command its exit
-status and the tail of what it printed. tests/test_docs_commands.py runs it; one process for all
-commands, as torch and Hydra are imported once.
+commands.json: a list of {"argv": [...], "real": bool} (argv[0] the program). results.json: per
+command its exit status and the tail of what it printed. tests/test_docs_commands.py runs it;
+one process for all commands, as torch and Hydra are imported once.
+
+"real": the command trains for real where it would train in this process (one process, no
+cluster): its composed config shrunk as appended overrides would shrink it (SHRINK: the
+images 32 px, a batch of 4, no loader workers, no compile; the command line itself appends
+`+debug=fast_dev_run`), so a command that cannot start (a model that does not fit the data, a
+schedule the model cannot take) fails here as it would for a reader (issue 47).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from accel_train.commands import report
 from accel_train.config.facts import OBJECTIVES
 from accel_train.errors import UserError
 from accel_train.launchers import kubernetes_manifest, launch, ray_train, slurm_job, torchrun
+from accel_train.launchers.worker import run_worker as real_worker
 
 
 def _no_training(cfg) -> dict:
@@ -40,10 +47,51 @@ def _no_training(cfg) -> dict:
     return summary
 
 
+REAL = {"on": False}  # whether the command being run trains for real (see the docstring)
+SIZE, BATCH = 32, 4  # the shrunk image side and batch
+
+
+def _shrink(cfg) -> None:
+    """What a reader would append to try a documented command on a laptop, where the composed
+    config has those keys: images of at most 32 px, every image size scaled alike (so that
+    sizes that do not fit each other still do not: a progressive schedule's against the
+    model's) to a multiple of 16, batches of 4, no loader workers, no compile."""
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        ds, t = cfg.dataset, cfg.trainer
+        side = int(ds.get("image_size") or 0)
+        scale = SIZE / side if side > SIZE else 1.0
+
+        def shrunk(x) -> int:  # (multiples of 16: a ViT's patch)
+            return max(16, round(int(x) * scale / 16) * 16)
+
+        for key in ("image_size", "eval_image_size"):
+            if ds.get(key):
+                ds[key] = shrunk(ds[key])
+        if ds.get("resize_size"):
+            ds.resize_size = 0
+        if t.get("progressive_resize") is not None:
+            pr = t.progressive_resize
+            for key in ("start_size", "end_size"):
+                pr[key] = shrunk(pr.get(key, 160 if key == "start_size" else 192))
+            pr.step = 16
+        cfg.loader.batch_size = min(int(cfg.loader.batch_size), BATCH)
+        cfg.loader.num_workers = 0
+        t.compile = False
+
+
+def _worker(cfg) -> dict:
+    if not REAL["on"]:
+        return _no_training(cfg)
+    _shrink(cfg)
+    return real_worker(cfg)
+
+
 # Stubbed: only what starts processes or reaches a cluster. Each launcher's own `launch` runs up
 # to there (its strategy check, the config it writes), so a command refused there is refused
 # here too (the canaries of tests/test_docs_commands.py).
-torchrun.run_worker = _no_training
+torchrun.run_worker = _worker
 # (with the rendezvous check: a multi-node line would wait for its node0)
 torchrun.run_torchrun = lambda cfg, path, nproc: _no_training(cfg)
 slurm_job.submit = lambda cfg, path: None  # sbatch
@@ -64,9 +112,10 @@ def _report(argv: list[str]) -> None:
         raise SystemExit(2) from None
 
 
-def run(argv: list[str]) -> dict:
+def run(argv: list[str], real: bool = False) -> dict:
     out = io.StringIO()
     code = 0
+    REAL["on"] = real
     with contextlib.redirect_stderr(out), contextlib.redirect_stdout(out):
         GlobalHydra.instance().clear()
         sys.argv = list(argv)
@@ -86,9 +135,10 @@ def run(argv: list[str]) -> dict:
 def main() -> None:
     commands_file, results_file = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()
     results = []
-    for argv in json.loads(commands_file.read_text()):
+    for command in json.loads(commands_file.read_text()):
         start = time.perf_counter()
-        results.append(run(argv) | {"wall_s": round(time.perf_counter() - start, 2)})
+        result = run(command["argv"], command["real"])
+        results.append(result | {"wall_s": round(time.perf_counter() - start, 2)})
         results_file.write_text(json.dumps(results))
 
 

@@ -110,6 +110,9 @@ def test_synthetic_run_outputs(synthetic_run):
     assert "Traceback" not in proc.stderr
     # The synthetic digits are learnable: 20 Adam steps of an MLP get far above chance.
     assert summary["best_val_acc"] > 0.5
+    # Ten classes: top-5 accuracy is logged by default, as timm logs it (issue 47 F.29).
+    assert summary["best_val_acc_top5"] >= summary["best_val_acc"]
+    assert summary["test_acc_top5"] >= summary["test_acc"]
 
 
 def test_csv_logger(synthetic_run):

@@ -79,7 +79,10 @@ def tree_copy(tree, tmp_path) -> Path:
 
 
 def build(root, **kw):
+    """The tests below hold validation out of train/ and test on val/ (`holdout=True`, the
+    layout before issue 47); the default layout's own test says what it does without."""
     kw.setdefault("image_size", 32)
+    kw.setdefault("holdout", True)
     kw.setdefault("cache_dir", None if kw.get("cache") != "disk" else str(Path(root) / "cache"))
     return build_image_folder(root=str(root), **kw)
 
@@ -142,6 +145,24 @@ def test_base_images_and_crops_are_torchvision_resize_and_crop(tmp_path, shape):
     assert torch.equal(RandomResizedCrop(64, (0.35, 1.0), False)(base, rng), crop)
 
 
+def test_with_a_val_folder_training_takes_all_of_train_and_validates_on_val(tree_copy):
+    """The ImageNet layout (train/, val/): no hold-out unless asked; a test/ is the test split;
+    without val/, validation is held out of train/ (issue 47 F.28)."""
+    s = build(tree_copy, holdout=False)
+    assert (len(s.train), len(s.val), s.test) == (180, 60, None)
+    assert Path(s.val.files.folder) == tree_copy / "val"
+    shutil.copytree(tree_copy / "val", tree_copy / "test")
+    s = build(tree_copy, holdout=False)
+    assert (len(s.train), len(s.val), len(s.test)) == (180, 60, 60)
+    assert Path(s.test.files.folder) == tree_copy / "test"
+    s = build(tree_copy)  # holdout=True: val held out of train/, test/ tests
+    assert (len(s.train), len(s.val), len(s.test)) == (162, 18, 60)
+    assert Path(s.test.files.folder) == tree_copy / "test"
+    shutil.rmtree(tree_copy / "val")
+    s = build(tree_copy, holdout=False)
+    assert (len(s.train), len(s.val), len(s.test)) == (162, 18, 60)
+
+
 def test_val_is_disjoint_stratified_and_stable_for_a_seed(tree):
     a, b, other = build(tree, seed=3), build(tree, seed=3), build(tree, seed=4)
     train, val = folder_indices(a.train), folder_indices(a.val)
@@ -153,7 +174,8 @@ def test_val_is_disjoint_stratified_and_stable_for_a_seed(tree):
 
 def test_no_test_split_when_null_or_absent(tree):
     assert build(tree, test_split=None).test is None
-    assert build(tree, test_split="test").test is None
+    assert build(tree, test_split=None, holdout=False).test is None
+    assert build(tree, test_split="absent", holdout=False).test is None
 
 
 # ---- CPU augmentation -------------------------------------------------------------------------
@@ -415,7 +437,7 @@ def test_a_class_folder_without_images(tree_copy):
 
 def test_test_classes_must_be_training_classes(tree_copy):
     shutil.move(tree_copy / "val" / "cat", tree_copy / "val" / "dog")
-    with pytest.raises(UserError, match=r"dataset.test_split='val'.*dog"):
+    with pytest.raises(UserError, match=r"dataset.val_split='val'.*dog"):
         build(tree_copy)
 
 

@@ -12,6 +12,7 @@ import sysconfig
 from pathlib import Path
 
 from helpers import FAST, check_ok
+from omegaconf import OmegaConf
 
 from accel_train.config import CONFIG_DIR
 
@@ -32,6 +33,11 @@ def test_help_is_ours_and_lists_every_group_and_option(run_cli):
     assert "mnist_cnn*" in text and "+experiment=" in text  # the default marked; `+` groups
     examples = text.split("== Examples ==")[1].split("==")[0]
     assert sum(ln.strip().startswith("accel-train ") for ln in examples.splitlines()) == 5
+    # The fast_dev_run example says what the config runs: one batch of each split.
+    fdr = OmegaConf.load(CONFIG_DIR / "debug" / "fast_dev_run.yaml").trainer
+    assert (fdr.limit_train_batches, fdr.limit_val_batches, fdr.limit_test_batches) == (1, 1, 1)
+    line = next(ln for ln in examples.splitlines() if "+debug=fast_dev_run" in ln)
+    assert "one batch of train, val, test" in line and "two batches" not in text
     proc = run_cli(["--help"], prog="accel-eval", timeout=60)
     check_ok(proc)
     assert proc.stdout.startswith("accel-eval: score a checkpoint") and "ckpt_path" in proc.stdout

@@ -73,6 +73,7 @@ def data(tmp_path_factory, endpoint, run_cli_in):
     )
     client.create_bucket(Bucket=BUCKET)
     shard = ["dataset=image_folder", f"dataset.root={tree}", f"chunk_bytes={CHUNK}"]
+    shard.append("dataset.holdout=true")  # val/ tests, 10 % of train/ validates (as before)
     outs = (root / "shards", f"s3://{BUCKET}/images", f"s3://{BUCKET}/images-again")
 
     # All three at once: shard jobs on one machine must not share LitData's staging folder
@@ -355,3 +356,12 @@ def test_a_split_that_would_be_empty_is_refused_before_writing(run_cli, tmp_path
     )
     _refused(proc, "val split would hold no image", "dataset.val_fraction")
     assert not out.exists()
+    # Nor into the data being sharded (its files would be one more class of train/), nor
+    # shrunk to nothing: both refused at once, before the header check, nothing written.
+    before = sorted(p.relative_to(few) for p in few.rglob("*"))
+    inside = few / "train" / "shards"
+    shard = ["shard", "dataset=image_folder", f"dataset.root={few}", "max_side=1"]
+    proc = run_cli([*shard, f"out={inside}"], prog="accel-data")
+    _refused(proc, f"out={inside} is inside dataset.root={few}", "Choose a folder outside it")
+    assert "max_side=1" in proc.stderr and "at least 32" in proc.stderr
+    assert sorted(p.relative_to(few) for p in few.rglob("*")) == before

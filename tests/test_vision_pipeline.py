@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import random
 import shutil
 from pathlib import Path
@@ -278,6 +279,43 @@ def test_several_bad_files_are_counted_in_one_message(tmp_path):
     paths = [str(p) for p in bad_files(tmp_path).values()]
     with pytest.raises(UserError, match=r"5 other file\(s\) cannot be read as RGB either"):
         check_images(paths)
+
+
+def test_a_jpeg_cut_short_is_found_by_its_missing_end_marker(tmp_path, monkeypatch):
+    """Cut inside its entropy data (the header reads fine, PIL's lazy open succeeds): refused
+    by the missing EOI, every such file named at once; padding or a trailer after EOI (a phone's
+    metadata, a motion photo's video: longer than the tail read) and an EXIF thumbnail's own
+    EOI inside the header change nothing."""
+    from PIL import Image
+
+    import accel_train.data.decode as decode
+
+    whole = save(tmp_path / "whole.jpg", photo(120, 160), quality=95).read_bytes()
+    thumb = io.BytesIO()
+    Image.fromarray(photo(16, 16)).save(thumb, "JPEG")
+    files = {
+        "cut1.jpg": whole[: len(whole) * 2 // 3],
+        "cut2.jpg": whole[:-2],  # only the EOI marker missing
+        "padded.jpg": whole + b"\x00" * 100,
+        "trailer.jpg": whole + b"SEFH" + os.urandom(3 * decode.TAIL_BYTES),
+        "thumb_cut.jpg": whole[:2] + _app1_with(thumb.getvalue()) + whole[2 : len(whole) // 2],
+    }
+    paths = {}
+    for name, data in files.items():
+        paths[name] = tmp_path / name
+        paths[name].write_bytes(data)
+    check_images([str(paths["padded.jpg"]), str(paths["trailer.jpg"])])
+    bad = [str(paths[n]) for n in ("cut1.jpg", "cut2.jpg", "thumb_cut.jpg")]
+    with pytest.raises(UserError) as err:
+        check_images([str(paths["padded.jpg"]), *bad])
+    msg = str(err.value)
+    assert all(path in msg for path in bad) and "truncated" in msg and "\n" not in msg, msg
+    assert "2 other file(s)" in msg
+
+
+def _app1_with(payload: bytes) -> bytes:
+    """An APP1 segment holding ``payload`` (a thumbnail JPEG, EOI included) before the frame."""
+    return b"\xff\xe1" + (len(payload) + 2).to_bytes(2, "big") + payload
 
 
 def test_a_large_folder_is_checked_by_processes(tmp_path, monkeypatch):

@@ -358,6 +358,12 @@ def test_every_switch_resumes_mid_epoch_exactly_and_reports_hard_label_accuracy(
     for epoch, size in ((0, 16), (1, 32), (2, 32)):  # (epoch 1: 24 px, rounded as numpy does)
         assert f"progressive_resize: epoch {epoch} trains at {size} px" in log
     assert "label_smoothing=0.1 is folded into mixup/cutmix's soft targets" in log
+    techniques = next(ln for ln in log.splitlines() if "techniques: " in ln)
+    switches = ("progressive_resize", "auto_augment=rand-m9-mstd0.5-inc1", "random_erasing=0.25")
+    for switch in (*switches, "mixup=0.8", "cutmix=1.0", "layer_decay=0.7"):
+        assert switch in techniques, techniques
+    # 24 px is none of the schedule's sizes: the log says the schedule wins (issue 47 A.8c)
+    assert "the schedule sets the training size, not dataset.image_size=24" in log
     metrics = read_jsonl(reference / "metrics.jsonl")
     train_acc = [m["train/acc"] for m in metrics if "train/acc" in m]
     assert len(train_acc) == 9 and all(0 <= a <= 1 for a in train_acc)  # hard-label accuracy

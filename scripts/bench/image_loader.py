@@ -26,6 +26,11 @@ medians of --rounds rounds are compared, in images/s of wall time and in images 
 >= 2x (a), and (c) per worker >= 0.5x the decode-only rate.
 
     .venv/bin/python scripts/bench/image_loader.py            # ~5 min on 2 busy cores
+    .venv/bin/python scripts/bench/image_loader.py --header-check-only   # (f) alone: seconds
+
+(f) the header check a run does first (``check_images``), on the same files from the page
+cache, with and without its end-of-image read (issue 47: a truncated JPEG is refused by its
+missing EOI marker): ms per file and what the EOI read adds.
     sudo scripts/bench/top_priority.sh .venv/bin/python scripts/bench/image_loader.py
 """
 
@@ -246,6 +251,27 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def header_check_cost(files: list[Path], rounds: int) -> None:
+    """(f): check_images over every file, alternating with and without the EOI read (the
+    JPEG-end check replaced by a stub), medians of ``rounds``; one thread pool, as a run's."""
+    import accel_train.data.decode as decode
+
+    paths = [str(f) for f in files]
+    decode.check_images(paths)  # warm the page cache and the imports
+    real, times = decode._jpeg_ends, {"with the EOI read": [], "headers only": []}
+    for r in range(rounds):
+        for name in rotate(list(times), r):
+            decode._jpeg_ends = real if name == "with the EOI read" else (lambda p, h: True)
+            start = time.perf_counter()
+            decode.check_images(paths)
+            times[name].append(time.perf_counter() - start)
+    decode._jpeg_ends = real
+    ms = {k: 1e3 * median(v) / len(paths) for k, v in times.items()}
+    rows = [[k, f"{v:.4f}", f"{v / ms['headers only']:.2f}"] for k, v in ms.items()]
+    print(f"\n(f) the header check, {len(paths)} files, median of {rounds} rounds:")
+    print(table(["check_images", "ms per file", "vs headers only"], rows))
+
+
 def rotate(xs: list, r: int) -> list:
     k = r % len(xs)
     return xs[k:] + xs[:k]
@@ -259,6 +285,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--data", type=Path, default=REPO / "outputs" / "bench_data")
+    p.add_argument("--header-check-only", action="store_true", help="only (f): seconds")
     a = p.parse_args()
     import torch
 
@@ -273,6 +300,9 @@ def main() -> None:
     except ImportError:
         print("simplejpeg is not installed: its decode-only row is left out")
     print(f"# {machine()}\n# load average before: {load_avg()}; {len(files)} JPEGs, {kb:.0f} KB")
+    if a.header_check_only:
+        header_check_cost(files, max(a.rounds, 5))
+        return
     samples = sample_functions()
     runs = {**VARIANTS, **{k: None for k in DECODERS}, **{k: None for k in samples}}
     rates: dict[str, list[float]] = {k: [] for k in runs}
@@ -308,6 +338,7 @@ def main() -> None:
                *(f"per worker vs {d} decode" for d in decoders), "images per CPU s",
                "vs (a)"]  # fmt: skip
     print(table(headers, rows))
+    header_check_cost(files, max(a.rounds, 5))
 
 
 if __name__ == "__main__":

@@ -77,7 +77,11 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         cfg.loader.eval_batch_size = ecfg.batch_size
     with hints_for("accel-export"):  # data errors name `data_dir=`, not paths.data_dir
         splits = build_splits(cfg.dataset, cfg.paths.data_dir, labelled=not text)
-    verify_split = splits.test if splits.test is not None or not text else splits.val
+    # The test split; a set without one (an image folder of train/ and val/, as ImageNet's; a
+    # text set) verifies on validation samples: agreement needs inputs, not labels.
+    verify_split = splits.test if splits.test is not None else splits.val
+    if splits.test is None and verify_split is not None:
+        log.info("accel-export: the data set has no test split: verifying on validation samples")
     if verify_split is None:
         raise UserError(
             f"ckpt_path={ckpt_path}: the checkpoint's data set ({cfg.dataset.get('name')}) has "

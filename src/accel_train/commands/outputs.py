@@ -71,14 +71,16 @@ def remove_leftovers(out: Path) -> list[Path]:
 
 
 def refuse_inside(out: Path, source: Path, key: str, source_key: str) -> None:
-    """`out` may be neither the source nor a folder that holds it: replacing it would remove
-    the very data being read."""
+    """`out` may be neither the source, nor a folder that holds it (replacing it would remove
+    the very data being read), nor a folder inside it (its files would join the data: a shard
+    folder under an image folder's train/ became a class of its own)."""
     out_at, source_at = resolved(out), resolved(source)
-    if out_at == source_at or out_at in source_at.parents:
+    if out_at == source_at or out_at in source_at.parents or source_at in out_at.parents:
+        where = "is inside" if source_at in out_at.parents else "is or holds"
         raise UserError(
-            f"{key}={out} is or holds {source_key}={source}, the data this command reads: "
-            f"writing there would replace it. Choose another `{key}` (e.g. `{key}="
-            f"{source_at.name}-shards` beside it)."
+            f"{key}={out} {where} {source_key}={source}, the data this command reads: writing "
+            f"there would change that data. Choose a folder outside it (e.g. `{key}="
+            f"{source_at.parent / (source_at.name + '-shards')}` beside it)."
         )
 
 

@@ -46,7 +46,7 @@ from accel_train.commands.outputs import (
     resolved,
 )
 from accel_train.data.decode import check_images, unreadable
-from accel_train.data.image_folder import scan_folder
+from accel_train.data.image_tree import plan_layout
 from accel_train.data.object_store import (
     allow_plain_http,
     check_url,
@@ -59,7 +59,6 @@ from accel_train.data.object_store import (
 from accel_train.data.preference import preference_splits
 from accel_train.data.sft import encode_rows, tokenizer_fingerprint
 from accel_train.data.shard_set import META, META_FORMAT, SPLITS, parse_size, require_litdata
-from accel_train.data.splits import held_out_indices
 from accel_train.data.streaming_preference import pair_item
 from accel_train.data.streaming_sft import row_item
 from accel_train.data.tokenizer import TOKENIZER_FILE
@@ -72,6 +71,9 @@ from accel_train.written import check_out_folder, install, names
 log = logging.getLogger("accel_train")
 
 COMMAND = "accel-data shard"  # who a shard set's manifest says wrote it
+# The smallest max_side: the smallest images people train on (CIFAR's 32 px); a shard set of
+# 1-px images was written with exit 0 before (issue 47).
+MIN_SIDE = 32
 
 
 class ReadItem:
@@ -143,19 +145,24 @@ def shard(cfg: DictConfig) -> str:
             f"dataset.root={ds.root}: no such folder. Point it at the folder that holds "
             f"`{ds.train_split}/<class>/*.jpg`."
         )
-    train_folder = scan_folder(root, ds.train_split, "dataset.train_split")
-    labels = train_folder.labels
-    train_idx, val_idx = held_out_indices(len(labels), float(ds.val_fraction), int(ds.seed), labels)
+    _check_image_options(cfg, out, root)  # before the header check, which can take minutes
+    # The same folders and held-out split as `dataset=image_folder` trains on (its rule).
+    layout = plan_layout(
+        root, ds.train_split, ds.get("val_split"), ds.get("test_split"),
+        bool(ds.get("holdout", False)), float(ds.val_fraction),
+    )  # fmt: skip
+    train_folder, labels = layout.train, layout.train.labels
+    train_idx, val_idx = layout.indices(float(ds.val_fraction), int(ds.seed))
     files = [str(train_folder.path / f) for f in train_folder.files]
-    parts = {
-        "train": [(files[i], int(labels[i])) for i in train_idx.tolist()],
-        "val": [(files[i], int(labels[i])) for i in sorted(val_idx.tolist())],
-    }
-    if ds.test_split and (root / ds.test_split).is_dir():
-        test = scan_folder(root, ds.test_split, "dataset.test_split", train_folder.classes)
-        parts["test"] = [
-            (str(test.path / f), int(y)) for f, y in zip(test.files, test.labels.tolist())
-        ]
+    parts = {"train": [(files[i], int(labels[i])) for i in train_idx.tolist()]}
+    if val_idx is not None:
+        parts["val"] = [(files[i], int(labels[i])) for i in sorted(val_idx.tolist())]
+    for name, folder in (("val", layout.val), ("test", layout.test)):
+        if folder is not None:
+            parts[name] = [
+                (str(folder.path / f), int(y)) for f, y in zip(folder.files, folder.labels.tolist())
+            ]
+    parts = {name: parts[name] for name in ("train", "val", "test") if name in parts}
     reader = _image_reader(cfg, [path for items in parts.values() for path, _ in items])
     for name, items in parts.items():
         if not items:  # LitData refuses an empty input list with a bare ValueError
@@ -185,19 +192,35 @@ def shard(cfg: DictConfig) -> str:
     return out
 
 
+def _check_image_options(cfg: DictConfig, out: str, root: Path) -> None:
+    """`out` outside the image folder, `max_side` and `jpeg_quality` in range: every problem
+    at once, in one paragraph."""
+    problems = []
+    if not is_s3(out):
+        try:
+            refuse_inside(Path(out), root, "out", "dataset.root")
+        except UserError as err:
+            problems.append(str(err))
+    max_side, quality = int(cfg.max_side), int(cfg.jpeg_quality)
+    if max_side < 0 or 0 < max_side < MIN_SIDE or not 1 <= quality <= 100:
+        problems.append(
+            f"max_side={max_side}, jpeg_quality={quality}: max_side is the longest side in "
+            f"pixels images are shrunk to, at least {MIN_SIDE} (smaller images hold too little "
+            "for any training crop; 0 keeps them as they are), jpeg_quality the JPEG quality "
+            "they are re-encoded at (1-100). E.g. `max_side=512 jpeg_quality=90` (FFCV's "
+            "ImageNet shards: 512)."
+        )
+    if problems:
+        raise UserError(" ".join(problems))
+
+
 def _image_reader(cfg: DictConfig, paths: list[str]) -> ReadItem:
-    """The items' reader for `max_side` / `jpeg_quality`, after every file's header is checked
-    as training checks it (a bad file is refused before anything is written)."""
+    """The items' reader for `max_side` / `jpeg_quality` (checked already), after every file's
+    header is checked as training checks it (a bad file is refused before anything is
+    written)."""
     if cfg.dataset.get("check_images", True):
         check_images(paths, log=log)
-    max_side, quality = int(cfg.max_side), int(cfg.jpeg_quality)
-    if max_side < 0 or not 1 <= quality <= 100:
-        raise UserError(
-            f"max_side={max_side}, jpeg_quality={quality}: max_side is the longest side in "
-            "pixels images are shrunk to (0 keeps them as they are), jpeg_quality the JPEG "
-            "quality they are re-encoded at (1-100). E.g. `max_side=512 jpeg_quality=90`."
-        )
-    return ReadItem(max_side, quality)
+    return ReadItem(int(cfg.max_side), int(cfg.jpeg_quality))
 
 
 def read_tokens(entry: tuple[str, str, int, int]) -> np.ndarray:

@@ -6,6 +6,7 @@ sample, is checked where they are built: optim.py, data/recipe.py.)"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 
 from omegaconf import DictConfig, OmegaConf
@@ -17,6 +18,20 @@ from accel_train.errors import UserError
 ERASING_MODES = ("pixel", "rand", "const")
 MIXUP_MODES = ("batch", "pair", "elem")
 PROB = "a probability in [0, 1]"
+# timm's auto_augment_transform policy names (timm/data/auto_augment.py auto_augment_policy).
+POLICIES = ("original", "originalr", "v0", "v0r", "3a")
+# The sections each policy family's parser reads (timm/data/auto_augment.py: a key and a number,
+# e.g. `m9`). timm skips a section without a number silently (`rand-bogus` ran as plain `rand`),
+# so every section is checked here first. RandAugment also takes `t<set>`: one of RAND_SETS
+# (timm's rand_augment_choices, which falls back to the default set for any other name).
+RAND_SETS = ("weights", "3aw", "3a")
+SECTIONS = {
+    "rand": {"m": "magnitude", "n": "ops per image", "p": "op probability",
+             "mstd": "magnitude noise", "mmax": "magnitude ceiling", "inc": "increasing ops"},
+    "augmix": {"m": "severity", "w": "chain width", "d": "chain depth", "a": "alpha",
+               "b": "blend", "mstd": "magnitude noise"},
+    "auto": {"mstd": "magnitude noise"},
+}  # fmt: skip
 
 
 def check_recipe(cfg: DictConfig) -> None:
@@ -30,10 +45,63 @@ def check_recipe(cfg: DictConfig) -> None:
                 "loader workers, and dataset.decode=gpu decodes on the device, after the loader. "
                 "Use `dataset.decode=cpu` with auto_augment, or drop `dataset.auto_augment`."
             )
+        _check_policy(ds.auto_augment)
     _check_layer_decay(cfg.optimizer)
     resize = cfg.trainer.get("progressive_resize")
     if resize is not None:
         _check_progressive(resize)
+
+
+def recipe_switches(cfg: DictConfig) -> list[str]:
+    """The recipe switches a run has on, as the `techniques:` line names them (they are not
+    Technique objects: the loader, the task's batch mixing and the optimizer run them)."""
+    ds, on = cfg.dataset, []
+    if ds.get("auto_augment"):
+        on.append(f"auto_augment={ds.auto_augment}")
+    if ds.get("random_erasing"):
+        on.append(f"random_erasing={ds.random_erasing}")
+    if ds.get("mixup_alpha"):
+        on.append(f"mixup={ds.mixup_alpha}")
+    if ds.get("cutmix_alpha"):
+        on.append(f"cutmix={ds.cutmix_alpha}")
+    if cfg.optimizer.get("layer_decay") is not None:
+        on.append(f"layer_decay={cfg.optimizer.layer_decay}")
+    return on
+
+
+def policy_sections_problem(spec: str) -> str | None:
+    """What is wrong with the sections of a timm policy string (None: nothing): an unknown
+    family, or a section timm's parser would skip silently or refuse."""
+    name, *sections = spec.split("-")
+    if spec == "trivial":
+        return None
+    family = name if name in ("rand", "augmix") else "auto" if name in POLICIES else None
+    if family is None:
+        return f"unknown policy {name!r}"
+    keys = SECTIONS[family]
+    for section in sections:
+        if family == "rand" and section.startswith("t"):
+            if section[1:] in RAND_SETS:
+                continue
+            return f"the section {section!r} names no transform set of timm's: t" + ", t".join(
+                RAND_SETS
+            )
+        key, *value = re.split(r"(\d.*)", section)
+        if key not in keys or not value:
+            known = ", ".join(f"{k}<number> ({what})" for k, what in keys.items())
+            sets = f", t<set> (one of {', '.join(RAND_SETS)})" if family == "rand" else ""
+            return f"the section {section!r} is not one of {name}'s: {known}{sets}"
+    return None
+
+
+def _check_policy(spec) -> None:
+    problem = policy_sections_problem(str(spec)) if spec else None
+    if problem:
+        raise UserError(
+            f"dataset.auto_augment={spec!r}: {problem}. timm would skip or refuse it; use "
+            "timm's spelling, e.g. `rand-m9-mstd0.5-inc1` (RandAugment), `augmix-m5-w3`, "
+            "`original-mstd0.5`, `trivial`, or null (off)."
+        )
 
 
 def _check_values(ds: DictConfig) -> None:

@@ -185,7 +185,10 @@ DATASET_RECIPE_KEYS = tuple(f.name for f in fields(RecipeDatasetConfig))
 class ImageFolderDatasetConfig(RecipeDatasetConfig, DatasetConfig):
     root: str = MISSING
     train_split: str = "train"
-    test_split: str | None = "val"
+    # Which folder is which split: data/image_tree.py (issue 47).
+    val_split: str | None = "val"
+    test_split: str | None = "test"
+    holdout: bool = False
     image_size: int = 64
     resize_size: int = 0
     augment: str = "cpu"
@@ -281,7 +284,7 @@ class ClassificationTaskConfig(TaskConfig):
     monitor: str = "val/acc"
     monitor_mode: str = "max"
     objective: str = "best_val_acc"
-    top_k: list[int] = field(default_factory=lambda: [1])
+    top_k: list[int] | None = None  # None: [1, 5] with >= 10 classes, else [1]
 
 
 @dataclass

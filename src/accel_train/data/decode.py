@@ -51,7 +51,10 @@ SCAN_PROCESSES = 8
 SCAN_PROCESSES_FROM = 20_000  # files; below, starting processes costs more than it saves
 SCAN_CHUNK = 64  # files a thread checks per task
 HEADER_BYTES = 65_536  # read for simplejpeg's header check (an APP segment is at most 64 KB)
-SHOWN = 3  # files named in a refusal (with the count of the others)
+# A JPEG's last bytes, read to find its EOI marker (a truncated file has none): 4 KB covers the
+# padding some writers add after it; a longer trailer costs a read from the scan on.
+TAIL_BYTES = 4096
+SHOWN = 50  # bad files named in the refusal itself; more are listed in the log, one a line
 # np.asarray(PIL image) is a read-only view of PIL's bytes, which torch.from_numpy warns about
 # once per process; the tensors made of it here are only ever read (resized into new ones).
 warnings.filterwarnings(
@@ -158,9 +161,17 @@ def _check_chunk(paths: list[str], jpeg_only: bool) -> list:
 
 
 def _check_one(path: str, jpeg_only: bool) -> tuple[str, str, str] | None:
-    """(kind, path, message) of one file's problem, None when it is fine. The header only:
-    simplejpeg's for a colour JPEG (nothing to refuse there), else PIL's."""
-    if _jpeg(path, HEADER_BYTES) is not None:
+    """(kind, path, message) of one file's problem, None when it is fine. The header, and for
+    a JPEG its end: simplejpeg's header read for a colour JPEG (nothing to refuse there), else
+    PIL's."""
+    head = _jpeg_head(path)
+    if head is not None and not _jpeg_ends(path, head):
+        return "truncated", path, (
+            f"the image file {path} is truncated: its JPEG data stops before the end-of-image "
+            "marker (an interrupted copy or download), and decoding it would stop training. "
+            "Delete or replace it (or re-download the data set)"
+        )  # fmt: skip
+    if head is not None and _jpeg(head) is not None:
         return None
     try:
         with _pil().open(path) as im:
@@ -168,6 +179,61 @@ def _check_one(path: str, jpeg_only: bool) -> tuple[str, str, str] | None:
     except (OSError, SyntaxError, ValueError) as err:
         return "unreadable", path, str(unreadable(err, f"the image file {path}"))
     return None if problem is None else ("mode", path, problem)
+
+
+def _jpeg_head(path: str) -> bytes | None:
+    """The first HEADER_BYTES of a JPEG file (None: not a JPEG, or unreadable: PIL's open then
+    reports it). Two bytes first: PIL reads a PNG itself, once."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(2)
+            return data + f.read(HEADER_BYTES - 2) if data == JPEG_START else None
+    except OSError:
+        return None
+
+
+def _scan_start(head: bytes) -> int | None:
+    """Where the first scan's entropy-coded data starts (after the SOS segment), from the
+    marker segments of the file's head; None when it is not in ``head`` (e.g. APP segments
+    longer than HEADER_BYTES) or the segments are malformed (then the decoder decides)."""
+    at = 2
+    while at + 4 <= len(head):
+        if head[at] != 0xFF:
+            return None
+        marker = head[at + 1]
+        if marker == 0xFF:  # a fill byte before the marker
+            at += 1
+            continue
+        if marker in STANDALONE_MARKERS:
+            at += 2
+            continue
+        length = int.from_bytes(head[at + 2 : at + 4], "big")
+        if marker == SOS:
+            return at + 2 + length
+        at += 2 + length
+    return None
+
+
+def _jpeg_ends(path: str, head: bytes) -> bool:
+    """Whether the JPEG's data ends with its EOI marker (FF D9) somewhere after the first
+    scan's start: entropy-coded data never holds FF D9 (a data FF is stuffed as FF 00), so a
+    truncated file has none there. Bytes after EOI (padding, a camera's trailer, a motion
+    photo's video) are ignored, as libjpeg and PIL ignore them. The last TAIL_BYTES are read
+    (one seek); a file whose EOI is further back is read from its scan on (rare: trailers)."""
+    start = _scan_start(head)
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            tail_at = max(size - TAIL_BYTES, start or 0)
+            f.seek(tail_at)
+            if JPEG_END in f.read():
+                return True
+            if start is None or start >= tail_at:
+                return start is None  # the head was not parsed: the decoder decides
+            f.seek(start)
+            return JPEG_END in f.read(tail_at - start + 1)  # (+1: a marker across the seam)
+    except OSError:
+        return True  # PIL's open reports it, with the path
 
 
 def check_images(paths: Sequence[str], jpeg_only: bool = False, log=None) -> None:
@@ -184,10 +250,21 @@ def check_images(paths: Sequence[str], jpeg_only: bool = False, log=None) -> Non
     kind, _, first = found[0]
     more = ""
     if len(found) > 1:
-        names = ", ".join(os.path.basename(path) for _, path, _ in found[1:SHOWN])
+        # Every bad file at once, not one per attempt: the first in full, the others by path
+        # (past SHOWN, in the log, one line each), each with its kind of problem.
+        others = [f"{path} ({kind})" for kind, path, _ in found[1:]]
+        if len(others) > SHOWN and log is not None:
+            for line in others:
+                log.error("bad image: %s", line)
+        listed = "; ".join(others[:SHOWN])
+        rest = (
+            f"; and {len(others) - SHOWN} more, each in the log above"
+            if len(others) > SHOWN
+            else ""
+        )
         more = (
-            f" {len(found) - 1} other file(s) cannot be read as RGB either (e.g. {names}): "
-            "convert them alike (ImageMagick's `mogrify` takes many files at once)."
+            f" {len(found) - 1} other file(s) cannot be read as RGB either: {listed}{rest}. "
+            "Fix or replace them alike (ImageMagick's `mogrify` takes many files at once)."
         )
     skip = " (`dataset.check_images=false` skips this check; a bad file then stops training)."
     raise UserError(f"dataset.root: {first.rstrip('.')}.{more}{skip}")
@@ -259,6 +336,9 @@ SampleAugment = Callable[[torch.Tensor, random.Random], torch.Tensor]
 
 _SIMPLEJPEG = []  # [module or None], imported once per process
 JPEG_START = b"\xff\xd8"  # a JPEG file's first two bytes (its SOI marker)
+JPEG_END = b"\xff\xd9"  # its EOI marker, after the last scan
+SOS = 0xDA  # the start-of-scan marker: its segment is followed by the entropy-coded data
+STANDALONE_MARKERS = frozenset([0x01, *range(0xD0, 0xD9)])  # TEM, RSTn, SOI: no length field
 
 
 def _simplejpeg():

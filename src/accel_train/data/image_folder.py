@@ -1,7 +1,11 @@
-"""`dataset=image_folder`: JPEG/PNG files in torchvision's ImageFolder layout.
+"""`dataset=image_folder`: image files in torchvision's ImageFolder layout.
 
-    <root>/<train_split>/<class>/*.jpg|png     training images; val_fraction of them is held out
-    <root>/<test_split>/<class>/*.jpg|png      optional test split (imagenette's `val/`)
+    <root>/<train_split>/<class>/*.jpg|png|webp|...   training images
+    <root>/<val_split>/<class>/...     validation images (ImageNet's, imagenette's `val/`)
+    <root>/<test_split>/<class>/...    optional test split
+
+Without a val_split folder (or with ``holdout``), validation is a held-out ``val_fraction`` of
+the training folder: data/image_tree.py has the rule and the folder scan.
 
 Every file's header is checked first (``check_images``: unreadable, CMYK, transparent and
 grayscale files are refused, naming them and the fix, before anything is trained or written).
@@ -37,7 +41,6 @@ import os
 import re
 import secrets
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,14 +58,14 @@ from accel_train.data.image_crops import (
     resize,
     view_of,
 )
+from accel_train.data.image_tree import Folder, plan_layout, scan_folder
 from accel_train.data.photos import Files, PhotoSplit
 from accel_train.data.recipe import hooked_crop
-from accel_train.data.splits import ImageSet, Splits, held_out_indices
+from accel_train.data.splits import ImageSet, Splits
 from accel_train.errors import UserError
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 AUGMENTS = ("cpu", "device", "none")
 CACHES = ("none", "ram", "disk")
 DECODES = ("cpu", "gpu")
@@ -75,7 +78,8 @@ DECODE_WORKERS = min(4, _CPUS or 1)
 PARALLEL_DECODE_MIN = 512
 DECODE_BATCH = 64
 
-__all__ = ["UnreadableImageError", "build_image_folder"]  # the error lives in data/decode.py
+# The error lives in data/decode.py, the folder scan in data/image_tree.py.
+__all__ = ["UnreadableImageError", "build_image_folder", "scan_folder"]
 
 
 # ---- the builder ---------------------------------------------------------------------------
@@ -85,7 +89,9 @@ def build_image_folder(
     *,
     root: str,
     train_split: str = "train",
-    test_split: str | None = "val",
+    val_split: str | None = "val",
+    test_split: str | None = "test",
+    holdout: bool = False,
     val_fraction: float = 0.1,
     seed: int = 0,
     image_size: int = 64,
@@ -101,10 +107,10 @@ def build_image_folder(
     decode: str = "cpu",
     check_images: bool = True,
 ) -> Splits:
-    """Train / val / test splits of an ImageFolder tree (see the module docstring).
-
-    val is a stratified, seeded ``val_fraction`` of the train folder; test is the
-    ``test_split`` folder (None when it is null or absent)."""
+    """Train / val / test splits of an ImageFolder tree (see the module docstring): val is
+    the ``val_split`` folder, or a stratified, seeded ``val_fraction`` of the train folder
+    without one or with ``holdout`` (data/image_tree.py's rule); test the ``test_split``
+    folder (None when it is null or absent)."""
     scale = _check_options(
         image_size, resize_size, augment, cache, val_fraction, crop_scale,
         eval_image_size=eval_image_size, crop_pct=crop_pct, interpolation=interpolation,
@@ -112,20 +118,26 @@ def build_image_folder(
     )  # fmt: skip
     size, eval_size = int(image_size), int(eval_image_size or image_size)
     resize_to = int(resize_size) or eval_resize_to(eval_size, crop_pct)
-    train_folder, test_folder = _folders(root, train_split, test_split)
+    layout = _layout(root, train_split, val_split, test_split, holdout, val_fraction)
+    train_folder = layout.train
     if check_images:
-        folders = [f for f in (train_folder, test_folder) if f is not None]
+        folders = [f for f in (train_folder, layout.val, layout.test) if f is not None]
         paths = [str(f.path / rel) for f in folders for rel in f.files]
         check_headers(paths, jpeg_only=decode == "gpu", log=log)
-    labels = train_folder.labels
-    train_idx, val_idx = held_out_indices(len(labels), val_fraction, seed, labels)
+    train_idx, val_idx = layout.indices(val_fraction, seed)
     args = (size, eval_size, resize_to, scale, random_hflip, augment, seed, interpolation)
     if cache == "none" and augment != "device":
         make = _photo_splits(*args, decode)
     else:
         make = _base_splits(*args, cache, Path(cache_dir).expanduser() if cache_dir else None)
-    train, val = make(train_folder, train_idx, val_idx)
-    test = make(test_folder, torch.arange(len(test_folder.files)))[1] if test_folder else None
+
+    def whole(folder):  # every image of a folder, as an evaluation split
+        return make(folder, torch.arange(len(folder.files)))[1] if folder else None
+
+    empty = torch.arange(0)  # (validation is the val folder: none held out of train/)
+    train, val = make(train_folder, train_idx, val_idx if val_idx is not None else empty)
+    val = val if val_idx is not None else whole(layout.val)
+    test = whole(layout.test)
     device_augment = (
         DeviceRandomResizedCrop(size, scale, random_hflip) if augment == "device" else None
     )
@@ -140,22 +152,16 @@ def build_image_folder(
     )
 
 
-def _folders(root: str, train_split: str, test_split: str | None):
-    """(train Folder, test Folder or None), both scanned before anything is decoded: a layout
-    error should not wait for a cache."""
+def _layout(root: str, train_split, val_split, test_split, holdout, val_fraction):
+    """The tree's layout (data/image_tree.py), every folder scanned before anything is decoded:
+    a layout error should not wait for a cache."""
     root_dir = Path(root).expanduser()
     if not root_dir.is_dir():
         raise UserError(
             f"dataset.root={root!r}: no such folder. Point `dataset.root=/path/to/data` at the "
             f"folder that holds `{train_split}/<class>/*.jpg` (torchvision's ImageFolder layout)."
         )
-    train_folder = scan_folder(root_dir, train_split, "dataset.train_split")
-    test_folder = None
-    if test_split and (root_dir / test_split).is_dir():
-        test_folder = scan_folder(root_dir, test_split, "dataset.test_split", train_folder.classes)
-    elif test_split:
-        log.info("dataset.test_split=%s: no folder %s, no test split", test_split, root_dir)
-    return train_folder, test_folder
+    return plan_layout(root_dir, train_split, val_split, test_split, holdout, val_fraction)
 
 
 def _photo_splits(size, eval_size, resize_to, scale, hflip, augment, seed, mode, decode):
@@ -264,68 +270,6 @@ def _check_choices(augment, cache, crop_pct, interpolation, decode) -> None:
         )
 
 
-# ---- the folder ----------------------------------------------------------------------------
-
-
-@dataclass
-class Folder:
-    """One split folder: its class names and image files (relative paths, sorted)."""
-
-    path: Path
-    classes: list[str]
-    files: list[str]
-    labels: torch.Tensor  # int64, one per file
-
-
-def scan_folder(root: Path, split: str, key: str, classes: list[str] | None = None) -> Folder:
-    """The images of ``root/split/<class>/**``. The class names are the sub-folders (sorted)
-    unless ``classes`` (the training folder's) is given: the test split must use the same ones.
-    Hidden files and folders (``.DS_Store``, macOS ``._x.jpg``, caches) are skipped."""
-    path = root / split
-    if not path.is_dir():
-        found = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name[0] != ".")
-        raise UserError(
-            f"{key}={split!r}: {path} does not exist (dataset.root holds: "
-            f"{', '.join(found) or 'no folders'}). Set `{key}=<folder>` to the split's folder "
-            "under dataset.root; it holds one sub-folder of images per class."
-        )
-    names = sorted(p.name for p in path.iterdir() if p.is_dir() and p.name[0] != ".")
-    if not names:
-        raise UserError(
-            f"{key}={split!r}: {path} has no class folders. Put each class's images in its own "
-            f"sub-folder ({path}/<class>/*.jpg), as torchvision's ImageFolder expects."
-        )
-    if classes is None:
-        classes = names
-    unknown = [c for c in names if c not in classes]
-    if unknown:
-        raise UserError(
-            f"{key}={split!r}: the class folders {', '.join(unknown[:5])} of {path} are not "
-            f"training classes ({', '.join(classes[:10])}{', ...' if len(classes) > 10 else ''}). "
-            "Name the test split's class folders like the training folder's."
-        )
-    index = {c: i for i, c in enumerate(classes)}
-    files, labels = [], []
-    for name in names:
-        found = []
-        for dirpath, dirnames, filenames in os.walk(path / name, followlinks=True):
-            dirnames[:] = sorted(d for d in dirnames if d[0] != ".")
-            rel = os.path.relpath(dirpath, path)
-            found += [
-                os.path.join(rel, f)
-                for f in sorted(filenames)
-                if f[0] != "." and f.lower().endswith(IMAGE_EXTENSIONS)
-            ]
-        if not found:
-            raise UserError(
-                f"dataset.root: the class folder {path / name} has no images (.jpg, .jpeg, "
-                ".png). Add its images or remove the folder."
-            )
-        files += found
-        labels += [index[name]] * len(found)
-    return Folder(path, classes, files, torch.tensor(labels, dtype=torch.int64))
-
-
 # ---- base images: decoded on demand or read from a cache -----------------------------------
 
 
@@ -349,7 +293,9 @@ def decode_base_image(data: torch.Tensor, size: int, what: str) -> torch.Tensor:
     try:
         img = decode_image(data, mode=ImageReadMode.RGB)
     except (RuntimeError, OSError) as err:
-        raise _unreadable(err, what) from err
+        img = _pil_decode(data)  # formats torchvision.io does not read (BMP, TIFF, PPM)
+        if img is None:
+            raise _unreadable(err, what) from err
     if img.dtype != torch.uint8:  # 16-bit PNGs: keep the high byte, as torchvision's to_dtype
         img = (img.to(torch.int32) >> 8).to(torch.uint8)
     h, w = img.shape[-2:]
@@ -358,6 +304,20 @@ def decode_base_image(data: torch.Tensor, size: int, what: str) -> torch.Tensor:
     if (new_h, new_w) != (h, w):
         img = resize(img, new_h, new_w)
     return center_crop(img, size).contiguous()
+
+
+def _pil_decode(data: torch.Tensor) -> torch.Tensor | None:
+    """uint8 [3, H, W] of an image PIL reads (None: PIL cannot read it either)."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data.numpy().tobytes())) as im:
+            rgb = np.asarray(im.convert("RGB"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    return torch.from_numpy(rgb.copy()).permute(2, 0, 1)
 
 
 _unreadable = unreadable  # (its old name)

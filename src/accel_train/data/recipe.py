@@ -27,13 +27,12 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from accel_train.config.recipe_checks import policy_sections_problem
 from accel_train.config.schema import ProgressiveResizeConfig
 from accel_train.data.seeded import seeded_rngs
 from accel_train.data.splits import Splits
 from accel_train.errors import UserError
 
-# timm's auto_augment_transform policy names (timm/data/auto_augment.py auto_augment_policy).
-POLICIES = ("original", "originalr", "v0", "v0r", "3a")
 EXAMPLES = "`rand-m9-mstd0.5-inc1` (RandAugment), `trivial`, `augmix-m5-w3`, `original`"
 
 
@@ -176,10 +175,10 @@ def apply_sample_recipe(ds: DictConfig, trainer: DictConfig, splits: Splits) -> 
 def auto_augment(spec: str, ds: DictConfig, size: int) -> AutoAugment:
     """dataset.auto_augment checked (its policy built once here) -> the sample hook."""
     made = AutoAugment(spec, ds.mean, ds.get("interpolation", "bilinear"))
-    known = spec == "trivial" or spec.split("-")[0] in ("rand", "augmix", *POLICIES)
     try:
-        if not known:
-            raise ValueError("unknown policy")
+        problem = policy_sections_problem(spec)
+        if problem:
+            raise ValueError(problem)
         made.policy(size)
     except (AssertionError, KeyError, ValueError, IndexError) as err:
         raise UserError(

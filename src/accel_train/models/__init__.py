@@ -4,6 +4,7 @@ against the classification contract (logits of shape (batch, num_classes)) befor
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -14,12 +15,22 @@ from accel_train.models.weights import freeze, load_weights
 from accel_train.targets import build, locate
 
 log = logging.getLogger("accel_train")
+# From this side on, an image is a photo rather than a digit: mnist_cnn warns (issue 47).
+PHOTO_SIZE = 128
 
 
 def mnist_cnn(
     *, in_channels: int, image_size: int, num_classes: int, dropout=0.25, hidden_dim=128
 ) -> nn.Module:
     flat = 64 * ((image_size - 4) // 2) ** 2
+    if image_size >= PHOTO_SIZE and os.environ.get("RANK", "0") == "0":
+        # Its first Linear layer grows with the image's area: 99 M parameters at 224 px.
+        log.warning(
+            "model=mnist_cnn at %d px has %.0f M parameters and trains slowly: it is made for "
+            "28-px digits. For photos pick a model made for them, e.g. `model=timm "
+            "model.name=resnet18` (or convnext_atto, vit_tiny_patch16_224)",
+            image_size, (flat * hidden_dim) / 1e6,
+        )  # fmt: skip
     return nn.Sequential(
         nn.Conv2d(in_channels, 32, 3),
         nn.ReLU(inplace=True),

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 
 from accel_train.errors import UserError
@@ -216,6 +216,7 @@ def prepare_config(cfg: DictConfig) -> None:
         cfg.model.name = folder["architecture"]
     name = str(cfg.model.name)
     check_name(name)
+    _sizes_for_schedule(cfg, name)
     if weights:
         _check_weights(cfg, name, str(weights), folder)
     data = folder.get("pretrained_cfg") or _registry_data_config(name)
@@ -226,6 +227,40 @@ def prepare_config(cfg: DictConfig) -> None:
         "from model.weights' config.json"
         if folder.get("pretrained_cfg")
         else "from timm's pretrained config",
+    )
+
+
+def _sizes_for_schedule(cfg: DictConfig, name: str) -> None:
+    """trainer.progressive_resize changes the training size per epoch, and a model of a fixed
+    input size (a ViT's position table) takes one size only: timm's `dynamic_img_size=True`
+    (its position table resampled to each input) is set where the architecture takes it, and
+    the schedule is refused in one paragraph where it does not. (Every size the schedule uses
+    is then tried on the built model: techniques/progressive_resize.py.)"""
+    if OmegaConf.select(cfg, "trainer.progressive_resize", default=None) is None:
+        return
+    pretrained = _timm().get_pretrained_cfg(name)
+    if pretrained is None or not pretrained.fixed_input_size or "dynamic_img_size" in cfg.model:
+        return
+    size = OmegaConf.select(cfg, "dataset.image_size", default=None) or pretrained.input_size[-1]
+    try:
+        with torch.device("meta"):  # no memory: only whether the constructor takes it
+            _timm().create_model(name, pretrained=False, img_size=size, dynamic_img_size=True)
+    except TypeError:
+        raise UserError(
+            f"trainer.progressive_resize trains at several image sizes, and timm's {name} takes "
+            f"one input size only (its pretrained config's fixed_input_size) and has no "
+            "`dynamic_img_size` argument to take others. Drop `trainer.progressive_resize` "
+            "for this model, or pick one that takes any size: a CNN (resnet50, convnext_tiny) "
+            "or a ViT that timm builds with dynamic_img_size (vit_*, deit_*, eva_*)."
+        ) from None
+    except Exception:  # noqa: BLE001 - anything else: the worker's build names it in full
+        return
+    with open_dict(cfg.model):
+        cfg.model.dynamic_img_size = True
+    log.info(
+        "model=timm %s: model.dynamic_img_size=true, as trainer.progressive_resize trains at "
+        "several image sizes (timm resamples the position table to each input)",
+        name,
     )
 
 

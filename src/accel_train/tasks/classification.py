@@ -1,6 +1,7 @@
 """task=classification (the default): `model(x)` gives class logits `(batch, classes)`, the loss
 is the `loss` group's module (cross-entropy by default) on the labels; logs loss and accuracy
-(top-1 as `acc`, `task.top_k=[1,5]` adds `acc_top5`).
+(top-1 as `acc`; `acc_top5` too by default with 10 classes or more, as timm logs it;
+`task.top_k=[1]` or `[1,3]` chooses).
 
 Soft targets (issue 38): with the dataset's batch switches (data/batch_mix.py) a training batch
 is (x, soft targets float [B, C], labels), and the loss is the `loss` module on the soft
@@ -29,6 +30,9 @@ from accel_train.plugins import register_task
 from accel_train.tasks.base import Task, TaskContext
 
 log = logging.getLogger("accel_train")
+# With this many classes or more, top-5 accuracy is logged by default (timm's train.py logs
+# top-1 and top-5 on ImageNet); below it, top-5 is close to 1 and says little.
+TOP5_FROM = 10
 
 
 @register_task("classification", ClassificationTaskConfig)
@@ -41,9 +45,11 @@ class Classification(Task):
     pipeline = True
     soft_targets = True
 
-    def __init__(self, top_k: list[int] | tuple[int, ...] = (1,)):
+    def __init__(self, top_k: list[int] | tuple[int, ...] | None = None):
         super().__init__()
-        self.top_k = [int(k) for k in top_k]
+        # None: top-1, and top-5 with >= TOP5_FROM classes (timm's train.py logs both), decided
+        # in setup, when the classes are known.
+        self.top_k = None if top_k is None else [int(k) for k in top_k]
         self.loss_fn: nn.Module | None = None
         self.loss_cfg: DictConfig | None = None
         self.num_classes = 0
@@ -54,7 +60,8 @@ class Classification(Task):
     @classmethod
     def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
         modes = {"acc": "max", "loss": "min"}
-        modes.update({f"acc_top{k}": "max" for k in cfg.get("top_k") or (1,) if k != 1})
+        top_k = cfg.get("top_k") if cfg.get("top_k") is not None else (1, 5)  # (None: maybe 5)
+        modes.update({f"acc_top{k}": "max" for k in top_k if k != 1})
         return modes
 
     def setup(self, ctx: TaskContext) -> None:
@@ -71,6 +78,8 @@ class Classification(Task):
                 ctx.val_samples,
                 ctx.num_classes,
             )
+        if self.top_k is None:
+            self.top_k = [1, 5] if ctx.num_classes >= TOP5_FROM else [1]
         if not self.top_k or any(k < 1 or k > max(ctx.num_classes, 1) for k in self.top_k):
             raise UserError(
                 f"task.top_k={self.top_k}: each k must be in [1, {ctx.num_classes}] (the number "

@@ -82,7 +82,10 @@ def build_techniques(cfg: DictConfig) -> list[Technique]:
         p, s = cfg.prune, cfg.prune.schedule
         chosen.append(Prune(p.amount, p.method, p.scope, s.start, s.end, s.ramp, s.every_n_steps))
     if t.get("progressive_resize") is not None:
-        chosen.append(ProgressiveResize(progressive_sizes(t.progressive_resize)))
+        size = cfg.dataset.get("image_size")
+        sizes = progressive_sizes(t.progressive_resize)
+        epochs = int(t.max_epochs) if t.max_epochs > 0 else 10**9  # (max_steps: any epoch)
+        chosen.append(ProgressiveResize(sizes, size, epochs))
     if cfg.ema.enabled:
         ema = cfg.ema
         chosen.append(Ema(ema.decay, ema.every_n_steps, ema.start_step, ema.warmup))

@@ -9,6 +9,7 @@ import logging
 import time
 from typing import Any
 
+from accel_train.config.recipe_checks import recipe_switches
 from accel_train.loggers import json_safe
 from accel_train.train.build import make_loader
 from accel_train.train.evaluate import score
@@ -44,8 +45,9 @@ def announce(loop: Any, resumed_from: str | None) -> None:
         p.max_epochs,
         loader_cfg.name,
     )
-    if loop.techniques:
-        log.info("techniques: %s", ", ".join(t.name for t in loop.techniques))
+    names = [t.name for t in loop.techniques] + recipe_switches(loop.cfg)
+    if names:
+        log.info("techniques: %s", ", ".join(names))
     if resumed_from:
         log.info("resumed from %s at epoch %d, step %d", resumed_from, loop.epoch, loop.step)
 
