@@ -73,6 +73,14 @@ def test_the_imagenet_layout_webp_and_a_vit_on_a_progressive_schedule(photos, ru
     assert "model.dynamic_img_size=true" in log
     assert "epoch 0 trains at 16 px" in log and "epoch 1 trains at 32 px" in log
     assert sum("val/loss" in m for m in read_jsonl(run_dir / "metrics.jsonl")) == 2
+    # accel-eval with no split scores val/ when the folder has no test/, as timm's validate.py.
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    scored = run_cli([f"ckpt_path={ckpt}", "device=cpu"], prog="accel-eval")
+    check_ok(scored)
+    assert "no test split: scoring its validation split" in scored.stdout + scored.stderr
+    assert "val/acc=" in scored.stdout + scored.stderr
+    asked = run_cli([f"ckpt_path={ckpt}", "device=cpu", "split=test"], prog="accel-eval")
+    refused(asked, "split=test asked for a split", "`split=val`")
 
 
 def test_a_model_that_cannot_take_a_size_of_the_schedule_is_refused_before_training(

@@ -793,7 +793,7 @@ class TrainConfig:
 class EvalConfig:
     ckpt_path: str = MISSING
     model_path: str | None = None
-    split: str = "test"
+    split: str | None = None
     data_path: str | None = None
     out_path: str | None = None
     data_dir: str | None = None

@@ -76,16 +76,14 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         cfg.loader.eval_batch_size = ecfg.batch_size
     if ecfg.data_path:
         _score_file(ecfg, cfg)
-    split = ecfg.split
     precision = resolve_precision(cfg.precision.name, device, cfg.precision.tf32)
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=device)
 
     task = build_task(cfg)
     with hints_for("accel-eval"):  # data errors name `data_dir=`, not paths.data_dir
         splits = build_splits(cfg.dataset, cfg.paths.data_dir, task.labelled_data)
+    split = _chosen_split(ecfg, splits, ckpt_path, cfg)
     data = getattr(splits, split)
-    if data is None:
-        raise UserError(_no_test_split(ckpt_path, cfg, splits))
     model = opened.model(splits.data_args, precision.param_dtype, device)
     if cfg.trainer.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -153,7 +151,7 @@ def _check_eval_config(ecfg: DictConfig) -> tuple[Path, torch.device]:
             f"batch_size={ecfg.batch_size} must be >= 0 (0 = the checkpoint's own "
             "loader.eval_batch_size), e.g. `batch_size=1024`."
         )
-    if ecfg.split not in SPLITS:
+    if ecfg.split is not None and ecfg.split not in SPLITS:
         raise UserError(
             f"split={ecfg.split!r} is not one of {', '.join(SPLITS)}: the split of the "
             "checkpoint's data set to score, e.g. `split=val`."
@@ -231,7 +229,7 @@ def _score_file(ecfg: DictConfig, cfg: DictConfig) -> None:
             "split from a file of records (dataset=sft does), so there is nothing to put it in. "
             "Score one of the data set's own splits instead: `split=val` (or test, train)."
         )
-    if ecfg.split != "test":
+    if ecfg.split not in (None, "test"):
         raise UserError(
             f"data_path with split={ecfg.split}: the file is scored as a test split of its own. "
             "Drop `split=` (or drop data_path to score the checkpoint's own split)."
@@ -239,7 +237,22 @@ def _score_file(ecfg: DictConfig, cfg: DictConfig) -> None:
     cfg.dataset.test_path = str(Path(ecfg.data_path).expanduser().absolute())
 
 
-def _no_test_split(ckpt_path: Path, cfg: DictConfig, splits) -> str:
+def _chosen_split(ecfg: DictConfig, splits, ckpt_path: Path, cfg: DictConfig) -> str:
+    """`split` as given; unset: test, or val where the data set has no test split (an
+    ImageNet-style train/ + val/ folder), as timm's validate.py scores the val folder."""
+    if ecfg.split is not None:
+        if getattr(splits, ecfg.split) is None:
+            raise UserError(_no_split(ckpt_path, cfg, splits, ecfg.split))
+        return ecfg.split
+    if splits.test is not None:
+        return "test"
+    if splits.val is not None:
+        log.info("accel-eval: the data set has no test split: scoring its validation split")
+        return "val"
+    raise UserError(_no_split(ckpt_path, cfg, splits, "test"))
+
+
+def _no_split(ckpt_path: Path, cfg: DictConfig, splits, asked: str) -> str:
     name = cfg.dataset.get("name") or "custom"
     held = [n for n in ("train", "val") if getattr(splits, n, None) is not None]
     fix = (
@@ -251,8 +264,8 @@ def _no_test_split(ckpt_path: Path, cfg: DictConfig, splits) -> str:
         + (", or a file of records with `data_path=<file>`" if "test_path" in cfg.dataset else "")
     )
     return (
-        f"ckpt_path={ckpt_path}: accel-eval scores a test split by default, and the checkpoint's "
-        f"data set ({name}) has none. {fix}."
+        f"ckpt_path={ckpt_path}: split={asked} asked for a split the checkpoint's data set "
+        f"({name}) does not have. {fix}."
     )
 
 
