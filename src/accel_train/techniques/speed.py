@@ -7,6 +7,9 @@ At each logging step (metrics.jsonl, TensorBoard, the progress line) and in summ
 - `train/step_s`: wall seconds per optimizer step over the logging interval.
 - `train/data_wait_share`: the share of that time the loop spent waiting for its next batch
   (timed on the host around the loader's `next()`; the loop adds it up in `loop.data_wait_s`).
+- `data/remote_images_per_s`, `data/remote_busy_share`, `data/resubmitted` (loader=ray): the
+  Ray pool's images made per second, the share of its workers' time spent making them, and
+  the batches sent again after a worker died (the loader's `metrics()`).
 - `train/peak_mem_mb`: the CUDA caching allocator's peak (a host-side counter, no sync), or on
   the CPU the process's resident-set high-water mark (getrusage; it includes the data set and
   the Python runtime, so compare runs with the same data).
@@ -41,6 +44,9 @@ from accel_train.data.batch import count_samples
 from accel_train.techniques import LAYOUT, PARALLEL, BuildContext, Technique
 
 log = logging.getLogger("accel_train")
+
+# The share of training time spent waiting for data above which the run's end says so.
+WAIT_HINT = 0.2
 
 # Dense bf16/fp16 tensor-core peak FLOP/s per device, by a substring of the CUDA device name
 # (vendor data sheets; the first match wins, so the specific names come first).
@@ -153,6 +159,9 @@ class SpeedMetrics(Technique):
         metrics["train/step_s"] = seconds / steps
         metrics["train/data_wait_share"] = (loop.data_wait_s - wait) / seconds
         metrics["train/peak_mem_mb"] = peak_memory_mb(loop.env.device)
+        remote = getattr(loop.train_loader, "metrics", None)  # loader=ray: its pool's figures
+        if remote is not None:
+            metrics.update(remote())
         if self.flops_per_sample:
             achieved = samples_per_s * self.flops_per_sample
             metrics["train/tflops"] = achieved / 1e12
@@ -167,6 +176,30 @@ class SpeedMetrics(Technique):
         self.steady_samples += loop.samples_seen - samples
         self.steady_tokens += loop.tokens_seen - tokens
         self.steady_wait_s += loop.data_wait_s - wait
+
+    def on_fit_end(self, loop: Any) -> None:
+        """One line when the loop waited on its data for more than WAIT_HINT of its time."""
+        if self.steady_s <= 0 or not loop.env.is_main:
+            return
+        share = self.steady_wait_s / self.steady_s
+        if share <= WAIT_HINT:
+            return
+        if getattr(loop.train_loader, "metrics", None) is not None:  # already a remote pool
+            fix = (
+                "more Ray data workers (loader.num_workers, or loader.cpus_per_worker on "
+                "bigger nodes) would feed it faster"
+            )
+        else:
+            fix = (
+                "`loader=ray` (decoding and augmentation on a Ray cluster's CPUs) or more "
+                "loader.num_workers would feed it faster"
+            )
+        log.info(
+            "the loop waited for its data %.0f%% of its time: the input pipeline, not the "
+            'model, set the speed; %s (docs/data.md, "When one node\'s CPUs are not enough")',
+            100 * share,
+            fix,
+        )
 
     def summary(self, loop: Any) -> dict[str, Any]:
         fields: dict[str, Any] = {

@@ -40,7 +40,7 @@ from accel_train.config.facts import validation_metrics
 from accel_train.config.run_config import flatten, to_container, write_run_config
 from accel_train.console import Progress, print_summary, start_curves_plot
 from accel_train.data.batch import count_samples
-from accel_train.errors import UserError
+from accel_train.errors import DataSourceLost, UserError
 from accel_train.loggers import MetricsLogger
 from accel_train.parallel import DistEnv, process_group
 from accel_train.strategies.tensor_parallel import local
@@ -347,8 +347,27 @@ class Loop:
                 batch = next(batches)
             except StopIteration:
                 return
+            except DataSourceLost as err:
+                raise DataSourceLost(self._saved_after_lost(err)) from None
             self.data_wait_s += time.perf_counter() - start
             yield batch
+
+    def _saved_after_lost(self, err: DataSourceLost) -> str:
+        """The loader lost its source (loader=ray: the cluster): save last.pt at the last
+        optimizer step (the weights have not moved since; a partial accumulation window is
+        made again on resume) and say how to continue. Several processes cannot agree on a
+        save here (the others may be waiting elsewhere): their last periodic one stands."""
+        where = self.checkpointer.path("last")
+        if not self.env.distributed:
+            self.save("last")
+            self.checkpointer.wait()
+        elif not where.exists():
+            return f"{err} No checkpoint was written before it (step {self.step})."
+        return (
+            f"{err} The run is resumable: {where} holds step {self.step} "
+            f"(epoch {self.epoch}, batch {self.batch_in_epoch}); rerun with "
+            f"`hydra.run.dir={self.run_dir}` to continue."
+        )
 
     def _forward_backward(self, batch, weight: float):
         """One micro-batch: the (technique-wrapped) task step under autocast, then backward of
