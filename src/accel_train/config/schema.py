@@ -473,6 +473,7 @@ class RayLoaderConfig(LoaderConfig):
     retries: int = 3
     timeout_s: float = 120.0
     object_store_mb: int | None = None
+    runtime_env: dict[str, Any] = field(default_factory=dict)
     pin_memory: bool = True
 
 

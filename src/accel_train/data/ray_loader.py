@@ -62,6 +62,7 @@ def pool_for(loader_cfg: DictConfig, rank: int) -> RayPool:
         loader_cfg.address,
         key="loader.address",
         num_cpus=settings.num_workers * settings.cpus_per_worker,
+        runtime_env=OmegaConf.to_container(loader_cfg.runtime_env, resolve=True) or None,
         object_store_memory=int(mb * 2**20) if mb else None,
     )
     _session.update(key=key, connection=connection)

@@ -54,13 +54,27 @@ class AccelTrainDataWorker:
         start = time.perf_counter()
         ref = recipe_ref[0]  # in a list, so Ray passes the reference and not the value
         recipe = self.recipes.get(ref.hex())
-        if recipe is None:  # (ray is importable here: this runs in a Ray worker)
-            recipe = self.recipes[ref.hex()] = importlib.import_module("ray").get(ref)
+        try:
+            if recipe is None:  # (ray is importable here: this runs in a Ray worker)
+                recipe = self.recipes[ref.hex()] = importlib.import_module("ray").get(ref)
+        except Exception as err:  # noqa: BLE001 - said in one paragraph by the trainer
+            return "error", cannot_load(self.name, err)
         try:
             batch = recipe.make(keys)
         except UserError as err:  # a bad label, an unreadable image: the trainer says it
             return "error", str(err)
         return batch, time.perf_counter() - start
+
+
+def cannot_load(name: str, err: BaseException) -> str:
+    cause = getattr(err, "cause", None) or err  # Ray wraps what unpickling raised
+    text = " ".join(str(cause).split())[:300]
+    return (
+        f"loader=ray: the data worker {name} could not load the data set "
+        f"({type(cause).__name__}: {text}). The workers import the data set's code by name: on "
+        "a cluster, install it on every node, or send it with `loader.runtime_env` (e.g. "
+        "`+loader.runtime_env.working_dir=.`)."
+    )
 
 
 @dataclass
@@ -208,9 +222,8 @@ class RayPool:
         return (
             f"loader=ray: no batch came back from the Ray data workers on {self.where} within "
             f"loader.timeout_s={self.s.timeout_s:g} s: the cluster (or every worker and its "
-            "node) is gone or stalled. Check it with `ray status`, then rerun the same command "
-            "(with `hydra.run.dir=<this run dir>`) to continue from checkpoints/last.pt; raise "
-            "loader.timeout_s if a batch can legitimately take that long."
+            "node) is gone or stalled: check it with `ray status`, and raise loader.timeout_s "
+            "if a batch can legitimately take that long."
         )
 
     # ---- metrics --------------------------------------------------------------------------

@@ -365,8 +365,8 @@ class Loop:
             return f"{err} No checkpoint was written before it (step {self.step})."
         return (
             f"{err} The run is resumable: {where} holds step {self.step} "
-            f"(epoch {self.epoch}, batch {self.batch_in_epoch}); rerun with "
-            f"`hydra.run.dir={self.run_dir}` to continue."
+            f"(epoch {self.epoch}, batch {self.batch_in_epoch}); rerun with `resume=auto "
+            f"hydra.run.dir={self.run_dir}` to continue."
         )
 
     def _forward_backward(self, batch, weight: float):
