@@ -12,6 +12,7 @@ object store, started once and stopped by its process id: tests/ray_head.py).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -228,6 +229,16 @@ def test_image_folder_batches_weights_and_losses_match_loader_torch(local_runs, 
     rows = [r for r in read_jsonl(ray_dir / "metrics.jsonl") if "data/remote_images_per_s" in r]
     assert rows and all(r["data/remote_images_per_s"] > 0 for r in rows)
     assert all(r["data/remote_busy_share"] > 0 for r in rows), rows
+    # A loop that waited on its data more than 20 % of its time says so at the end, with the
+    # remedy: loader=ray for a local loader, more Ray workers for loader=ray.
+    for run, fix in ((ray_dir, "more Ray data workers"), (torch_dir, "`loader=ray`")):
+        said = [
+            line for line in (run / "train.log").read_text().splitlines() if "waited for" in line
+        ]
+        if json.loads((run / "summary.json").read_text())["data_wait_share"] > 0.2:
+            assert said and fix in said[0], (run, said)
+        else:
+            assert not said, said
 
 
 @pytest.fixture(scope="module")
