@@ -19,7 +19,8 @@ per image (`train_cpu_s_per_sample`: what receiving a batch costs it), `data_wai
 (b) the pool's images/s and busy share. Goals: (b) >= 1.8x (a) in images/s; (b)'s trainer CPU per
 image <= 0.2x (a)'s (with --local-workers 0, (a)'s is the local decode + crop cost).
 
-The object store of both Ray nodes is capped at --object-store-mb (200 MB: the issue's bound).
+The object store of both Ray nodes is capped at --object-store-mb (200 MB: the issue's bound);
+its use is sampled during the ray rounds and the peak (and anything spilled) printed.
 
     .venv/bin/python scripts/bench/ray_loader.py                 # ~10 min on 2 idle cores
     .venv/bin/python scripts/bench/ray_loader.py --rounds 1 --images 256   # a smoke run
@@ -38,6 +39,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -80,14 +82,29 @@ class Cluster:
                  f"--ray-client-server-port={free_port()}", *ports(), *common]
             )
         ]  # fmt: skip
-        time.sleep(8)  # the GCS up before the second node joins
+        self._wait_for("head")  # the GCS up before the second node joins
         self.procs.append(
             self._start(
                 ["taskset", "-c", "1", ray, "start", f"--address={self.address}",
                  f"--num-cpus={cpus}", '--resources={"cpu_node": 1000}', *ports(), *common]
             )
         )  # fmt: skip
-        time.sleep(8)
+        self._wait_for("cpu_node")
+
+    def _wait_for(self, what: str) -> None:
+        """Until `ray status` lists the head (or the CPU node's resource), at most 5 minutes."""
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            status = subprocess.run(
+                [console_script("ray"), "status", f"--address={self.address}"],
+                env=self.env,
+                capture_output=True,
+                text=True,
+            )
+            if status.returncode == 0 and (what == "head" or what in status.stdout):
+                return
+            time.sleep(3)
+        sys.exit(f"the Ray {what} did not start; see {self.temp / 'ray.log'}")
 
     @property
     def address(self) -> str:
@@ -108,6 +125,35 @@ class Cluster:
                 os.killpg(proc.pid, signal.SIGKILL)
         self.log.close()
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+class StoreWatch:
+    """The object store's use across both nodes, sampled every 0.25 s while a ray round runs
+    (Ray's own memory summary, read by a driver of this process): its peak, and any spilling."""
+
+    def __init__(self, cluster: Cluster):
+        # (the token before Ray is imported: it reads its authentication settings then)
+        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=cluster.env["RAY_AUTH_TOKEN"])
+        import ray
+        from ray._private.internal_api import memory_summary
+
+        ray.init(address=cluster.address, log_to_driver=False, _node_ip_address="127.0.0.1")
+        self.ray, self.summary = ray, memory_summary
+        self.peak_mib = self.spilled_mib = 0.0
+        self.running = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        import re
+
+        while True:
+            self.running.wait()
+            text = self.summary(stats_only=True)
+            used = re.search(r"Plasma memory usage (\d+) MiB", text)
+            spilled = re.search(r"Spilled (\d+) MiB", text)
+            self.peak_mib = max(self.peak_mib, float(used.group(1)) if used else 0.0)
+            self.spilled_mib = max(self.spilled_mib, float(spilled.group(1)) if spilled else 0.0)
+            time.sleep(0.25)
 
 
 def train(a, root: Path, variant: str, run_dir: Path, cluster: Cluster) -> dict:
@@ -184,11 +230,16 @@ def main() -> None:
     cluster = Cluster(a.ray_workers, a.object_store_mb, env)
     results: dict[str, list[dict]] = {"local": [], "ray": []}
     out = Path(tempfile.mkdtemp(prefix="ray_loader_bench"))
+    store = None
     try:
+        store = StoreWatch(cluster)
         for r in range(a.rounds):
             order = ["local", "ray"] if r % 2 == 0 else ["ray", "local"]
             for variant in order:
+                if variant == "ray":
+                    store.running.set()
                 s = train(a, root, variant, out / f"{variant}{r}", cluster)
+                store.running.clear()
                 results[variant].append(s)
                 print(
                     f"round {r} {variant}: {s['samples_per_s']:.0f} images/s, trainer CPU "
@@ -197,9 +248,15 @@ def main() -> None:
                     flush=True,
                 )
     finally:
+        if store is not None:
+            store.ray.shutdown()
         cluster.stop()
         shutil.rmtree(out, ignore_errors=True)
     report(a, results)
+    print(
+        f"object store (both nodes, capped at {a.object_store_mb} MB each): peak "
+        f"{store.peak_mib:.0f} MiB during the ray rounds, spilled {store.spilled_mib:.0f} MiB"
+    )
     print("load after:", load_avg())
 
 
