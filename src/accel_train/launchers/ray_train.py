@@ -109,7 +109,7 @@ def drive(cfg: DictConfig, config_path: Path, in_job: bool = False) -> dict[str,
     it started). Returns summary.json, which global rank 0 wrote."""
     ray = import_ray()
     lc, run_dir = cfg.launcher, Path(cfg.paths.output_dir)
-    connection = connect(ray, lc, in_job)
+    connection = connect(ray, lc, in_job, data_cpus(cfg))
     try:
         check_resources(ray, lc)
         trainer = build_trainer(cfg, config_path)
@@ -142,14 +142,23 @@ def _runtime_env(lc: DictConfig) -> dict[str, Any]:
     return {**env, "env_vars": env_vars}
 
 
-def connect(ray, lc: DictConfig, in_job: bool) -> ray_cluster.Connection:
+def data_cpus(cfg: DictConfig) -> float:
+    """The CPUs loader=ray's data workers take beside the trainers (each trainer has its own
+    pool, in the same cluster): a local Ray started here must offer them too."""
+    loader = cfg.loader
+    if loader.name != "ray":
+        return 0.0
+    return cfg.launcher.num_workers * loader.num_workers * loader.cpus_per_worker
+
+
+def connect(ray, lc: DictConfig, in_job: bool, extra_cpus: float = 0.0) -> ray_cluster.Connection:
     """ray.init through ray_cluster: a job's driver joins its cluster; address null starts a
     local Ray on 127.0.0.1 for this run; otherwise the address given (auto, host:port)."""
     return ray_cluster.connect(
         ray,
         lc.address,
         key="launcher.address",
-        num_cpus=lc.num_workers * lc.cpus_per_worker,
+        num_cpus=lc.num_workers * lc.cpus_per_worker + extra_cpus,
         runtime_env=_runtime_env(lc),
         in_job=in_job,
     )
