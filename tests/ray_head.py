@@ -39,6 +39,7 @@ class Head:
             "PYTHONUNBUFFERED": "1",
             "ACCEL_TRAIN_DATA_DIR": str(root / "no-data-here"),
         }
+        store = [f"--object-store-memory={object_store_mb << 20}"] if object_store_mb else []
         self.log = root / "head.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
@@ -54,7 +55,7 @@ class Head:
                     f"--dashboard-agent-listen-port={free_port()}",
                     f"--ray-client-server-port={free_port()}",
                     f"--num-cpus={num_cpus}",
-                    *([f"--object-store-memory={object_store_mb << 20}"] * bool(object_store_mb)),
+                    *store,
                     f"--temp-dir={self.temp}",
                     "--disable-usage-stats",
                 ],

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import pickle
 from collections.abc import Iterator
 from typing import Any
@@ -44,18 +45,23 @@ def settings_of(loader_cfg: DictConfig, rank: int) -> PoolSettings:
         max_restarts=int(loader_cfg.max_restarts),
         retries=int(loader_cfg.retries),
         timeout_s=float(loader_cfg.timeout_s),
-        rank=rank,
+        # The process's global rank names its actors: several processes share a data rank
+        # under tensor or pipeline parallelism, and under launcher=ray one namespace.
+        rank=int(os.environ.get("RANK", rank)),
     )
 
 
 def pool_for(loader_cfg: DictConfig, rank: int) -> RayPool:
     """This process's pool: started (and Ray connected) by the first loader that asks."""
-    key = repr((OmegaConf.to_container(loader_cfg, resolve=True), rank))
+    settings = settings_of(loader_cfg, rank)
+    # What the pool is made of (not the batch sizes, which the training and evaluation loaders
+    # of one run may set apart): the same settings share one pool.
+    where = OmegaConf.to_container(loader_cfg, resolve=True)
+    key = repr((settings, *(where[k] for k in ("address", "object_store_mb", "runtime_env"))))
     if _session.get("key") == key:
         return _session["pool"]
     close_pool()
     ray = ray_cluster.import_ray("loader=ray")
-    settings = settings_of(loader_cfg, rank)
     mb = loader_cfg.object_store_mb
     connection = ray_cluster.connect(
         ray,
