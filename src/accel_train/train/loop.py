@@ -54,7 +54,7 @@ from accel_train.train.evaluate import score
 from accel_train.train.resume import Resumed, resume
 from accel_train.train.run_report import announce, test_pass, write_summary
 from accel_train.train.signals import StopRequest
-from accel_train.train.stopping import stop_run
+from accel_train.train.stopping import save_after_lost_source, stop_run
 
 log = logging.getLogger("accel_train")
 
@@ -348,26 +348,9 @@ class Loop:
             except StopIteration:
                 return
             except DataSourceLost as err:
-                raise DataSourceLost(self._saved_after_lost(err)) from None
+                raise DataSourceLost(save_after_lost_source(self, err)) from None
             self.data_wait_s += time.perf_counter() - start
             yield batch
-
-    def _saved_after_lost(self, err: DataSourceLost) -> str:
-        """The loader lost its source (loader=ray: the cluster): save last.pt at the last
-        optimizer step (the weights have not moved since; a partial accumulation window is
-        made again on resume) and say how to continue. Several processes cannot agree on a
-        save here (the others may be waiting elsewhere): their last periodic one stands."""
-        where = self.checkpointer.path("last")
-        if not self.env.distributed:
-            self.save("last")
-            self.checkpointer.wait()
-        elif not where.exists():
-            return f"{err} No checkpoint was written before it (step {self.step})."
-        return (
-            f"{err} The run is resumable: {where} holds step {self.step} "
-            f"(epoch {self.epoch}, batch {self.batch_in_epoch}); rerun with `resume=auto "
-            f"hydra.run.dir={self.run_dir}` to continue."
-        )
 
     def _forward_backward(self, batch, weight: float):
         """One micro-batch: the (technique-wrapped) task step under autocast, then backward of
