@@ -7,7 +7,8 @@ object store, started once and stopped by its process id: tests/ray_head.py).
   changes nothing: its batches are made again by the other worker.
 - Losing every data worker (one worker, no restarts) stops the run with one paragraph and a
   mid-epoch last.pt; the rerun resumes from it and ends with the uninterrupted run's weights.
-- What cannot travel to the workers is refused by name.
+- What cannot travel to the workers is refused by name: an unpicklable data set, a streaming
+  split, dataset.decode=gpu.
 """
 
 from __future__ import annotations
@@ -185,10 +186,18 @@ def local_runs(tmp_path_factory):
             f"dataset.root={folder}",
             "dataset.decode=gpu",
         ],
+        # Shards written first (below): a streaming split is read in an order of its own.
+        "streaming": ["loader=ray", "dataset=streaming", f"dataset.remote={root / 'shards'}"],
     }
 
     def run(name: str):
         run_dir = root / name / "run"
+        if name == "streaming":
+            shard = ["dataset=image_folder", f"dataset.root={folder}", f"out={root / 'shards'}"]
+            made = subprocess.run(
+                [str(BIN / "accel-data"), "shard", *shard], cwd=root, env=env, capture_output=True
+            )
+            assert made.returncode == 0, made.stderr[-3000:]
         proc = subprocess.Popen(
             [str(BIN / "accel-train"), *COMMON, *jobs[name], f"hydra.run.dir={run_dir}"],
             cwd=root,
@@ -288,6 +297,7 @@ def test_resumed_with_a_worker_killed_mid_epoch_the_weights_are_the_uninterrupte
     [
         ("unpicklable", ["loader=ray", "Locked split cannot be pickled", "loader=torch"]),
         ("decode_gpu", ["dataset.decode=gpu with loader=ray", "dataset.decode=cpu"]),
+        ("streaming", ["loader=ray", "read in an order of its own", "loader=torch"]),
     ],
 )
 def test_what_cannot_travel_is_refused_by_name(local_runs, name, texts):
