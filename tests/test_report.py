@@ -98,6 +98,9 @@ def test_a_gain_inside_the_noise_is_not_combined(tmp_path):
 def test_a_switch_the_base_config_already_has_is_left_out(tmp_path):
     kept = plan(["device_loader", "channels_last"], [*TINY, "loader=device"], tmp_path)
     assert kept == ["baseline", "channels_last"]
+    # loader=ray (opt-in): composed and validated like the others, left out where the base has it.
+    assert plan(["ray_loader"], TINY, tmp_path / "a") == ["baseline", "ray_loader"]
+    assert plan(["ray_loader"], [*TINY, "loader=ray"], tmp_path / "b") == ["baseline"]
 
 
 def test_bad_report_arguments_are_one_paragraph(run_cli):

@@ -54,6 +54,7 @@ def test_speed_metrics_are_logged_and_summarised(run_cli, tmp_path):
     steady = [r["train/samples_per_s"] for r in rows[1:]]  # the first interval is warm-up
     assert min(steady) <= summary["samples_per_s"] <= max(steady)
     assert summary["warmup_s"] > 0 and 0 <= summary["data_wait_share"] < 1
+    assert 0 < summary["train_cpu_s_per_sample"] < 1  # the process's own CPU, steady intervals
     assert summary["mfu"] == pytest.approx(summary["tflops"])
 
 

@@ -27,6 +27,11 @@ class UserError(ValueError):
         super().__init__(message, *args)
 
 
+class DataSourceLost(UserError):
+    """The loader lost what makes its batches (loader=ray: the Ray cluster or all of its data
+    workers) mid-epoch. The loop saves last.pt before it reports this, so the run resumes."""
+
+
 def report_user_errors(fn):
     """A UserError becomes one paragraph on stderr and exit code 2 (the traceback only with
     HYDRA_FULL_ERROR=1, like Hydra's own errors)."""

@@ -87,9 +87,14 @@ RECIPE_VARIANTS: dict[str, list[str]] = {
     ],
     "layer_decay": ["optimizer.layer_decay=0.65"],
 }
-ALL_VARIANTS = {**VARIANTS, **RECIPE_VARIANTS}
+# loader=ray (docs/data.md, "When one node's CPUs are not enough"): decoding on a Ray cluster's
+# CPUs; it starts a local Ray for each run unless `loader.address` is in the base overrides, so
+# it runs only when named (`--variants ray_loader`).
+CLUSTER_VARIANTS: dict[str, list[str]] = {"ray_loader": ["loader=ray"]}
+OPT_IN = {**RECIPE_VARIANTS, **CLUSTER_VARIANTS}
+ALL_VARIANTS = {**VARIANTS, **OPT_IN}
 # Variants that are alternatives to each other: a combination takes the best one of each set.
-EXCLUSIVE = [{"amp", "bf16"}]
+EXCLUSIVE = [{"amp", "bf16"}, {"device_loader", "ray_loader"}]
 
 # summary.json fields reported, and how they are shown.
 FIELDS = {
@@ -128,7 +133,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--variants",
         default=",".join(VARIANTS),
         help=f"comma-separated, from: {', '.join(ALL_VARIANTS)} (baseline is always run; "
-        f"by default all but the vision recipe's {', '.join(RECIPE_VARIANTS)})",
+        f"by default all but the opt-in {', '.join(OPT_IN)})",
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant (default 3)")
     parser.add_argument(

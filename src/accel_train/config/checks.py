@@ -545,7 +545,33 @@ def check_step_size(cfg: DictConfig) -> None:
         raise UserError(f"optimizer.lr={cfg.optimizer.lr} must be > 0, e.g. `optimizer.lr=1e-3`.")
 
 
+def check_ray_loader(cfg: DictConfig) -> None:
+    """loader=ray's own keys, and the splits that cannot travel to its workers."""
+    lc = cfg.loader
+    if lc.name != "ray":
+        return
+    for key, low, what in (
+        ("num_workers", 1, "Ray data workers per training process"),
+        ("prefetch", 1, "batches in flight per training process"),
+        ("retries", 0, "times a batch is sent again after its worker died"),
+        ("max_restarts", -1, "restarts of a dead worker; -1 = without limit"),
+    ):
+        if lc[key] < low:
+            raise UserError(f"loader.{key}={lc[key]} must be >= {low} ({what}).")
+    for key in ("cpus_per_worker", "timeout_s"):
+        if not lc[key] > 0:
+            raise UserError(f"loader.{key}={lc[key]} must be > 0.")
+    if cfg.dataset.get("decode") == "gpu":
+        raise UserError(
+            "dataset.decode=gpu with loader=ray: decode=gpu hands the encoded JPEG bytes to the "
+            "GPU, which decodes and crops them there, so there is nothing for Ray's CPU workers "
+            "to do. Use `dataset.decode=cpu` to decode on the Ray cluster's CPUs, or "
+            "`loader=torch` to keep decoding on the GPU."
+        )
+
+
 def check_loader(cfg: DictConfig) -> None:
+    check_ray_loader(cfg)
     if cfg.loader.name == "torch" and cfg.loader.prefetch_factor < 1:
         raise UserError("loader.prefetch_factor must be >= 1 (batches loaded ahead per worker).")
     context = cfg.loader.get("multiprocessing_context")

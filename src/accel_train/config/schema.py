@@ -466,6 +466,21 @@ class TorchLoaderConfig(LoaderConfig):
     multiprocessing_context: str | None = None
 
 
+@dataclass
+class RayLoaderConfig(LoaderConfig):
+    num_workers: int = 2
+    cpus_per_worker: float = 1.0
+    resources: dict[str, float] = field(default_factory=dict)
+    address: str | None = None
+    prefetch: int = 4
+    max_restarts: int = 3
+    retries: int = 3
+    timeout_s: float = 120.0
+    object_store_mb: int | None = None
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    pin_memory: bool = True
+
+
 # ---- optimizer, scheduler ---------------------------------------------------------------
 
 
@@ -909,7 +924,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "ray": RayLauncherConfig,
         "kubernetes": KubernetesLauncherConfig,
     },
-    "loader": {"torch": TorchLoaderConfig, "device": LoaderConfig},
+    "loader": {"torch": TorchLoaderConfig, "device": LoaderConfig, "ray": RayLoaderConfig},
     "optimizer": {"sgd": SgdConfig, "adam": AdamConfig, "adamw": AdamConfig, "muon": MuonConfig},
     "scheduler": {
         "none": SchedulerConfig,

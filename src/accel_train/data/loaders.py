@@ -1,10 +1,12 @@
-"""The two loaders. Both draw their order from :class:`ShardedOrder`, so for the same seed they
-give the same batches, and both hand over the split's raw inputs (uint8 images for the built-in
+"""The loaders. All draw their order from :class:`ShardedOrder`, so for the same seed they
+give the same batches, and all hand over the split's raw inputs (uint8 images for the built-in
 sets); :class:`~accel_train.data.transform.BatchTransform` augments and normalises them on the
 device, where it is cheap.
 
 - ``loader=torch``: torch's DataLoader over any map-style split (workers, pinned memory, ...).
 - ``loader=device``: the whole split as one tensor on the device; a batch is one index_select.
+- ``loader=ray``: the same items and collate as ``loader=torch``, run by Ray actors on a
+  cluster's CPU nodes (data/ray_loader.py): for inputs one node's CPUs cannot keep up with.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from collections.abc import Iterator
 
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
 from accel_train.config.facts import limited_batches
 from accel_train.data.batch import to_device
 from accel_train.data.build import check_labels
+from accel_train.data.ray_loader import RayLoader
 from accel_train.data.splits import ImageSet
+from accel_train.errors import UserError
 
 # The label of padding samples in sharded evaluation: every rank runs the same number of
 # batches (FSDP's forward is a collective), and the padding is sliced off before scoring.
@@ -228,10 +232,25 @@ class DeviceLoader:
             yield tuple(t[i] for t in self.tensors)
 
 
+def ray_loader(split, order, loader_cfg, device, rank, num_classes, labelled):
+    """loader=ray: the same items and collate as TorchLoader's, made by Ray actors."""
+    collate = getattr(split, "collate", None) or default_collate
+    if order.train and labelled:
+        collate = _CheckedCollate(num_classes, collate)
+    return RayLoader(split, _Items(split, labelled), collate, order, loader_cfg, device, rank)
+
+
 def build_loader(
     split, loader_cfg, *, train, device, seed, rank, world, limit, num_classes, labelled=True
 ):
     own = getattr(split, "make_loader", None) if train else None
+    if loader_cfg.name == "ray" and (own is not None or isinstance(split, IterableDataset)):
+        raise UserError(
+            f"loader=ray sends index lists to Ray workers that hold the split, and the "
+            f"{type(split).__name__} split is read in an order of its own (an iterable or "
+            "streaming data set: no index to send). Use `loader=torch` for it (a streaming "
+            "set reads its shards in parallel itself)."
+        )
     if own is not None:
         # A split that is read in an order of its own (a streaming data set reads chunk by
         # chunk) brings its loader, with the same interface: epoch(), order, close().
@@ -261,4 +280,6 @@ def build_loader(
     )
     if loader_cfg.name == "device":
         return DeviceLoader(split, order, device)
+    if loader_cfg.name == "ray":
+        return ray_loader(split, order, loader_cfg, device, rank, num_classes, labelled)
     return TorchLoader(split, order, loader_cfg, device, seed, num_classes, labelled)

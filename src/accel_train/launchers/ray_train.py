@@ -20,13 +20,13 @@ import json
 import logging
 import os
 import shlex
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from accel_train import ray_cluster
 from accel_train.config.run_config import load_run_config, write_run_config
 from accel_train.errors import UserError
 from accel_train.launchers.lock import ENV_VAR as LOCK_ENV_VAR
@@ -109,14 +109,14 @@ def drive(cfg: DictConfig, config_path: Path, in_job: bool = False) -> dict[str,
     it started). Returns summary.json, which global rank 0 wrote."""
     ray = import_ray()
     lc, run_dir = cfg.launcher, Path(cfg.paths.output_dir)
-    connect(ray, lc, in_job)
+    connection = connect(ray, lc, in_job, data_cpus(cfg))
     try:
         check_resources(ray, lc)
         trainer = build_trainer(cfg, config_path)
         log.info("Ray Train: %d workers on %s", lc.num_workers, _where(ray, lc, in_job))
         fit(trainer, cfg)
     finally:
-        ray.shutdown()  # a Ray this process started stops with it
+        connection.close()  # a Ray this process started stops with it
     summary = run_dir / "summary.json"
     if not summary.is_file():
         raise UserError(
@@ -126,16 +126,7 @@ def drive(cfg: DictConfig, config_path: Path, in_job: bool = False) -> dict[str,
 
 
 def import_ray():
-    try:
-        ray = importlib.import_module("ray")
-        importlib.import_module("ray.train.torch")
-    except ImportError as err:
-        raise UserError(
-            f"launcher=ray needs Ray Train, which is not installed here ({err}). Install it "
-            "with `pip install 'accel-train[ray]'` (ray[default,train]), on this machine and "
-            "on every node of the cluster."
-        ) from None
-    return ray
+    return ray_cluster.import_ray("launcher=ray", "ray.train.torch")
 
 
 def worker_env() -> dict[str, str]:
@@ -151,36 +142,26 @@ def _runtime_env(lc: DictConfig) -> dict[str, Any]:
     return {**env, "env_vars": env_vars}
 
 
-def connect(ray, lc: DictConfig, in_job: bool) -> None:
-    """ray.init: a job's driver joins its cluster; address null starts a local Ray on
-    127.0.0.1 for this run; otherwise the address given (auto, host:port, ray://)."""
-    if in_job:
-        # The Jobs API sets RAY_ADDRESS for its drivers, and the job's runtime_env (the same
-        # as _runtime_env's) already holds for this driver and its workers.
-        ray.init(log_to_driver=True)
-        return
-    kwargs: dict[str, Any] = {"runtime_env": _runtime_env(lc), "log_to_driver": True}
-    if lc.address is None:
-        address = "local"
-        need = lc.num_workers * lc.cpus_per_worker
-        kwargs.update(
-            num_cpus=max(int(need + 0.999), 1),
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-        )
-    else:
-        address = lc.address
-        _check_listening(lc.address)
-    try:
-        ray.init(address=address, **kwargs)
-    except ray.exceptions.AuthenticationError as err:
-        raise UserError(auth_paragraph(lc.address, err)) from None
-    except (ConnectionError, ValueError, RuntimeError) as err:
-        if _host_port(lc.address or "") is not None or "auth" in str(err).lower():
-            # Something listens there (checked above) and still refused us: Ray's token
-            # authentication (on by default) says so only in its C++ log lines.
-            raise UserError(auth_paragraph(lc.address, err)) from None
-        raise UserError(_unreachable(lc.address, _one_line(err))) from None
+def data_cpus(cfg: DictConfig) -> float:
+    """The CPUs loader=ray's data workers take beside the trainers (each trainer has its own
+    pool, in the same cluster): a local Ray started here must offer them too."""
+    loader = cfg.loader
+    if loader.name != "ray":
+        return 0.0
+    return cfg.launcher.num_workers * loader.num_workers * loader.cpus_per_worker
+
+
+def connect(ray, lc: DictConfig, in_job: bool, extra_cpus: float = 0.0) -> ray_cluster.Connection:
+    """ray.init through ray_cluster: a job's driver joins its cluster; address null starts a
+    local Ray on 127.0.0.1 for this run; otherwise the address given (auto, host:port)."""
+    return ray_cluster.connect(
+        ray,
+        lc.address,
+        key="launcher.address",
+        num_cpus=lc.num_workers * lc.cpus_per_worker + extra_cpus,
+        runtime_env=_runtime_env(lc),
+        in_job=in_job,
+    )
 
 
 def check_resources(ray, lc: DictConfig) -> None:
@@ -209,45 +190,12 @@ def check_resources(ray, lc: DictConfig) -> None:
     )
 
 
-def _host_port(address: str) -> tuple[str, int] | None:
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    return (host, int(port)) if host and port.isdigit() else None
-
-
-def _check_listening(address: str) -> None:
-    """A GCS address with nothing listening fails now, not after Ray's half-minute retries."""
-    where = _host_port(address)
-    if where is None:
-        return
-    try:
-        socket.create_connection(where, timeout=5).close()
-    except OSError as err:
-        raise UserError(_unreachable(address, f"{where[0]}:{where[1]}: {err.strerror}")) from None
-
-
-def _unreachable(address: str | None, why: str) -> str:
-    return (
-        f"launcher.address={address}: could not connect to a Ray cluster there ({why}). Give "
-        "the head's GCS address (host:6379, or `auto` on a node of the cluster), "
-        "`http://head:8265` with `launcher.submit=job`, or leave launcher.address unset to "
-        "start a local Ray for this run."
-    )
-
-
 def auth_paragraph(address: str | None, err: BaseException) -> str:
-    return (
-        f"the Ray cluster at launcher.address={address} answers but refused this process "
-        f"({_one_line(err)}): it uses token authentication (on by default in current Ray) and "
-        "this process has no valid token. Give it the cluster's token: `export "
-        "RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<token>` (or RAY_AUTH_TOKEN_PATH=<file>); `ray "
-        "get-auth-token` on the head prints it. (A Ray version other than the head's is "
-        "refused the same way: `ray --version` must match.)"
-    )
+    return ray_cluster.auth_paragraph(address, err, "launcher.address")
 
 
 def _one_line(err: BaseException) -> str:
-    text = " ".join(str(getattr(err, "message", None) or err).split())
-    return (text[:300] + "...") if len(text) > 300 else text.rstrip(".")
+    return ray_cluster.one_line(err)
 
 
 def _where(ray, lc: DictConfig, in_job: bool) -> str:

@@ -7,6 +7,11 @@ At each logging step (metrics.jsonl, TensorBoard, the progress line) and in summ
 - `train/step_s`: wall seconds per optimizer step over the logging interval.
 - `train/data_wait_share`: the share of that time the loop spent waiting for its next batch
   (timed on the host around the loader's `next()`; the loop adds it up in `loop.data_wait_s`).
+- `data/remote_images_per_s`, `data/remote_busy_share`, `data/resubmitted` (loader=ray): the
+  Ray pool's images made per second, the share of its workers' time spent making them, and
+  the batches sent again after a worker died (the loader's `metrics()`).
+- summary.json's `train_cpu_s_per_sample`: the training process's own CPU seconds per sample
+  over the steady intervals (`time.process_time`, all its threads, not its loader workers).
 - `train/peak_mem_mb`: the CUDA caching allocator's peak (a host-side counter, no sync), or on
   the CPU the process's resident-set high-water mark (getrusage; it includes the data set and
   the Python runtime, so compare runs with the same data).
@@ -41,6 +46,9 @@ from accel_train.data.batch import count_samples
 from accel_train.techniques import LAYOUT, PARALLEL, BuildContext, Technique
 
 log = logging.getLogger("accel_train")
+
+# The share of training time spent waiting for data above which the run's end says so.
+WAIT_HINT = 0.2
 
 # Dense bf16/fp16 tensor-core peak FLOP/s per device, by a substring of the CUDA device name
 # (vendor data sheets; the first match wins, so the specific names come first).
@@ -101,14 +109,15 @@ class SpeedMetrics(Technique):
         self.peak_flops_override = peak_flops
         self.flops_per_sample: float | None = None
         self.peak: float | None = None
-        # (time, step, wait, samples, tokens) at the interval's start
-        self._last: tuple[float, int, float, float, float] | None = None
+        # (time, step, wait, samples, tokens, process CPU time) at the interval's start
+        self._last: tuple[float, int, float, float, float, float] | None = None
         self._first_log = True
-        self._paused_at = 0.0
+        self._paused_at = self._paused_cpu = 0.0
         self.warmup_s = 0.0
         self.steady_s = self.steady_samples = self.steady_tokens = 0.0
         self.steady_steps = 0
         self.steady_wait_s = 0.0
+        self.steady_cpu_s = 0.0  # this process's CPU seconds (not its loader workers')
 
     def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
         try:
@@ -127,20 +136,29 @@ class SpeedMetrics(Technique):
         self._last = self._now(loop)
 
     @staticmethod
-    def _now(loop: Any) -> tuple[float, int, float, float, float]:
-        return time.perf_counter(), loop.step, loop.data_wait_s, loop.samples_seen, loop.tokens_seen
+    def _now(loop: Any) -> tuple[float, int, float, float, float, float]:
+        now = time.perf_counter()
+        return (
+            now,
+            loop.step,
+            loop.data_wait_s,
+            loop.samples_seen,
+            loop.tokens_seen,
+            time.process_time(),
+        )
 
     def on_validation_start(self, loop: Any) -> None:
-        self._paused_at = time.perf_counter()
+        self._paused_at, self._paused_cpu = time.perf_counter(), time.process_time()
 
     def on_validation_end(self, loop: Any, metrics: dict[str, float]) -> None:
         # Validation inside a logging interval is not training time: shift the interval's start.
         if self._last is not None:
-            then, *rest = self._last
-            self._last = (then + time.perf_counter() - self._paused_at, *rest)
+            then, *rest, cpu = self._last
+            paused_cpu = time.process_time() - self._paused_cpu
+            self._last = (then + time.perf_counter() - self._paused_at, *rest, cpu + paused_cpu)
 
     def on_log(self, loop: Any, metrics: dict[str, float]) -> None:
-        then, step, wait, samples, tokens = self._last
+        then, step, wait, samples, tokens, cpu = self._last
         self._last = self._now(loop)
         now = self._last[0]
         seconds, steps = now - then, loop.step - step
@@ -153,6 +171,9 @@ class SpeedMetrics(Technique):
         metrics["train/step_s"] = seconds / steps
         metrics["train/data_wait_share"] = (loop.data_wait_s - wait) / seconds
         metrics["train/peak_mem_mb"] = peak_memory_mb(loop.env.device)
+        remote = getattr(loop.train_loader, "metrics", None)  # loader=ray: its pool's figures
+        if remote is not None:
+            metrics.update(remote())
         if self.flops_per_sample:
             achieved = samples_per_s * self.flops_per_sample
             metrics["train/tflops"] = achieved / 1e12
@@ -167,6 +188,31 @@ class SpeedMetrics(Technique):
         self.steady_samples += loop.samples_seen - samples
         self.steady_tokens += loop.tokens_seen - tokens
         self.steady_wait_s += loop.data_wait_s - wait
+        self.steady_cpu_s += self._last[5] - cpu
+
+    def on_fit_end(self, loop: Any) -> None:
+        """One line when the loop waited on its data for more than WAIT_HINT of its time."""
+        if self.steady_s <= 0 or not loop.env.is_main:
+            return
+        share = self.steady_wait_s / self.steady_s
+        if share <= WAIT_HINT:
+            return
+        if getattr(loop.train_loader, "metrics", None) is not None:  # already a remote pool
+            fix = (
+                "more Ray data workers (loader.num_workers, or loader.cpus_per_worker on "
+                "bigger nodes) would feed it faster"
+            )
+        else:
+            fix = (
+                "`loader=ray` (decoding and augmentation on a Ray cluster's CPUs) or more "
+                "loader.num_workers would feed it faster"
+            )
+        log.info(
+            "the loop waited for its data %.0f%% of its time: the input pipeline, not the "
+            'model, set the speed; %s (docs/data.md, "When one node\'s CPUs are not enough")',
+            100 * share,
+            fix,
+        )
 
     def summary(self, loop: Any) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -180,6 +226,9 @@ class SpeedMetrics(Technique):
                 "samples_per_s": samples_per_s,
                 "step_s": self.steady_s / self.steady_steps,
                 "data_wait_share": self.steady_wait_s / self.steady_s,
+                # The training process's own CPU per sample (its loader workers' not counted):
+                # with loader=ray, what receiving a batch costs the trainer.
+                "train_cpu_s_per_sample": self.steady_cpu_s / max(self.steady_samples, 1),
             }
             if self.steady_tokens:
                 fields["tokens_per_s"] = self.steady_tokens / self.steady_s

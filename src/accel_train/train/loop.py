@@ -38,6 +38,7 @@ from omegaconf import DictConfig
 from accel_train.config.facts import validation_metrics
 from accel_train.console import Progress, print_summary, shown_numbers, start_curves_plot
 from accel_train.data.batch import count_samples
+from accel_train.errors import DataSourceLost
 from accel_train.loggers import MetricsLogger
 from accel_train.parallel import DistEnv, process_group
 from accel_train.strategies.tensor_parallel import local
@@ -52,7 +53,7 @@ from accel_train.train.evaluate import score
 from accel_train.train.resume import Resumed, checkpoint_state, resume
 from accel_train.train.run_report import announce, test_pass, write_summary
 from accel_train.train.signals import StopRequest
-from accel_train.train.stopping import stop_run
+from accel_train.train.stopping import save_after_lost_source, stop_run
 
 log = logging.getLogger("accel_train")
 
@@ -365,6 +366,8 @@ class Loop:
                 batch = next(batches)
             except StopIteration:
                 return
+            except DataSourceLost as err:
+                raise DataSourceLost(save_after_lost_source(self, err)) from None
             self.data_wait_s += time.perf_counter() - start
             yield batch
 

@@ -1,5 +1,6 @@
 """What a run asked to stop does once every rank agreed (train/signals.py has the signals, the
-loop the agreement): save last, then return status "preempted" or exit with 128 + the signal."""
+loop the agreement): save last, then return status "preempted" or exit with 128 + the signal.
+And what a run whose loader lost its source does: save last, then say how to resume."""
 
 from __future__ import annotations
 
@@ -54,3 +55,26 @@ def stop_run(loop: Any) -> dict[str, Any]:
         "epochs": loop.epoch,
         "checkpoint": str(ckpt),
     }
+
+
+def save_after_lost_source(loop: Any, err: Exception) -> str:
+    """The loader lost its source mid-epoch (loader=ray: the cluster, or every data worker):
+    save last.pt at the last optimizer step (the weights have not moved since; a partial
+    accumulation window is made again on resume) and say how to continue. Several processes
+    cannot agree on a save here (the others may be waiting elsewhere): their last periodic
+    checkpoint stands."""
+    where = loop.checkpointer.path("last")
+    if loop.env.distributed:
+        if not where.exists():
+            return f"{err} No checkpoint was written before it (step {loop.step})."
+        return (
+            f"{err} The last periodic checkpoint, {where}, resumes it: rerun with `resume=auto "
+            f"hydra.run.dir={loop.run_dir}`."
+        )
+    loop.save("last")
+    loop.checkpointer.wait()
+    return (
+        f"{err} The run is resumable: {where} holds step {loop.step} "
+        f"(epoch {loop.epoch}, batch {loop.batch_in_epoch}); rerun with `resume=auto "
+        f"hydra.run.dir={loop.run_dir}` to continue."
+    )
