@@ -5,9 +5,12 @@ machine with CPU affinity:
 (a) local: the trainer and its loader pinned to core 0 (`taskset -c 0`), loader=torch with
     --local-workers workers (0: decoding in the training process);
 (b) ray: the same trainer on core 0 with loader=ray; Ray's head runs on core 0 too (the
-    trainer's node runs a raylet in a real cluster as well) with no CPUs to offer, and a second
-    `ray start` pinned to core 1 is the CPU node: it offers --ray-workers CPUs and a custom
-    resource `cpu_node`, which the data workers ask for (`loader.resources`), so they run there.
+    trainer's node runs a raylet in a real cluster as well), and a second `ray start` pinned to
+    core 1 is the CPU node: it offers --ray-workers CPUs and a custom resource `cpu_node`, which
+    the data workers ask for (`loader.resources`), so they all run there;
+(c) ray+own: as (b), plus one data worker on the trainer's own node (the head offers core 0's
+    one CPU): what a cluster whose GPU nodes also join the pool gets, the trainer's idle core
+    decoding beside the CPU node's.
 
 Both runs are the real CLI on --images photo-sized JPEGs (section 29's, written once under
 outputs/bench_data/ by scripts/bench/image_loader.py's generator), 224 px RandomResizedCrop +
@@ -16,7 +19,7 @@ layer: _cheap_model.py). The variants alternate, the order rotating each round; 
 --rounds rounds. Reported from each run's summary.json (the steady intervals: the first logging
 interval, with start-up and warm-up, left out): images/s, the trainer process's own CPU seconds
 per image (`train_cpu_s_per_sample`: what receiving a batch costs it), `data_wait_share`, and for
-(b) the pool's images/s and busy share. Goals: (b) >= 1.8x (a) in images/s; (b)'s trainer CPU per
+(b)/(c) the pool's images/s and busy share. Goals: >= 1.8x (a) in images/s; the trainer CPU per
 image <= 0.2x (a)'s (with --local-workers 0, (a)'s is the local decode + crop cost).
 
 The object store of both Ray nodes is capped at --object-store-mb (200 MB: the issue's bound);
@@ -48,6 +51,7 @@ from _common import REPO, console_script, load_avg, machine, median, table  # no
 from image_loader import write_data  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
+VARIANTS = ["local", "ray", "ray+own"]
 
 
 def free_port() -> int:
@@ -57,7 +61,8 @@ def free_port() -> int:
 
 
 class Cluster:
-    """A head on core 0 (no CPUs offered) and a CPU node on core 1, stopped by process id."""
+    """A head on core 0 (offering its one CPU to (c) only: (b) asks for `cpu_node`) and a CPU
+    node on core 1, stopped by process id."""
 
     def __init__(self, cpus: int, object_store_mb: int, env: dict[str, str]):
         self.temp = Path(tempfile.mkdtemp(prefix="rb"))  # Ray's socket paths must stay short
@@ -78,7 +83,7 @@ class Cluster:
         self.procs = [
             self._start(
                 ["taskset", "-c", "0", ray, "start", "--head", f"--port={self.port}",
-                 "--num-cpus=0", "--include-dashboard=false", f"--temp-dir={self.temp}",
+                 "--num-cpus=1", "--include-dashboard=false", f"--temp-dir={self.temp}",
                  f"--ray-client-server-port={free_port()}", *ports(), *common]
             )
         ]  # fmt: skip
@@ -180,13 +185,11 @@ def train(a, root: Path, variant: str, run_dir: Path, cluster: Cluster) -> dict:
     if variant == "local":
         args += ["loader=torch", f"loader.num_workers={a.local_workers}"]
     else:
-        args += [
-            "loader=ray",
-            f"loader.address={cluster.address}",
-            f"loader.num_workers={a.ray_workers}",
-            "+loader.resources.cpu_node=1",
-            f"loader.prefetch={a.prefetch}",
-        ]
+        args += ["loader=ray", f"loader.address={cluster.address}", f"loader.prefetch={a.prefetch}"]
+        if variant == "ray":  # every worker on the CPU node
+            args += [f"loader.num_workers={a.ray_workers}", "+loader.resources.cpu_node=1"]
+        else:  # ray+own: one more, placed by Ray on the head's (the trainer's) free CPU
+            args += [f"loader.num_workers={a.ray_workers + 1}"]
     env = {**cluster.env, "PYTHONPATH": f"{BENCH_DIR}{os.pathsep}{cluster.env['PYTHONPATH']}"}
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -228,15 +231,15 @@ def main() -> None:
     }
     print(machine(), "| load before:", load_avg(), flush=True)
     cluster = Cluster(a.ray_workers, a.object_store_mb, env)
-    results: dict[str, list[dict]] = {"local": [], "ray": []}
+    results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     out = Path(tempfile.mkdtemp(prefix="ray_loader_bench"))
     store = None
     try:
         store = StoreWatch(cluster)
         for r in range(a.rounds):
-            order = ["local", "ray"] if r % 2 == 0 else ["ray", "local"]
+            order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]  # each variant first once in 3 rounds
             for variant in order:
-                if variant == "ray":
+                if variant != "local":
                     store.running.set()
                 s = train(a, root, variant, out / f"{variant}{r}", cluster)
                 store.running.clear()
@@ -266,19 +269,19 @@ def report(a, results: dict[str, list[dict]]) -> None:
 
     base_rate, base_cpu = med("local", "samples_per_s"), med("local", "train_cpu_s_per_sample")
     rows = []
-    for variant in ("local", "ray"):
+    for variant, letter in zip(VARIANTS, "abc"):
         rate, cpu = med(variant, "samples_per_s"), med(variant, "train_cpu_s_per_sample")
         rates = [s["samples_per_s"] for s in results[variant]]
         rows.append([
-            f"({'a' if variant == 'local' else 'b'}) {variant}",
+            f"({letter}) {variant}",
             f"{rate:,.0f}",
             f"{min(rates):,.0f}-{max(rates):,.0f}",
             f"{rate / base_rate:.2f}",
             f"{1e3 * cpu:.2f}",
             f"{cpu / base_cpu:.2f}",
             f"{med(variant, 'data_wait_share'):.0%}",
-            f"{med(variant, 'pool_images_per_s'):,.0f}" if variant == "ray" else "-",
-            f"{med(variant, 'pool_busy_share'):.0%}" if variant == "ray" else "-",
+            f"{med(variant, 'pool_images_per_s'):,.0f}" if variant != "local" else "-",
+            f"{med(variant, 'pool_busy_share'):.0%}" if variant != "local" else "-",
         ])  # fmt: skip
     print(
         table(
@@ -292,7 +295,8 @@ def report(a, results: dict[str, list[dict]]) -> None:
     print(
         f"{a.images} images, batch {a.batch}, {a.rounds} rounds; (a) loader=torch "
         f"num_workers={a.local_workers} on core 0; (b) loader=ray, {a.ray_workers} worker(s) on "
-        f"core 1, prefetch {a.prefetch}, object store {a.object_store_mb} MB a node"
+        f"core 1, prefetch {a.prefetch}, object store {a.object_store_mb} MB a node; (c) as (b) "
+        "plus one worker on core 0"
     )
 
 
