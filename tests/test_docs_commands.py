@@ -131,6 +131,8 @@ def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
     for data in ("../shared/data", "/path/to/data", "/elsewhere"):
         text = text.replace(data, str(mnist_dir))
     text = text.replace("/tmp/bench/readme_run/run", "outputs/readme_run")
+    # GPT-2 tokens (README.md, docs/long-context.md): not the folder language-models.md writes
+    text = text.replace("dataset.path=data/mytokens", "dataset.path=data/gpt2-tokens")
     # docs/streaming.md: a tiny JPEG folder of the workspace, and shards beside it.
     text = text.replace("/data/imagenette2-160", "imagenette2-160")
     text = text.replace("/mnt/shards/", "shards/")
@@ -266,7 +268,7 @@ def workspace(tmp_path_factory, mnist_dir) -> Path:
 
     torch.save(resnet18().state_dict(), root / "models" / "resnet18.pth")
     (root / "data" / "MNIST").symlink_to(mnist_dir / "MNIST")
-    write_gpt2_tokens(root / "data" / "mytokens")
+    write_gpt2_tokens(root / "data" / "gpt2-tokens")  # (data/mytokens: language-models.md's)
     for name in ("mnist_amp", "train"):
         (root / "outputs" / name).mkdir(parents=True, exist_ok=True)
         (root / "outputs" / name / RUN).symlink_to(root / "outputs" / "my_run")
