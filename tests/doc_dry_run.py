@@ -15,7 +15,9 @@ one process for all commands, as torch and Hydra are imported once.
 cluster): its composed config shrunk as appended overrides would shrink it (SHRINK: the
 images 32 px, a batch of 4, no loader workers, no compile; the command line itself appends
 `+debug=fast_dev_run`), so a command that cannot start (a model that does not fit the data, a
-schedule the model cannot take) fails here as it would for a reader (issue 47).
+schedule the model cannot take) fails here as it would for a reader (issue 47). A real line of
+several processes on one node starts them (torchrun), its config shrunk alike and written again.
+Each result has its wall and CPU seconds (this process and its workers).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from hydra.core.global_hydra import GlobalHydra
 from accel_train import cli
 from accel_train.commands import report
 from accel_train.config.facts import OBJECTIVES
+from accel_train.config.run_config import write_run_config
 from accel_train.errors import UserError
 from accel_train.launchers import kubernetes_manifest, launch, ray_train, slurm_job, torchrun
 from accel_train.launchers.worker import run_worker as real_worker
@@ -61,7 +64,9 @@ def _shrink(cfg) -> None:
     with open_dict(cfg):
         ds, t = cfg.dataset, cfg.trainer
         side = int(ds.get("image_size") or 0)
-        scale = SIZE / side if side > SIZE else 1.0
+        # (ImageNet weights need the ImageNet stem, which `stem: auto` picks above 64 px)
+        size = 80 if cfg.model.get("weights") and cfg.model.get("stem") == "auto" else SIZE
+        scale = size / side if side > size else 1.0
 
         def shrunk(x) -> int:  # (multiples of 16: a ViT's patch)
             return max(16, round(int(x) * scale / 16) * 16)
@@ -77,7 +82,8 @@ def _shrink(cfg) -> None:
                 pr[key] = shrunk(pr.get(key, 160 if key == "start_size" else 192))
             pr.step = 16
         cfg.loader.batch_size = min(int(cfg.loader.batch_size), BATCH)
-        cfg.loader.num_workers = 0
+        if "num_workers" in cfg.loader:  # (loader=device has none)
+            cfg.loader.num_workers = 0
         t.compile = False
 
 
@@ -88,12 +94,24 @@ def _worker(cfg) -> dict:
     return real_worker(cfg)
 
 
+_real_torchrun = torchrun.run_torchrun
+
+
+def _torchrun(cfg, path: Path, nproc: int) -> dict | None:
+    """A real command's processes on this node start for real (shrunk alike, its config
+    written again); a multi-node line would wait for its other nodes: not started."""
+    if not REAL["on"] or str(cfg.launcher.nnodes) != "1":
+        return _no_training(cfg)
+    _shrink(cfg)
+    write_run_config(cfg, path.parent, path.name)
+    return _real_torchrun(cfg, path, nproc)
+
+
 # Stubbed: only what starts processes or reaches a cluster. Each launcher's own `launch` runs up
 # to there (its strategy check, the config it writes), so a command refused there is refused
 # here too (the canaries of tests/test_docs_commands.py).
 torchrun.run_worker = _worker
-# (with the rendezvous check: a multi-node line would wait for its node0)
-torchrun.run_torchrun = lambda cfg, path, nproc: _no_training(cfg)
+torchrun.run_torchrun = _torchrun  # (a multi-node line would wait for its node0: not started)
 slurm_job.submit = lambda cfg, path: None  # sbatch
 ray_train.drive = lambda cfg, path, in_job=False: _no_training(cfg)  # no Ray started
 ray_train.submit_job = lambda lc, path: "dry-run"
@@ -132,13 +150,22 @@ def run(argv: list[str], real: bool = False) -> dict:
     return {"argv": argv, "rc": code, "output": out.getvalue()[-4000:]}
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (a real command's workers)."""
+    import resource
+
+    own, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def main() -> None:
     commands_file, results_file = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()
     results = []
     for command in json.loads(commands_file.read_text()):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _cpu_s()
         result = run(command["argv"], command["real"])
-        results.append(result | {"wall_s": round(time.perf_counter() - start, 2)})
+        wall, cpu = time.perf_counter() - start, _cpu_s() - cpu
+        results.append(result | {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2)})
         results_file.write_text(json.dumps(results))
 
 

@@ -3,9 +3,13 @@ a renamed key, group or option breaks this test, not a reader.
 
 Cheaply: `accel-train` and `accel-report` lines run in one process up to where training would
 start (tests/doc_dry_run.py: compose, validate, resolve and every launch-time check; a sweep's
-jobs too); the training lines of REAL_DOCS train for real there, one batch of each split
-(`+debug=fast_dev_run` appended, the images and batches shrunk: doc_dry_run.py's SHRINK), so a
-command that cannot start fails (issue 47: the model, the data and the techniques are built);
+jobs too); the training lines of REAL_DOCS (the README, vision, fine-tuning, long-context and
+architecture pages) train for real there, one batch of each split, shrunk only by what is
+appended (`shrink`: `+debug=fast_dev_run`, a 1-layer GPT, 64-token rows, 2 processes where a
+line asks for more; doc_dry_run.py's SHRINK: the images, batches and loader workers), so a
+command that cannot start fails (issue 47: the model, the data and the techniques are built).
+A sweep's jobs train so too; a line of several processes starts them (torchrun, gloo); a
+multi-node, SLURM or Ray line stops where it would wait for other nodes or submit;
 `accel-eval`, `accel-export`, `accel-sample` and `accel-data` run for real on tiny
 fixtures (a one-epoch run, a two-step GPT, a token folder from a short text), with tiny
 overrides appended where the command would take long. Placeholders (`<run>`, `...`, `/data`,
@@ -30,7 +34,7 @@ from pathlib import Path
 import pytest
 from doc_commands import DocCommand, all_commands
 from helpers import check_ok, run_cli
-from hf_fixtures import write_preferences, write_records, write_tiny_llama
+from hf_fixtures import write_gpt2_tokens, write_preferences, write_records, write_tiny_llama
 from test_image_folder import write_image_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,9 +52,36 @@ APPENDED = {
 }
 
 
-# The pages whose single-process training commands run for real (see the module docstring):
-# each costs a second or two; the other pages' commands stop where training would start.
-REAL_DOCS = ("docs/vision.md",)
+# The pages whose training commands run for real (see the module docstring): ~1 CPU s a line
+# in one process, 11-21 CPU s a line of 2 processes; the other pages' lines stop where
+# training would start.
+REAL_DOCS = (
+    "README.md",
+    "docs/vision.md",
+    "docs/fine-tuning.md",
+    "docs/long-context.md",
+    "docs/architecture.md",
+)
+GPT_RECIPES = ("gpt_char", "gpt_char_fast", "gpt2_small", "gpt2_long")
+
+
+def shrink(argv: list[str]) -> list[str]:
+    """What a reader appends to try a real command on a laptop (appended overrides win): one
+    batch of each split, a 1-layer GPT of width 32 (its context 64 where the command sets no
+    `dataset.max_length`), rows of 64 tokens for a Hugging Face model, 2 processes at most.
+    doc_dry_run.py's SHRINK shrinks images, batches and loader workers alike."""
+    given = {a.split("=", 1)[0].lstrip("+") for a in argv if "=" in a}
+    values = dict(a.lstrip("+").split("=", 1) for a in argv if "=" in a)
+    out = ["+debug=fast_dev_run", "trainer.progress=none", "logger=none"]
+    if values.get("experiment") in GPT_RECIPES or values.get("model") == "gpt":
+        out += ["model.n_layer=1", "model.n_embd=32", "model.n_head=2"]
+        if "dataset.max_length" not in given:
+            out.append("model.block_size=64")
+    elif "model.path" in given and "dataset.max_length" not in given:
+        out.append("dataset.max_length=64")
+    if int(values.get("launcher.nproc_per_node", "1")) > 2:
+        out.append("launcher.nproc_per_node=2")
+    return out
 
 
 def trains_for_real(command: DocCommand) -> bool:
@@ -58,7 +89,7 @@ def trains_for_real(command: DocCommand) -> bool:
     return (
         command.program == "accel-train"
         and command.source.split(":")[0] in REAL_DOCS
-        and not {"-m", "--multirun", "--help", "--cfg"} & set(argv)
+        and not {"--help", "--cfg"} & set(argv)
         and not any(a.startswith(("resume=", "+debug=")) for a in argv)
     )
 
@@ -100,6 +131,8 @@ def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
     for data in ("../shared/data", "/path/to/data", "/elsewhere"):
         text = text.replace(data, str(mnist_dir))
     text = text.replace("/tmp/bench/readme_run/run", "outputs/readme_run")
+    # GPT-2 tokens (README.md, docs/long-context.md): not the folder language-models.md writes
+    text = text.replace("dataset.path=data/mytokens", "dataset.path=data/gpt2-tokens")
     # docs/streaming.md: a tiny JPEG folder of the workspace, and shards beside it.
     text = text.replace("/data/imagenette2-160", "imagenette2-160")
     text = text.replace("/mnt/shards/", "shards/")
@@ -109,24 +142,67 @@ def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
     # (one export folder per command: an export never writes over an existing folder)
     where = re.sub(r"\W", "_", command.source)
     text = text.replace("/models/my-finetune", f"models/my-finetune-{where}")
-    # docs/fine-tuning.md: the offline lm-evaluation-harness task of the tests
-    text = text.replace("tests/harness_tasks", str(ROOT / "tests" / "harness_tasks"))
     text = text.replace("/models/resnet18.pth", "models/resnet18.pth")
     text = text.replace("/models/convnext_atto.d2_in1k", "models/convnext_atto.d2_in1k")
     text = text.replace("/models/vit_small_patch16_224", "models/vit_small_patch16_224")
-    text = text.replace("/data/imagenet", "imagenette2-160")
+    text = text.replace("/data/imagenet", "imagenet")  # (1 % of train/ holds out a few)
     text = text.replace("/data/pets", "imagenette2-160")
     text = text.replace("dataset.root=DIR", "dataset.root=imagenette2-160")
     argv = [a for a in shlex.split(text) if a != "..."]
     if any(a.startswith("hparams_search=") for a in argv):
         argv.append("hydra.sweeper.n_trials=2")  # checks the same as 20 or 50 trials
     if trains_for_real(command):
-        argv += ["+debug=fast_dev_run", "trainer.progress=none", "logger=none"]
+        argv += shrink(argv)
     return argv + APPENDED.get(argv[0], [])
+
+
+MY_PROJECT = {
+    "nets.py": """
+import torch
+from torch import nn
+
+
+class WideCNN(nn.Module):
+    def __init__(self, width, in_channels, num_classes):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, width, 3, padding=1)
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+""",
+    "data.py": """
+import torch
+from torch.utils.data import TensorDataset
+
+
+def build_sets(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    def split(n):
+        return TensorDataset(torch.rand(n, 1, 8, 8, generator=gen), torch.arange(n) % 4)
+    return split(32), split(8), split(8)
+""",
+    "steps.py": """
+import torch
+import torch.nn.functional as F
+
+
+def step(model, batch):
+    x, y = batch  # (the images as the data set holds them: uint8 for the built-in digits)
+    x = x.float() / 255 if x.dtype == torch.uint8 else x
+    logits = model(x)
+    mae = (logits.argmax(1) - y).abs().float().mean()
+    return F.cross_entropy(logits, y), {"mae": mae}
+""",
+}
 
 
 def _write_user_code(root: Path) -> None:
     """The user's project the docs' examples name (`my_project`, `my_pkg`, `my_configs`)."""
+    (root / "my_project").mkdir()
+    (root / "my_project" / "__init__.py").write_text("")
+    for name, source in MY_PROJECT.items():
+        (root / "my_project" / name).write_text(source.lstrip())
     (root / "my_configs" / "model").mkdir(parents=True)
     (root / "my_configs" / "experiment").mkdir(parents=True)
     (root / "my_configs" / "model" / "my_net.yaml").write_text(
@@ -141,12 +217,14 @@ def _write_user_code(root: Path) -> None:
 def workspace(tmp_path_factory, mnist_dir) -> Path:
     """The directory every command runs in, with the fixtures its placeholders name: a finished
     one-epoch run (outputs/my_run, also RUN and outputs/{mnist_amp,train}/RUN), a token folder
-    (data/mytext), a two-step GPT run on it (outputs/gpt_char/RUN) and a JPEG folder
-    (imagenette2-160)."""
+    (data/mytext), a two-step GPT run on it (outputs/gpt_char/RUN), JPEG folders
+    (imagenette2-160; imagenet, whose 1 % hold-out is not empty), a tiny Llama and its records,
+    timm and torchvision weights, MNIST in ./data and GPT-2 tokens (data/mytokens)."""
     root = tmp_path_factory.mktemp("docs-commands")
     _write_user_code(root)
     (root / "input.txt").write_text(TEXT)
     write_image_folder(root / "imagenette2-160", n_train=10, n_val=2)
+    write_image_folder(root / "imagenet", n_train=70, n_val=2)
     check_ok(run_cli(["tokenize", "input=input.txt", "out=data/mytext"], root, prog="accel-data"))
     fast = ["trainer.progress=none", "logger=none"]
     # The default config, one epoch: the docs' resume commands continue it unchanged.
@@ -183,14 +261,39 @@ def workspace(tmp_path_factory, mnist_dir) -> Path:
     # (+experiment=vit_finetune's folder: timm's tiny test ViT stands in for a ViT-S)
     folder = root / "models" / "vit_small_patch16_224"
     save_for_hf(create_model("test_vit", num_classes=1000), folder, safe_serialization=True)
+    # README.md: torchvision's ResNet-18 weights as a file, MNIST as downloaded into ./data,
+    # GPT-2 tokens (docs/long-context.md).
+    import torch
+    from torchvision.models import resnet18
+
+    torch.save(resnet18().state_dict(), root / "models" / "resnet18.pth")
+    (root / "data" / "MNIST").symlink_to(mnist_dir / "MNIST")
+    write_gpt2_tokens(root / "data" / "gpt2-tokens")  # (data/mytokens: language-models.md's)
     for name in ("mnist_amp", "train"):
         (root / "outputs" / name).mkdir(parents=True, exist_ok=True)
         (root / "outputs" / name / RUN).symlink_to(root / "outputs" / "my_run")
     return root
 
 
+def made_first(command: DocCommand) -> bool:
+    """An accel-data line of a page whose training lines train for real: it writes what they
+    read (fine-tuning.md's shards), so it runs before them (`data_results`)."""
+    return command.program == "accel-data" and command.source.split(":")[0] in REAL_DOCS
+
+
 @pytest.fixture(scope="module")
-def dry_results(workspace, mnist_dir, tmp_path_factory) -> dict[str, dict]:
+def data_results(workspace, mnist_dir) -> dict[str, subprocess.CompletedProcess]:
+    """The accel-data lines of REAL_DOCS, run (once) before their training lines."""
+    done = {}
+    for command in filter(made_first, COMMANDS):
+        argv = substitute(command, mnist_dir)
+        env = {"PYTHONPATH": user_path(workspace)}
+        done[command.source] = run_cli(argv[1:], workspace, prog=argv[0], timeout=300, env=env)
+    return done
+
+
+@pytest.fixture(scope="module")
+def dry_results(workspace, mnist_dir, tmp_path_factory, data_results) -> dict[str, dict]:
     """The exit status and output of every accel-train / accel-report command, run in one
     process (tests/doc_dry_run.py)."""
     todo = [c for c in COMMANDS if c.program in DRY and not c.needs]
@@ -228,7 +331,7 @@ def _env(cwd: Path) -> dict[str, str]:
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env["ACCEL_TRAIN_DATA_DIR"] = str(cwd / "no-data-here")
+    env.pop("ACCEL_TRAIN_DATA_DIR", None)  # README.md's ./data
     env["PYTHONPATH"] = user_path(cwd)
     return env
 
@@ -253,9 +356,11 @@ def test_doc_command(command: DocCommand, workspace, mnist_dir, request):
         )
         return
     argv = substitute(command, mnist_dir)
-    proc = run_cli(
-        argv[1:], workspace, prog=argv[0], timeout=300, env={"PYTHONPATH": user_path(workspace)}
-    )
+    if made_first(command):
+        proc = request.getfixturevalue("data_results")[command.source]
+    else:
+        env = {"PYTHONPATH": user_path(workspace)}
+        proc = run_cli(argv[1:], workspace, prog=argv[0], timeout=300, env=env)
     assert proc.returncode == 0, (
         f"{command.source}: `{command.text}` exits {proc.returncode}:\n"
         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
