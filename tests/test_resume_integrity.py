@@ -102,7 +102,7 @@ def _expected_lrs(sched: dict, total_steps: int) -> dict[int, float]:
 
 # What a killed and resumed run must end with as the uninterrupted one did: every value that
 # does not measure time.
-TIMED = ("_s", "_per_s", "data_wait_share", "peak_mem_mb", "tflops", "mfu")
+TIMED = ("_s", "_per_s", "_s_per_sample", "data_wait_share", "peak_mem_mb", "tflops", "mfu")
 
 
 def _rows(run_dir: Path) -> dict[tuple[int, str], float]:
