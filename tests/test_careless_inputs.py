@@ -90,8 +90,12 @@ CASES = {
     "s3-bad-bucket": ("accel-data", [*SHARD, "out='s3://a b/x'"], ["'a b' is not a bucket name"]),
     # Suggested `trainer.device=cpu`, a key accel-sample refuses.
     "sample-cuda": ("accel-sample", [CKPT, "device=cuda"], ["`device=cpu`"]),
-    # Suggested a fix for dataset=custom only.
-    "eval-no-test-split": ("accel-eval", [CKPT], ["dataset=tokens has train and val splits only"]),
+    # Suggested a fix for dataset=custom only (without split=, accel-eval now scores val there).
+    "eval-no-test-split": (
+        "accel-eval",
+        [CKPT, "split=test"],
+        ["dataset=tokens has train and val splits only"],
+    ),
     # Said "Train it on tokens" to a run trained on tokens (issue 39).
     "hf-export-of-a-gpt": (
         "accel-export",
