@@ -351,8 +351,10 @@ def test_a_split_that_would_be_empty_is_refused_before_writing(run_cli, tmp_path
     no shard folder left behind (LitData itself raises a bare ValueError on an empty split)."""
     few = write_image_folder(tmp_path / "few", n_train=2, n_val=1)
     out = tmp_path / "shards"
+    # (a hold-out asked for: with a val/ folder the validation split is val/, issue 47 F.28)
+    carve = ["dataset.holdout=true", f"out={out}"]
     proc = run_cli(
-        ["shard", "dataset=image_folder", f"dataset.root={few}", f"out={out}"], prog="accel-data"
+        ["shard", "dataset=image_folder", f"dataset.root={few}", *carve], prog="accel-data"
     )
     _refused(proc, "val split would hold no image", "dataset.val_fraction")
     assert not out.exists()
