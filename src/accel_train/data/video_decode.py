@@ -23,6 +23,7 @@ fails and :func:`decoder_class` says what to install. Nothing else imports torch
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -85,13 +86,21 @@ def _name(source: str | bytes) -> str:
     return source if isinstance(source, str) else f"<{len(source)} bytes of video>"
 
 
+def _why(err: BaseException) -> str:
+    """FFmpeg's reason, without torchcodec's C++ source location."""
+    text = re.sub(r"^[^,]*, \S+\.cpp:\d+, ", "", " ".join(str(err).split()))
+    return text[:200]
+
+
 def open_video(source: str | bytes, *, threads: int = 1, device: str = "cpu"):
     """A torchcodec VideoDecoder of the file (or its bytes), or a :class:`VideoReadError`
     naming it and why (an empty file, one without a video stream, one FFmpeg cannot read)."""
     decoder = decoder_class()
     name = _name(source)
+    if isinstance(source, str) and not os.path.isfile(source):
+        raise VideoReadError(f"{name} does not exist (or is not a file)", "unreadable")
     if (isinstance(source, bytes) and not source) or (
-        isinstance(source, str) and os.path.isfile(source) and os.path.getsize(source) == 0
+        isinstance(source, str) and os.path.getsize(source) == 0
     ):
         raise VideoReadError(f"{name} is empty (0 bytes)", "empty")
     try:
@@ -101,7 +110,7 @@ def open_video(source: str | bytes, *, threads: int = 1, device: str = "cpu"):
     except (RuntimeError, ValueError, OSError) as err:
         kind = "audio-only" if _has_audio(source) else "unreadable"
         why = "has an audio stream and no video stream" if kind == "audio-only" else (
-            f"cannot be decoded ({' '.join(str(err).split())[:200]})"
+            f"cannot be decoded ({_why(err)})"
         )  # fmt: skip
         raise VideoReadError(f"{name} {why}", kind) from None
 
@@ -137,6 +146,6 @@ def decode_clip(
     except (RuntimeError, ValueError, IndexError) as err:
         raise VideoReadError(
             f"{_name(source)}: frames {list(indices)[:3]}..{list(indices)[-1:]} cannot be "
-            f"decoded ({' '.join(str(err).split())[:200]})",
+            f"decoded ({_why(err)})",
             "unreadable",
         ) from None
