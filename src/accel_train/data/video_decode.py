@@ -86,9 +86,10 @@ def _name(source: str | bytes) -> str:
     return source if isinstance(source, str) else f"<{len(source)} bytes of video>"
 
 
-def _why(err: BaseException) -> str:
-    """FFmpeg's reason, without torchcodec's C++ source location."""
+def _why(err: BaseException, name: str = "") -> str:
+    """FFmpeg's reason, without torchcodec's C++ source location (nor the file's name)."""
     text = re.sub(r"^[^,]*, \S+\.cpp:\d+, ", "", " ".join(str(err).split()))
+    text = text.replace(f": {name} ", ": ").replace(name, "").strip() if name else text
     return text[:200]
 
 
@@ -110,7 +111,7 @@ def open_video(source: str | bytes, *, threads: int = 1, device: str = "cpu"):
     except (RuntimeError, ValueError, OSError) as err:
         kind = "audio-only" if _has_audio(source) else "unreadable"
         why = "has an audio stream and no video stream" if kind == "audio-only" else (
-            f"cannot be decoded ({_why(err)})"
+            f"cannot be decoded ({_why(err, name)})"
         )  # fmt: skip
         raise VideoReadError(f"{name} {why}", kind) from None
 
