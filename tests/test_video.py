@@ -250,3 +250,87 @@ def test_the_yaml_keys_are_the_builder_arguments():
         if p.default is not p.empty:
             default = list(p.default) if isinstance(p.default, tuple) else p.default
             assert values[key] == default, key
+
+
+def test_decode_gpu_items_decode_on_the_device_to_the_cpu_items(videos):
+    """decode=gpu's plans (drawn in the workers, decoded by the device transform) give the
+    decode=cpu items; on the CPU here, as nvJPEG's path is tested (CUDA decodes with NVDEC)."""
+    from accel_train.data.video_folder import build_video_folder
+
+    def build(decode):
+        return build_video_folder(root=str(videos), frames=4, image_size=24, resize_size=28,
+                                  eval_clips=2, eval_crops=3, decode=decode)  # fmt: skip
+
+    cpu, gpu = build("cpu"), build("gpu")
+    for split in ("train", "test"):
+        items = [getattr(cpu, split).getitem(i, 3) for i in (0, 5)]
+        batch, labels = getattr(gpu, split).collate(
+            [getattr(gpu, split).getitem(i, 3) for i in (0, 5)]
+        )
+        decoded = batch.decode_on(torch.device("cpu"))
+        assert torch.equal(decoded, torch.stack([x for x, _ in items]))
+        assert labels.tolist() == [y for _, y in items]
+
+
+def test_a_list_file_with_segments(videos, tmp_path):
+    """CSV rows path,label,start,end (a header first) and JSONL: class names sorted into
+    indices, each segment's frames the window clips are drawn from."""
+    from accel_train.data.video_folder import build_video_folder
+
+    rows = ["path,label,start,end", "train/up/000.mp4,up,0.2,0.8", "train/left/000.mp4,left,,"]
+    rows += [f"train/{d}/{i:03d}.mp4,{d},," for d in DIRECTIONS for i in (1, 2)]
+    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    lines = [{"path": f"test/{d}/000.mp4", "label": d} for d in ("up", "down")]
+    (tmp_path / "test.jsonl").write_text("\n".join(json.dumps(r) for r in lines))
+    splits = build_video_folder(root=str(videos), list_file=str(tmp_path / "train.csv"),
+                                test_list_file=str(tmp_path / "test.jsonl"), frames=4,
+                                image_size=24, resize_size=28, val_fraction=0.0)  # fmt: skip
+    assert splits.num_classes == 4 and len(splits.train) == 10 and len(splits.test) == 2
+    assert splits.train.labels[:2].tolist() == [3, 1]  # down, left, right, up
+    assert splits.train.bounds[0].tolist() == [3, 12]  # 0.2 s .. 0.8 s at 15 fps
+    assert splits.train.bounds[1].tolist() == [0, FRAMES]
+
+
+def test_clips_on_the_device_transform_and_channels_last_3d():
+    """(N, C, T, H, W) normalised per channel; evaluation views (N, V, ...) flattened to N * V
+    clips; channels_last is channels_last_3d for clips and for Conv3d weights."""
+    from omegaconf import OmegaConf
+
+    from accel_train.data.splits import Splits
+    from accel_train.data.transform import BatchTransform
+    from accel_train.models.video_cnn import video_cnn
+    from accel_train.techniques.channels_last import to_channels_last
+
+    ds = OmegaConf.create({"mean": [0.5, 0.25, 0.0], "std": [0.5, 0.25, 1.0]})
+    splits = Splits(None, None, None, in_channels=3, image_size=8, num_classes=4)
+    transform = BatchTransform(ds, splits, torch.device("cpu"), torch.float32, seed=0, rank=0)
+    transform.memory_format = torch.channels_last
+    clips = torch.full((2, 3, 4, 8, 8), 255, dtype=torch.uint8)
+    x = transform(clips, train=True)
+    assert x.is_contiguous(memory_format=torch.channels_last_3d)
+    assert x[:, :, 0, 0, 0].tolist() == [[1.0, 3.0, 1.0]] * 2
+    views = transform(clips[:, None].expand(2, 5, 3, 4, 8, 8), train=False)
+    assert tuple(views.shape) == (10, 3, 4, 8, 8)
+    model = to_channels_last(video_cnn(in_channels=3, num_classes=4))
+    assert model.stages[0][0].weight.is_contiguous(memory_format=torch.channels_last_3d)
+    assert tuple(model(x).shape) == (2, 4)
+
+
+def test_without_torchcodec_the_error_says_what_to_install(monkeypatch):
+    import sys
+
+    from accel_train.data import video_decode
+    from accel_train.errors import UserError
+
+    monkeypatch.setitem(sys.modules, "torchcodec.decoders", None)  # the import fails
+    with pytest.raises(UserError) as err:
+        video_decode.video_metadata("any.mp4")
+    assert "apt-get install ffmpeg" in str(err.value)
+    assert "accel-train[video]" in str(err.value)
+
+
+def test_decode_gpu_is_refused_on_the_cpu(videos, run_cli, tmp_path):
+    proc = run_cli(args(videos, tmp_path / "run", "dataset.decode=gpu", "trainer.device=cpu"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "NVDEC" in proc.stderr and "dataset.decode=cpu" in proc.stderr
+    assert "Traceback" not in proc.stderr
