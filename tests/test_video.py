@@ -334,3 +334,21 @@ def test_decode_gpu_is_refused_on_the_cpu(videos, run_cli, tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "NVDEC" in proc.stderr and "dataset.decode=cpu" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_video_broken_after_the_check_fails_in_a_worker_in_one_paragraph(tmp_path):
+    from torch.utils.data import DataLoader
+
+    from accel_train.data.video_decode import VideoReadError
+    from accel_train.data.video_folder import build_video_folder
+
+    root = write_tree(tmp_path / "data", {"train": 2})
+    splits = build_video_folder(root=str(root), frames=4, image_size=24, resize_size=28)
+    broken = Path(splits.train.path(0))
+    broken.write_bytes(b"\x00garbage" * 100)
+    loader = DataLoader(splits.train, batch_size=2, num_workers=1)
+    with pytest.raises(VideoReadError) as err:
+        next(iter(loader))
+    text = str(err.value)
+    assert text.startswith(f"dataset=video_folder: {broken} cannot be decoded")
+    assert "Traceback" not in text and "\n" not in text

@@ -59,8 +59,11 @@ class VideoReadError(UserError):
     """A video file that cannot be decoded: ``what`` names it and why, ``kind`` is ``empty``,
     ``audio-only`` or ``unreadable`` (the header check groups the files by it)."""
 
-    def __init__(self, what: str, kind: str):
-        super().__init__(f"dataset=video_folder: {what}. {FIX}")
+    def __init__(self, what: str, kind: str = "unreadable"):
+        if what.startswith("Caught "):  # re-created by torch from a loader worker's (UserError)
+            super().__init__(what)
+        else:
+            super().__init__(f"dataset=video_folder: {what}. {FIX}")
         self.what, self.kind = what, kind
 
 
