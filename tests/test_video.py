@@ -157,6 +157,12 @@ def test_the_test_split_is_scored_by_multi_clip_evaluation(runs, run_cli, tmp_pa
     scored = json.loads(out.read_text())
     assert scored["test/acc"] == pytest.approx(test["test/acc"])
     assert scored["test/clip_acc"] == pytest.approx(test["test/clip_acc"])
+    # torch.export of the 3-D CNN, checked on the test views (each view scored as a sample).
+    artifact = tmp_path / "model.pt2"
+    proc = run_cli([f"ckpt_path={ckpt}", "format=torch_export", f"out_path={artifact}"],
+                   prog="accel-export")  # fmt: skip
+    check_ok(proc)
+    assert artifact.is_file() and "argmax agreement 100.0000%" in proc.stdout + proc.stderr
 
 
 def test_a_mid_epoch_resume_with_workers_equals_the_run_without(runs):
