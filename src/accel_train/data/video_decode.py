@@ -9,8 +9,9 @@ the frames of one clip by index, seeking to just those frames.
   once), never from the start of the file as a naive loop over ``av.open(...).decode()`` does.
 
 ``seek_mode="exact"`` (torchcodec's default), chosen over ``approximate``: the exact mode scans
-the file's packets once when the decoder opens (demuxing, no decoding: a small share of a clip's
-decode for Kinetics-length files), and in exchange frame ``i`` is frame ``i`` and
+the file's packets once when the decoder opens (demuxing, no decoding: for a 10 s 480x360
+30 fps H.264 file, 4.0 ms against approximate's 3.1 ms, next to 23 ms for opening it and
+decoding a 16-frame clip at stride 2, one core), and in exchange frame ``i`` is frame ``i`` and
 ``num_frames`` is the count of frames really in the stream. The approximate mode trusts the
 header, which for WebM/MKV often has no frame count and for variable-frame-rate files maps an
 index to the wrong frame; the clip windows are drawn from the cached ``num_frames``, so a count
