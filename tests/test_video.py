@@ -219,7 +219,7 @@ def test_items_are_uint8_clips_and_views(videos):
     assert not torch.equal(x, splits.train.getitem(0, epoch=2)[0])
     views, _ = splits.test[0]
     assert views.dtype == torch.uint8 and tuple(views.shape) == (9, 3, 4, 24, 24)
-    assert splits.model_args == {"frames": 4} and splits.num_classes == 4
+    assert splits.num_classes == 4 and splits.image_size == 24
 
 
 def test_loader_ray_trains_on_videos(videos, runs, tmp_path):

@@ -127,8 +127,9 @@ def build_video_folder(
         *made,
         in_channels=3,
         image_size=int(image_size),
+        # (No `frames` in model_args: builders that take **kwargs, model=torchvision's and
+        # timm's, would pass it on to architectures that do not know it.)
         num_classes=len(classes),
-        model_args={"frames": int(frames)},
     )
 
 
