@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 VOCAB = ["<pad>", "<eos>", *(str(d) for d in range(10)), *WORDS]
@@ -77,3 +80,22 @@ def user_code(root: Path, files: dict[str, str]) -> dict[str, str]:
             (root / folder / "__init__.py").touch()
         path.write_text(source.lstrip())
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+
+
+def docs_reward_module() -> str:
+    """my/rewards.py as docs/fine-tuning.md writes it (its python block that starts with the
+    line `# my/rewards.py`): the page's own code is what the tests import."""
+    text = (ROOT / "docs" / "fine-tuning.md").read_text()
+    found = re.search(r"```python\n# my/rewards\.py\n(.*?)```", text, re.DOTALL)
+    assert found, "docs/fine-tuning.md has no ```python block starting with # my/rewards.py"
+    return found.group(1)
+
+
+def write_question_prompts(path: Path, n: int) -> Path:
+    """Prompts as docs/fine-tuning.md shows them: a sum to work out, the answer in a column."""
+    with path.open("w") as f:
+        for i in range(n):
+            a, b = i % 7, (3 * i) % 5
+            prompt = f"What is {a} + {b}? End with 'answer: N'."
+            f.write(json.dumps({"prompt": prompt, "answer": str(a + b)}) + "\n")
+    return path

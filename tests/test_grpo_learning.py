@@ -18,7 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from grpo_fixtures import REWARD_MODULE, user_code, write_digit_prompts, write_word_model
+from grpo_fixtures import (
+    REWARD_MODULE,
+    docs_reward_module,
+    user_code,
+    write_digit_prompts,
+    write_word_model,
+)
 from helpers import assert_same_weights, check_ok, read_jsonl
 
 LEARN = [
@@ -76,21 +82,6 @@ def test_grpo_learns_a_rule_from_reward_alone_and_resumes_exactly(tmp_path, run_
 
 # ---- the recipe's own command ------------------------------------------------------------
 
-# my/rewards.py, as docs/fine-tuning.md writes it: `task.rewards=[{_target_: my.rewards.correct}]`
-MY_REWARDS = '''
-import re
-
-
-def correct(prompts, completions, answer, **kwargs):
-    """1.0 where the completion's last number is the record's answer, else 0.0."""
-    rewards = []
-    for completion, want in zip(completions, answer):
-        numbers = re.findall(r"-?\\d+", completion)
-        rewards.append(1.0 if numbers and numbers[-1] == str(want) else 0.0)
-    return rewards
-'''
-
-
 # What a reader appends to try the recipe on a laptop: 2 prompts a step, 8 completions of at
 # most 4 tokens each, 3 steps, every step logged (the TensorBoard table of completions too).
 # (8 completions: the untrained model's last digit is the answer about 1 time in 10, so some
@@ -114,7 +105,7 @@ def recipe(tmp_path_factory, run_cli_in):
     whole run, and the same run stopped after step 2 and resumed."""
     root = tmp_path_factory.mktemp("grpo-recipe")
     model = write_word_model(root / "models" / "tiny-llama")
-    env = user_code(root / "user_code", {"my/rewards.py": MY_REWARDS})
+    env = user_code(root / "user_code", {"my/rewards.py": docs_reward_module()})  # the page's
     write_digit_prompts(root / "prompts.jsonl", 24)
     command = ["+experiment=grpo_lora", f"model.path={model}", "dataset.path=prompts.jsonl",
                "task.rewards=[{_target_: my.rewards.correct}]"]  # fmt: skip
