@@ -110,6 +110,7 @@ class GRPO(Task):
         importance_sampling_level: str = "token",
         num_iterations: int = 1,
         mask_truncated_completions: bool = False,
+        use_bias_correction_kl: bool = True,
         rewards: Any = (),
         log_completions: bool = True,
         num_completions_to_print: int | None = 8,
@@ -128,6 +129,7 @@ class GRPO(Task):
         self.eps_high = float(epsilon_high) if epsilon_high is not None else self.eps
         self.loss_type, self.scale, self.level = loss_type, scale_rewards, importance_sampling_level
         self.mu, self.mask_truncated = int(num_iterations), bool(mask_truncated_completions)
+        self.bias_correction_kl = bool(use_bias_correction_kl)
         self.rewards: list[Reward] = build_rewards(rewards)
         self.weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
         self.log_completions, self.n_print = bool(log_completions), num_completions_to_print
@@ -242,7 +244,8 @@ class GRPO(Task):
             entry[0] += 1
             if entry[0] >= self.mu:
                 del self.kept[key]
-            return Rollout({k: v.to(batch["input_ids"].device) for k, v in entry[1].items()})
+            device = batch["input_ids"].device
+            return Rollout({k: v.to(device) for k, v in entry[1].items() if torch.is_tensor(v)})
         if len(self.kept) >= 64 and not self.warned_lost:  # a window never finished
             self.warned_lost = True
             log.warning("task=grpo: %d sampled batches kept for num_iterations", len(self.kept))
@@ -385,10 +388,12 @@ class GRPO(Task):
 
     def _logps(self, model: nn.Module, roll: Rollout, grad: bool = True):
         """(per-token log-probs (N, C), fp32; their entropies, no gradient) of the completion
-        tokens under `model`."""
+        tokens under `model`, its logits divided by the sampling temperature (TRL's)."""
         logits = call(model, roll["seq"])
         pos = roll["pos"]
         picked = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()
+        if self.temperature != 1.0:  # the sampled distribution's log-probs, as TRL scores them
+            picked = picked / self.temperature
         lse = picked.logsumexp(-1)
         logps = picked.gather(-1, roll["ids"].unsqueeze(-1)).squeeze(-1) - lse
         with torch.no_grad():
@@ -412,6 +417,7 @@ class GRPO(Task):
         per_token, coef_1, kl = L.token_losses(
             logps, old, roll["adv"], mask, epsilon=self.eps, epsilon_high=self.eps_high,
             level=self.level, ref_logps=roll.get("ref"), beta=self.beta,
+            bias_correction_kl=self.bias_correction_kl,
         )  # fmt: skip
         loss, items = L.reduce(self.loss_type, per_token, mask, self.max_len)
         tokens = mask.sum()
