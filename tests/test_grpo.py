@@ -250,10 +250,11 @@ def test_lora_grpo_logs_trl_metrics_and_completions_then_resumes_exactly(llama, 
     rows = read_jsonl(runs["whole"] / "metrics.jsonl")
     train = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
-    for name in TRL_METRICS:
-        assert all(f"train/{name}" in r for r in train), name
-    assert all(-1.5 <= r["train/reward"] <= 2 for r in train)
-    assert any(r["train/frac_reward_zero_std"] < 1 for r in train)  # something to learn from
+    for name in TRL_METRICS:  # the sampling's metrics at the steps that sample (each other)
+        every = train if name.startswith(("entropy", "clip_ratio")) else train[::2]
+        assert all(f"train/{name}" in r for r in every), name
+    assert all(-1.5 <= r["train/reward"] <= 2 for r in train[::2])
+    assert any(r["train/frac_reward_zero_std"] < 1 for r in train[::2])  # something to learn
     assert any(r["train/grad_norm"] > 0 for r in train)
     # the window's second pass trains on the kept completions with their old log-probs: the
     # ratios move off 1 and some clip; the first pass is on-policy (ratio exactly 1)
