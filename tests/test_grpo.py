@@ -113,7 +113,9 @@ CASES = [
     {"loss_type": "bnpo", "scale_rewards": "batch"},
     {"loss_type": "dapo", "importance_sampling_level": "sequence", "scale_rewards": "none"},
     {"loss_type": "grpo", "beta": 0.1, "epsilon_high": 0.28},
+    {"loss_type": "dapo", "beta": 0.1, "chunked_loss": True, "loss_chunk_tokens": 5},
 ]
+OURS_ONLY = ("chunked_loss", "loss_chunk_tokens")
 
 
 @pytest.mark.parametrize("cfg", CASES, ids=lambda c: "-".join(f"{v}" for v in c.values()))
@@ -122,11 +124,11 @@ def test_parity_with_trl(cfg, llama, tmp_path):
     splits = prompt_splits(str(_write(tmp_path / "p.jsonl", records * 2)), str(llama),
                            val_path=str(_write(tmp_path / "v.jsonl", records)))  # fmt: skip
     rewards = build_rewards(REWARDS)
-    trl_cfg = {**cfg, "temperature": 0.7}
+    trl_cfg = {**{k: v for k, v in cfg.items() if k not in OURS_ONLY}, "temperature": 0.7}
     batch = splits.val.collate([splits.val[i] for i in range(2)])
     done = _completions(splits_tok := _tok(llama), 2 * G)
     trainer, theirs, _ = _trl(llama, tmp_path / "trl", rewards, records, done, trl_cfg)
-    model, task, roll = _ours(llama, REWARDS, batch, done, splits_tok, trl_cfg)
+    model, task, roll = _ours(llama, REWARDS, batch, done, splits_tok, {**cfg, "temperature": 0.7})
 
     # the same rows, masks, rewards and advantages
     assert torch.equal(theirs["prompt_ids"], batch["input_ids"].repeat_interleave(G, 0))
@@ -315,7 +317,7 @@ def test_combinations_that_cannot_work_are_refused(args, needles, llama, tmp_pat
         (["task.importance_sampling_level=seq"], "task.importance_sampling_level=seq"),
         (["task.epsilon=1.5"], "the clip range"),
         (["task.temperature=0"], "temperature must be > 0"),
-        (["task.chunked_loss=true"], "task.chunked_loss=true with task=grpo"),
+        (["task.chunked_loss=true", "task.loss_chunk_tokens=0"], "task.loss_chunk_tokens=0"),
         (["strategy=fsdp", "lora.rank=0", "task.beta=0.04"], "whole unsharded frozen copy"),
     ],
 )  # fmt: skip

@@ -36,8 +36,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from accel_train.config.schema import GrpoTaskConfig
 from accel_train.errors import UserError
@@ -134,6 +136,7 @@ class GRPO(Task):
         self.weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
         self.log_completions, self.n_print = bool(log_completions), num_completions_to_print
         self.seed = int(seed)
+        self.chunk_tokens = int(loss_chunk_tokens) if chunked_loss else 0
         self.tok: Any = None
         self.eos: int | None = None
         self.pad = 0
@@ -178,6 +181,7 @@ class GRPO(Task):
                 "block_size (model=gpt's sampling loop), so the task cannot sample completions "
                 "with it. Use model=hf or model=gpt, or give the model a generate_ids method."
             )
+        self._check_context(ctx, bare)
         if self.beta != 0.0 and ctx.cfg.lora.rank <= 0:
             # The starting model, frozen (accel-eval sets up on a trained one: no KL is scored)
             self.ref_model = copy.deepcopy(ctx.model).eval().requires_grad_(False)
@@ -189,6 +193,25 @@ class GRPO(Task):
                 "task=grpo: %d completions per prompt, loss_type=%s, reference: %s, rewards: %s",
                 self.G, self.loss_type, ref, ", ".join(r.name for r in self.rewards),
             )  # fmt: skip
+
+    def _check_context(self, ctx: TaskContext, bare: nn.Module) -> None:
+        """The longest prompt plus a whole completion must fit the model's positions
+        (model=gpt's block_size, a folder's max_position_embeddings): past them the sampling
+        would crop the prompt and the scoring index past the position table."""
+        block = int(getattr(bare, "block_size", 0) or 0)
+        split = getattr(ctx.splits, "train", None) if ctx.splits is not None else None
+        prompts = getattr(split, "prompts", None)
+        if not block or not prompts:
+            return
+        longest = max(len(p.ids) for p in prompts)
+        if longest + self.max_len > block:
+            raise UserError(
+                f"task.max_completion_length={self.max_len} after the longest prompt "
+                f"({longest} tokens) needs {longest + self.max_len} positions, and the model "
+                f"has {block}. Lower task.max_completion_length or dataset.max_prompt_length "
+                f"(to at most {block - self.max_len} tokens), or use a model with a longer "
+                "context."
+            )
 
     # ---- the step ------------------------------------------------------------------------
 
@@ -389,6 +412,9 @@ class GRPO(Task):
     def _logps(self, model: nn.Module, roll: Rollout, grad: bool = True):
         """(per-token log-probs (N, C), fp32; their entropies, no gradient) of the completion
         tokens under `model`, its logits divided by the sampling temperature (TRL's)."""
+        if self.chunk_tokens:
+            out = call(model, roll["seq"], head_loss=self._chunked_head(roll))
+            return (out[..., 0] if grad else out[..., 0].detach()), out[..., 1].detach()
         logits = call(model, roll["seq"])
         pos = roll["pos"]
         picked = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()
@@ -399,6 +425,26 @@ class GRPO(Task):
         with torch.no_grad():
             entropy = lse - (torch.softmax(picked, -1) * picked).sum(-1)
         return (logps if grad else logps.detach()), entropy
+
+    def _chunked_head(self, roll: Rollout):
+        """task.chunked_loss: what the model's `forward(..., head_loss=)` calls with its last
+        hidden states and output layer: the completion positions' log-probs and entropies,
+        `loss_chunk_tokens` tokens at a time, each chunk's logits recomputed in the backward
+        (activation checkpointing) instead of kept: the (tokens, vocab) logits never exist."""
+        pos, ids, temperature, chunk = roll["pos"], roll["ids"], self.temperature, self.chunk_tokens
+
+        def head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+            n, c = pos.shape
+            picked = hidden.gather(1, pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+            flat, targets = picked.reshape(n * c, -1), ids.reshape(-1)
+            parts = [
+                checkpoint(_chunk_scores, flat[i : i + chunk], targets[i : i + chunk], weight,
+                           bias, temperature, use_reentrant=False)
+                for i in range(0, n * c, chunk)
+            ]  # fmt: skip
+            return torch.cat(parts).view(n, c, 2)
+
+        return head
 
     def _reference(self, model: nn.Module, roll: Rollout) -> torch.Tensor:
         if self.ref_model is not None:
@@ -454,6 +500,19 @@ class GRPO(Task):
         self.kept = {}
         for key, uses, roll in state.get("kept", []):
             self.kept[(key[0], tuple(key[1]))] = [uses, Rollout(roll)]
+
+
+def _chunk_scores(h, targets, weight, bias, temperature: float) -> torch.Tensor:
+    """(tokens, 2): each token's log-prob (with its gradient) and the entropy (none) under
+    one chunk's logits, fp32, divided by the temperature."""
+    logits = F.linear(h, weight, bias).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = logits.logsumexp(-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    with torch.no_grad():
+        entropy = lse - (torch.softmax(logits, -1) * logits).sum(-1)
+    return torch.stack([logp, entropy], -1)
 
 
 class _Collect:
