@@ -57,6 +57,8 @@ from accel_train.tasks.preference import _lora_layers, adapters_off
 log = logging.getLogger("accel_train")
 
 TABLE = "completions"
+COMPLETION_METRICS = ("mean_length", "min_length", "max_length", "clipped_ratio",
+                      "mean_terminated_length")  # fmt: skip
 
 
 class Rollout(dict):
@@ -182,6 +184,8 @@ class GRPO(Task):
                 "with it. Use model=hf or model=gpt, or give the model a generate_ids method."
             )
         self._check_context(ctx, bare)
+        for name in self._train_metric_names():  # every rank packs the same sums, in one order
+            self.train_metrics.declare(name, ctx.device)
         if self.beta != 0.0 and ctx.cfg.lora.rank <= 0:
             # The starting model, frozen (accel-eval sets up on a trained one: no KL is scored)
             self.ref_model = copy.deepcopy(ctx.model).eval().requires_grad_(False)
@@ -193,6 +197,14 @@ class GRPO(Task):
                 "task=grpo: %d completions per prompt, loss_type=%s, reference: %s, rewards: %s",
                 self.G, self.loss_type, ref, ", ".join(r.name for r in self.rewards),
             )  # fmt: skip
+
+    def _train_metric_names(self) -> list[str]:
+        names = ["reward", "reward_std"]
+        for r in self.rewards:
+            names += [f"rewards/{r.name}/mean", f"rewards/{r.name}/std"]
+        names += ["frac_reward_zero_std", *(f"completions/{k}" for k in COMPLETION_METRICS)]
+        names += ["entropy", *(["kl"] if self.beta else [])]
+        return names + [f"clip_ratio/{k}" for k in ("low_mean", "high_mean", "region_mean")]
 
     def _check_context(self, ctx: TaskContext, bare: nn.Module) -> None:
         """The longest prompt plus a whole completion must fit the model's positions
@@ -250,7 +262,7 @@ class GRPO(Task):
     # ---- sampling and scoring --------------------------------------------------------------
 
     def _seed(self, batch: Mapping, position: tuple | None) -> int:
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        rank = _rank()
         if position is None:  # evaluation: the batch's first prompt names it
             return hash((self.seed, "eval", int(batch["index"][0]))) % 2**62
         return hash((self.seed, *position, rank)) % 2**62
@@ -312,7 +324,9 @@ class GRPO(Task):
         records = batch["records"][: batch["input_ids"].shape[0]]
         index = batch["index"].tolist()
         rewards = self._score(records, index, roll)
-        adv, zero_std = L.advantages(L.weighted_rewards(rewards, self.weights), self.G, self.scale)
+        total = L.weighted_rewards(rewards, self.weights)
+        std = _global_std(total) if self.scale == "batch" else None
+        adv, zero_std = L.advantages(total, self.G, self.scale, std=std)
         roll["adv"] = adv.to(ids.device)
         self._log_rewards(metrics, rewards, zero_std, roll)
         with torch.no_grad():
@@ -392,9 +406,10 @@ class GRPO(Task):
         one("completions/min_length", lengths.min())
         one("completions/max_length", lengths.max())
         one("completions/clipped_ratio", roll["truncated"].float().mean())
-        term = lengths[~roll["truncated"]]
+        term = lengths[~roll["truncated"]]  # (none: nothing added, the sum stays declared)
+        name = "completions/mean_terminated_length"
         if term.numel():
-            one("completions/mean_terminated_length", term.mean())
+            one(name, term.mean())
         if self.log_completions and metrics is self.train_metrics:
             self._keep_table(rewards, roll)
 
@@ -488,18 +503,48 @@ class GRPO(Task):
         return [(TABLE, columns, rows)]
 
     def state_dict(self) -> dict[str, Any]:
-        """num_iterations > 1: the completions kept for the window's later passes (host)."""
+        """num_iterations > 1: the completions each process kept for the window's later passes
+        (host tensors), every process's gathered (the checkpoint is written once, every rank
+        saves together: a collective here is safe), so each takes its own back on resume."""
         kept = [
-            (list(key), uses, {k: v.cpu() for k, v in roll.items() if torch.is_tensor(v)})
-            for key, (uses, roll) in self.kept.items()
+            [key[0], list(key[1]), uses, {k: v.cpu() for k, v in r.items() if torch.is_tensor(v)}]
+            for key, (uses, r) in self.kept.items()
         ]
-        return {"kept": kept, "train_step": self.train_step}
+        by_rank = [kept]
+        if self.mu > 1 and dist.is_available() and dist.is_initialized():
+            by_rank = [None] * dist.get_world_size()
+            dist.all_gather_object(by_rank, kept)
+        return {"kept_by_rank": by_rank, "train_step": self.train_step}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.train_step = int(state.get("train_step", 0))
         self.kept = {}
-        for key, uses, roll in state.get("kept", []):
-            self.kept[(key[0], tuple(key[1]))] = [uses, Rollout(roll)]
+        by_rank = state.get("kept_by_rank") or [[]]
+        rank = _rank()
+        if rank >= len(by_rank):  # resumed on more processes: those sample the window again
+            return
+        for epoch, index, uses, roll in by_rank[rank]:
+            self.kept[(epoch, tuple(index))] = [uses, Rollout(roll)]
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _global_std(rewards: torch.Tensor) -> torch.Tensor | None:
+    """scale_rewards=batch across processes: the std of every process's rewards (TRL gathers
+    them), from one all-reduce of (count, sum, sum of squares); None in one process."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    ok = rewards[~torch.isnan(rewards)].double()
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    stats = torch.stack([torch.tensor(float(ok.numel()), dtype=torch.float64), ok.sum(),
+                         (ok * ok).sum()]).to(device)  # fmt: skip
+    dist.all_reduce(stats)
+    n, total, squares = stats.tolist()
+    if n < 2:
+        return torch.tensor(float("nan"))
+    return torch.tensor(max(squares - total * total / n, 0.0) / (n - 1)).sqrt().float()
 
 
 def _chunk_scores(h, targets, weight, bias, temperature: float) -> torch.Tensor:

@@ -45,17 +45,20 @@ def weighted_rewards(per_func: torch.Tensor, weights: torch.Tensor) -> torch.Ten
 
 
 def advantages(
-    rewards: torch.Tensor, group: int, scale: str = "group"
+    rewards: torch.Tensor, group: int, scale: str = "group", std: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, whether each completion's std is zero), from the (completions,) rewards
-    laid out group by group (`group` completions of one prompt in a row)."""
+    laid out group by group (`group` completions of one prompt in a row). `std`: the batch's
+    std when the batch spans several processes (scale=batch); None: these rewards'."""
     mean = torch.nanmean(rewards.view(-1, group), dim=1).repeat_interleave(group)
     if scale in ("group", "none"):
         std = nanstd(rewards.view(-1, group), dim=1).repeat_interleave(group)
-    else:  # batch
-        std = (
-            nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
-        )
+    elif std is not None:  # batch, over every process's rewards
+        std = std.to(rewards).expand_as(rewards)
+    elif rewards.numel() > 1:  # batch
+        std = nanstd(rewards).expand_as(rewards)
+    else:
+        std = torch.zeros_like(rewards)
     adv = rewards - mean
     if scale != "none":
         adv = adv / (std + 1e-4)
