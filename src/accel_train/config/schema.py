@@ -353,6 +353,7 @@ class GrpoTaskConfig(TaskConfig):
     importance_sampling_level: str = "token"
     num_iterations: int = 1
     mask_truncated_completions: bool = False
+    use_bias_correction_kl: bool = True
     rewards: list[Any] = field(default_factory=list)
     log_completions: bool = True
     num_completions_to_print: int | None = 8

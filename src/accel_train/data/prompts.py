@@ -19,7 +19,6 @@ task finds the same prompts (and its kept completions) at the same place after a
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,10 +34,19 @@ from accel_train.models.hf import load_tokenizer
 log = logging.getLogger("accel_train")
 
 
-@dataclass
 class Prompt:
-    ids: list[int]
-    record: dict  # the prompt as given and the other columns (the reward functions' inputs)
+    """A prompt's token ids and its record (the prompt as given and the other columns: the
+    reward functions' inputs). Hashed by its tokens: a validation prompt that is also a
+    training prompt is told apart by what the model sees (sft's split_files warns)."""
+
+    def __init__(self, ids: list[int], record: dict):
+        self.ids, self.record = ids, record
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.ids))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Prompt) and self.ids == other.ids
 
 
 def _check(where: str, record: Any) -> dict:

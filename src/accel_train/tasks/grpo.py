@@ -36,8 +36,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from accel_train.config.schema import GrpoTaskConfig
 from accel_train.errors import UserError
@@ -55,6 +57,8 @@ from accel_train.tasks.preference import _lora_layers, adapters_off
 log = logging.getLogger("accel_train")
 
 TABLE = "completions"
+COMPLETION_METRICS = ("mean_length", "min_length", "max_length", "clipped_ratio",
+                      "mean_terminated_length")  # fmt: skip
 
 
 class Rollout(dict):
@@ -110,6 +114,7 @@ class GRPO(Task):
         importance_sampling_level: str = "token",
         num_iterations: int = 1,
         mask_truncated_completions: bool = False,
+        use_bias_correction_kl: bool = True,
         rewards: Any = (),
         log_completions: bool = True,
         num_completions_to_print: int | None = 8,
@@ -128,10 +133,12 @@ class GRPO(Task):
         self.eps_high = float(epsilon_high) if epsilon_high is not None else self.eps
         self.loss_type, self.scale, self.level = loss_type, scale_rewards, importance_sampling_level
         self.mu, self.mask_truncated = int(num_iterations), bool(mask_truncated_completions)
+        self.bias_correction_kl = bool(use_bias_correction_kl)
         self.rewards: list[Reward] = build_rewards(rewards)
         self.weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
         self.log_completions, self.n_print = bool(log_completions), num_completions_to_print
         self.seed = int(seed)
+        self.chunk_tokens = int(loss_chunk_tokens) if chunked_loss else 0
         self.tok: Any = None
         self.eos: int | None = None
         self.pad = 0
@@ -176,6 +183,9 @@ class GRPO(Task):
                 "block_size (model=gpt's sampling loop), so the task cannot sample completions "
                 "with it. Use model=hf or model=gpt, or give the model a generate_ids method."
             )
+        self._check_context(ctx, bare)
+        for name in self._train_metric_names():  # every rank packs the same sums, in one order
+            self.train_metrics.declare(name, ctx.device)
         if self.beta != 0.0 and ctx.cfg.lora.rank <= 0:
             # The starting model, frozen (accel-eval sets up on a trained one: no KL is scored)
             self.ref_model = copy.deepcopy(ctx.model).eval().requires_grad_(False)
@@ -187,6 +197,33 @@ class GRPO(Task):
                 "task=grpo: %d completions per prompt, loss_type=%s, reference: %s, rewards: %s",
                 self.G, self.loss_type, ref, ", ".join(r.name for r in self.rewards),
             )  # fmt: skip
+
+    def _train_metric_names(self) -> list[str]:
+        names = ["reward", "reward_std"]
+        for r in self.rewards:
+            names += [f"rewards/{r.name}/mean", f"rewards/{r.name}/std"]
+        names += ["frac_reward_zero_std", *(f"completions/{k}" for k in COMPLETION_METRICS)]
+        names += ["entropy", *(["kl"] if self.beta else [])]
+        return names + [f"clip_ratio/{k}" for k in ("low_mean", "high_mean", "region_mean")]
+
+    def _check_context(self, ctx: TaskContext, bare: nn.Module) -> None:
+        """The longest prompt plus a whole completion must fit the model's positions
+        (model=gpt's block_size, a folder's max_position_embeddings): past them the sampling
+        would crop the prompt and the scoring index past the position table."""
+        block = int(getattr(bare, "block_size", 0) or 0)
+        split = getattr(ctx.splits, "train", None) if ctx.splits is not None else None
+        prompts = getattr(split, "prompts", None)
+        if not block or not prompts:
+            return
+        longest = max(len(p.ids) for p in prompts)
+        if longest + self.max_len > block:
+            raise UserError(
+                f"task.max_completion_length={self.max_len} after the longest prompt "
+                f"({longest} tokens) needs {longest + self.max_len} positions, and the model "
+                f"has {block}. Lower task.max_completion_length or dataset.max_prompt_length "
+                f"(to at most {block - self.max_len} tokens), or use a model with a longer "
+                "context."
+            )
 
     # ---- the step ------------------------------------------------------------------------
 
@@ -225,7 +262,7 @@ class GRPO(Task):
     # ---- sampling and scoring --------------------------------------------------------------
 
     def _seed(self, batch: Mapping, position: tuple | None) -> int:
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        rank = _rank()
         if position is None:  # evaluation: the batch's first prompt names it
             return hash((self.seed, "eval", int(batch["index"][0]))) % 2**62
         return hash((self.seed, *position, rank)) % 2**62
@@ -242,7 +279,8 @@ class GRPO(Task):
             entry[0] += 1
             if entry[0] >= self.mu:
                 del self.kept[key]
-            return Rollout({k: v.to(batch["input_ids"].device) for k, v in entry[1].items()})
+            device = batch["input_ids"].device
+            return Rollout({k: v.to(device) for k, v in entry[1].items() if torch.is_tensor(v)})
         if len(self.kept) >= 64 and not self.warned_lost:  # a window never finished
             self.warned_lost = True
             log.warning("task=grpo: %d sampled batches kept for num_iterations", len(self.kept))
@@ -286,7 +324,9 @@ class GRPO(Task):
         records = batch["records"][: batch["input_ids"].shape[0]]
         index = batch["index"].tolist()
         rewards = self._score(records, index, roll)
-        adv, zero_std = L.advantages(L.weighted_rewards(rewards, self.weights), self.G, self.scale)
+        total = L.weighted_rewards(rewards, self.weights)
+        std = _global_std(total) if self.scale == "batch" else None
+        adv, zero_std = L.advantages(total, self.G, self.scale, std=std)
         roll["adv"] = adv.to(ids.device)
         self._log_rewards(metrics, rewards, zero_std, roll)
         with torch.no_grad():
@@ -366,9 +406,10 @@ class GRPO(Task):
         one("completions/min_length", lengths.min())
         one("completions/max_length", lengths.max())
         one("completions/clipped_ratio", roll["truncated"].float().mean())
-        term = lengths[~roll["truncated"]]
+        term = lengths[~roll["truncated"]]  # (none: nothing added, the sum stays declared)
+        name = "completions/mean_terminated_length"
         if term.numel():
-            one("completions/mean_terminated_length", term.mean())
+            one(name, term.mean())
         if self.log_completions and metrics is self.train_metrics:
             self._keep_table(rewards, roll)
 
@@ -385,15 +426,40 @@ class GRPO(Task):
 
     def _logps(self, model: nn.Module, roll: Rollout, grad: bool = True):
         """(per-token log-probs (N, C), fp32; their entropies, no gradient) of the completion
-        tokens under `model`."""
+        tokens under `model`, its logits divided by the sampling temperature (TRL's)."""
+        if self.chunk_tokens:
+            out = call(model, roll["seq"], head_loss=self._chunked_head(roll))
+            return (out[..., 0] if grad else out[..., 0].detach()), out[..., 1].detach()
         logits = call(model, roll["seq"])
         pos = roll["pos"]
         picked = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()
+        if self.temperature != 1.0:  # the sampled distribution's log-probs, as TRL scores them
+            picked = picked / self.temperature
         lse = picked.logsumexp(-1)
         logps = picked.gather(-1, roll["ids"].unsqueeze(-1)).squeeze(-1) - lse
         with torch.no_grad():
             entropy = lse - (torch.softmax(picked, -1) * picked).sum(-1)
         return (logps if grad else logps.detach()), entropy
+
+    def _chunked_head(self, roll: Rollout):
+        """task.chunked_loss: what the model's `forward(..., head_loss=)` calls with its last
+        hidden states and output layer: the completion positions' log-probs and entropies,
+        `loss_chunk_tokens` tokens at a time, each chunk's logits recomputed in the backward
+        (activation checkpointing) instead of kept: the (tokens, vocab) logits never exist."""
+        pos, ids, temperature, chunk = roll["pos"], roll["ids"], self.temperature, self.chunk_tokens
+
+        def head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+            n, c = pos.shape
+            picked = hidden.gather(1, pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+            flat, targets = picked.reshape(n * c, -1), ids.reshape(-1)
+            parts = [
+                checkpoint(_chunk_scores, flat[i : i + chunk], targets[i : i + chunk], weight,
+                           bias, temperature, use_reentrant=False)
+                for i in range(0, n * c, chunk)
+            ]  # fmt: skip
+            return torch.cat(parts).view(n, c, 2)
+
+        return head
 
     def _reference(self, model: nn.Module, roll: Rollout) -> torch.Tensor:
         if self.ref_model is not None:
@@ -412,6 +478,7 @@ class GRPO(Task):
         per_token, coef_1, kl = L.token_losses(
             logps, old, roll["adv"], mask, epsilon=self.eps, epsilon_high=self.eps_high,
             level=self.level, ref_logps=roll.get("ref"), beta=self.beta,
+            bias_correction_kl=self.bias_correction_kl,
         )  # fmt: skip
         loss, items = L.reduce(self.loss_type, per_token, mask, self.max_len)
         tokens = mask.sum()
@@ -436,18 +503,61 @@ class GRPO(Task):
         return [(TABLE, columns, rows)]
 
     def state_dict(self) -> dict[str, Any]:
-        """num_iterations > 1: the completions kept for the window's later passes (host)."""
+        """num_iterations > 1: the completions each process kept for the window's later passes
+        (host tensors), every process's gathered (the checkpoint is written once, every rank
+        saves together: a collective here is safe), so each takes its own back on resume."""
         kept = [
-            (list(key), uses, {k: v.cpu() for k, v in roll.items() if torch.is_tensor(v)})
-            for key, (uses, roll) in self.kept.items()
+            [key[0], list(key[1]), uses, {k: v.cpu() for k, v in r.items() if torch.is_tensor(v)}]
+            for key, (uses, r) in self.kept.items()
         ]
-        return {"kept": kept, "train_step": self.train_step}
+        by_rank = [kept]
+        if self.mu > 1 and dist.is_available() and dist.is_initialized():
+            by_rank = [None] * dist.get_world_size()
+            dist.all_gather_object(by_rank, kept)
+        return {"kept_by_rank": by_rank, "train_step": self.train_step}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.train_step = int(state.get("train_step", 0))
         self.kept = {}
-        for key, uses, roll in state.get("kept", []):
-            self.kept[(key[0], tuple(key[1]))] = [uses, Rollout(roll)]
+        by_rank = state.get("kept_by_rank") or [[]]
+        rank = _rank()
+        if rank >= len(by_rank):  # resumed on more processes: those sample the window again
+            return
+        for epoch, index, uses, roll in by_rank[rank]:
+            self.kept[(epoch, tuple(index))] = [uses, Rollout(roll)]
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _global_std(rewards: torch.Tensor) -> torch.Tensor | None:
+    """scale_rewards=batch across processes: the std of every process's rewards (TRL gathers
+    them), from one all-reduce of (count, sum, sum of squares); None in one process."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    ok = rewards[~torch.isnan(rewards)].double()
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    stats = torch.stack([torch.tensor(float(ok.numel()), dtype=torch.float64), ok.sum(),
+                         (ok * ok).sum()]).to(device)  # fmt: skip
+    dist.all_reduce(stats)
+    n, total, squares = stats.tolist()
+    if n < 2:
+        return torch.tensor(float("nan"))
+    return torch.tensor(max(squares - total * total / n, 0.0) / (n - 1)).sqrt().float()
+
+
+def _chunk_scores(h, targets, weight, bias, temperature: float) -> torch.Tensor:
+    """(tokens, 2): each token's log-prob (with its gradient) and the entropy (none) under
+    one chunk's logits, fp32, divided by the temperature."""
+    logits = F.linear(h, weight, bias).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = logits.logsumexp(-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    with torch.no_grad():
+        entropy = lse - (torch.softmax(logits, -1) * logits).sum(-1)
+    return torch.stack([logp, entropy], -1)
 
 
 class _Collect:

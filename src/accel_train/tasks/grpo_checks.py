@@ -83,11 +83,10 @@ def _combination(task: Mapping[str, Any], cfg: DictConfig, strategies) -> str | 
             "parallelism (each layer split across processes) does not give. Use "
             "`strategy=ddp`, or `strategy=fsdp` without strategy.tp."
         )
-    if task.get("chunked_loss"):
+    if task.get("chunked_loss") and int(task.get("loss_chunk_tokens", 1024)) < 1:
         return (
-            "task.chunked_loss=true with task=grpo is not implemented yet: the per-token "
-            "log-probs and entropies are computed from the completion positions' logits. Set "
-            "`task.chunked_loss=false` (or lower task.max_completion_length / loader.batch_size)."
+            f"task.loss_chunk_tokens={task.get('loss_chunk_tokens')}: the tokens of one chunk "
+            "of task.chunked_loss must be at least 1, e.g. `task.loss_chunk_tokens=1024`."
         )
     sharded = strategies is not None and strategies(name).shards_parameters
     if sharded and float(task.get("beta", 0.0)) > 0 and cfg.lora.rank <= 0:

@@ -8,7 +8,9 @@
 - `token_losses`: the clipped surrogate -min(r A, clip(r, 1-eps, 1+eps_high) A) per token, the
   ratio r per token or one per completion (`importance_sampling_level=sequence`: Zheng et al.
   2025, "GSPO", arXiv:2507.18071, the mean log-ratio over the completion's tokens), plus
-  beta times the k3 estimator of the KL to the reference (Schulman 2020).
+  beta times the k3 estimator of the KL to the reference (Schulman 2020), times the ratio
+  (`use_bias_correction_kl`, TRL 1.16's default: the unbiased reverse-KL gradient of
+  DeepSeek-V3.2, arXiv:2512.02556).
 - `reduce`: the token losses to the loss, by `loss_type`: grpo (each completion's token mean,
   then the mean over completions), bnpo (the mean over the micro-batch's tokens), dr_grpo (the
   sum over tokens / (completions x max_completion_length)), dapo (the sum over tokens, divided
@@ -43,17 +45,20 @@ def weighted_rewards(per_func: torch.Tensor, weights: torch.Tensor) -> torch.Ten
 
 
 def advantages(
-    rewards: torch.Tensor, group: int, scale: str = "group"
+    rewards: torch.Tensor, group: int, scale: str = "group", std: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, whether each completion's std is zero), from the (completions,) rewards
-    laid out group by group (`group` completions of one prompt in a row)."""
+    laid out group by group (`group` completions of one prompt in a row). `std`: the batch's
+    std when the batch spans several processes (scale=batch); None: these rewards'."""
     mean = torch.nanmean(rewards.view(-1, group), dim=1).repeat_interleave(group)
     if scale in ("group", "none"):
         std = nanstd(rewards.view(-1, group), dim=1).repeat_interleave(group)
-    else:  # batch
-        std = (
-            nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
-        )
+    elif std is not None:  # batch, over every process's rewards
+        std = std.to(rewards).expand_as(rewards)
+    elif rewards.numel() > 1:  # batch
+        std = nanstd(rewards).expand_as(rewards)
+    else:
+        std = torch.zeros_like(rewards)
     adv = rewards - mean
     if scale != "none":
         adv = adv / (std + 1e-4)
@@ -71,6 +76,7 @@ def token_losses(
     level: str = "token",
     ref_logps: torch.Tensor | None = None,
     beta: float = 0.0,
+    bias_correction_kl: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(per-token loss (N, C), the ratio coef_1 ((N, C), or (N, 1) per sequence), per-token KL
     or None) from the (N, C) log-probs of the policy, of the policy that sampled (old) and of
@@ -87,6 +93,8 @@ def token_losses(
     kl = None
     if beta != 0.0:
         kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+        if bias_correction_kl:  # times the ratio: the unbiased reverse-KL gradient (TRL's)
+            kl = kl * coef_1
         loss = loss + beta * kl
     return loss, coef_1, kl
 
