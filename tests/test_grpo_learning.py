@@ -78,6 +78,8 @@ def test_grpo_learns_a_rule_from_reward_alone_and_resumes_exactly(tmp_path, run_
     assert_same_weights(resumed / "checkpoints" / "last.pt", whole / "checkpoints" / "last.pt")
     for key in ("train/reward", "train/completions/mean_length", "train/loss"):
         assert _metric(resumed, key) == _metric(whole, key), key  # the same completions sampled
+    # the last validation samples the held-out prompts' completions alike in either process
+    assert _metric(resumed, "val/reward")[120] == val[120]
 
 
 # ---- the recipe's own command ------------------------------------------------------------
