@@ -14,9 +14,11 @@ Part `speed`: launch to exit of each side, --rounds rounds alternated (A B, B A,
 Generation is timed separately on both sides the same way: each process wraps transformers'
 `GenerationMixin.generate` (which both tools call, TRL through PEFT's wrapper, accel-train
 through HFModel.generate_ids) with a timer and reports the sum; "train" is the rest of the
-training call (scoring, log-probs, the loss, backward, the optimizer), "start" launch to the
-first step and the exit. Mean completion lengths are printed too: both sides must generate
-about the same number of tokens for the comparison to hold (a random model rarely stops early).
+training call (scoring, log-probs, the loss, backward, the optimizer; accel-train's: its epochs'
+train/epoch_s), "start + exit" the rest of launch to exit (accel-train's includes one final
+validation batch of prompts, which it cannot skip; TRL's runs none). Mean completion lengths
+are printed too: both sides must generate about the same number of tokens for the comparison to
+hold (a random model rarely stops early).
 The issue's goal: accel-train at least 1.3x faster launch to exit.
 Part `memory`: accel-train's peak RSS (the process's VmHWM, /usr/bin/time's %M) for LoRA GRPO
 (beta > 0: the reference is the adapters off) against full GRPO with a frozen reference copy
@@ -45,12 +47,12 @@ sys.path.insert(0, str(HERE))
 from _common import DEFAULT_DATA_DIR, console_script, load_avg, machine, median, table  # noqa: E402
 from finetune_lora import MEM_MODEL, RACE_MODEL, make_folder  # noqa: E402
 
-# Run in each side's process before the tool starts: the time spent in transformers' generate,
-# summed (re-entrant calls counted once), written to $GRPO_BENCH_TIMES at exit.
+# Run in each side's process before the tool starts: the seconds of each call of transformers'
+# generate (re-entrant calls counted once), written to $GRPO_BENCH_TIMES at exit.
 GENERATE_TIMER = """
 import atexit, json, os, time
 from transformers.generation.utils import GenerationMixin
-_spent, _depth, _generate = [0.0, 0], [0], GenerationMixin.generate
+_calls, _depth, _generate = [], [0], GenerationMixin.generate
 def _timed(self, *args, **kwargs):
     _depth[0] += 1
     t0 = time.perf_counter()
@@ -59,11 +61,9 @@ def _timed(self, *args, **kwargs):
     finally:
         _depth[0] -= 1
         if _depth[0] == 0:
-            _spent[0] += time.perf_counter() - t0
-            _spent[1] += 1
+            _calls.append(time.perf_counter() - t0)
 GenerationMixin.generate = _timed
-atexit.register(lambda: open(os.environ["GRPO_BENCH_TIMES"], "w").write(
-    json.dumps({"generate_s": _spent[0], "generate_calls": _spent[1]})))
+atexit.register(lambda: open(os.environ["GRPO_BENCH_TIMES"], "w").write(json.dumps(_calls)))
 """
 # accel-train's console script, after the timer (sys.argv: the overrides).
 ACCEL_MAIN = (
@@ -156,10 +156,9 @@ def run_trl(a, root: Path, model: Path, train: Path, r: int) -> dict:
     if proc.returncode:
         sys.exit(proc.stdout[-3000:] + proc.stderr[-3000:])
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    gen = json.loads(times.read_text())
-    train = res["train_s"] - gen["generate_s"]
-    return {"wall": wall, "generate": gen["generate_s"], "train": train,
-            "calls": gen["generate_calls"], "length": median(res["mean_length"])}  # fmt: skip
+    calls = json.loads(times.read_text())
+    return {"wall": wall, "generate": sum(calls), "train": res["train_s"] - sum(calls),
+            "calls": len(calls), "length": median(res["mean_length"])}  # fmt: skip
 
 
 # ---- accel-train's side ----------------------------------------------------------------------
@@ -170,7 +169,8 @@ def accel_args(a, model: Path, train: Path, steps: int, rank: int, beta: float) 
         "+experiment=grpo_lora",
         f"model.path={model}",
         f"dataset.path={train}",
-        "dataset.val_fraction=0.01",  # (a hold-out is required; validation never runs)
+        "dataset.val_fraction=0.01",  # (a hold-out is required: one batch of it is scored
+        "trainer.limit_val_batches=1",  # at the end, counted in accel-train's "start + exit")
         "task.rewards=[{_target_: _grpo_reward.lines}]",
         f"task.num_generations={a.num_generations}",
         f"task.max_completion_length={a.max_completion_length}",
@@ -200,7 +200,7 @@ def accel_args(a, model: Path, train: Path, steps: int, rank: int, beta: float) 
     ]
 
 
-def run_accel(args: list[str], run_dir: Path, rss: bool = False) -> dict:
+def run_accel(args: list[str], run_dir: Path, steps: int, rss: bool = False) -> dict:
     times = run_dir.parent / f"{run_dir.name}_times.json"
     cmd = [sys.executable, "-c", GENERATE_TIMER + ACCEL_MAIN, *args, f"hydra.run.dir={run_dir}"]
     if rss:  # the process's peak resident set, KiB (the accel-train console script: no timer)
@@ -216,10 +216,9 @@ def run_accel(args: list[str], run_dir: Path, rss: bool = False) -> dict:
     out["length"] = median([r["train/completions/mean_length"] for r in rows
                             if "train/completions/mean_length" in r])  # fmt: skip
     train_s = [r["train/epoch_s"] for r in rows if "train/epoch_s" in r]
-    if not rss:
-        gen = json.loads(times.read_text())
-        out.update(generate=gen["generate_s"], calls=gen["generate_calls"])
-        out["train"] = sum(train_s) - gen["generate_s"] if train_s else float("nan")
+    if not rss:  # one generate call a training step, then the final validation's
+        calls = json.loads(times.read_text())[:steps]
+        out.update(generate=sum(calls), calls=len(calls), train=sum(train_s) - sum(calls))
     else:
         line = [x for x in proc.stderr.splitlines() if x.startswith("maxrss_kib=")][-1]
         out["peak_mib"] = int(line.split("=")[1]) / 1024
@@ -239,7 +238,7 @@ def speed(a, root: Path, model: Path, text: str) -> None:
                 res = run_trl(a, root, model, train, r)
             else:
                 args = accel_args(a, model, train, a.steps, a.rank, 0.0)
-                res = run_accel(args, root / f"speed{r}")
+                res = run_accel(args, root / f"speed{r}", a.steps)
             got[side].append(res)
             print(f"round {r + 1} {side}: {res['wall']:.1f} s launch to exit, generate "
                   f"{res['generate']:.1f} s ({res['calls']} calls), train {res['train']:.1f} s, "
@@ -274,7 +273,7 @@ def memory(a, root: Path, text: str) -> None:
                 ("full GRPO (a frozen reference copy)", 0))  # fmt: skip
     for name, rank in variants:
         args = accel_args(a, model, train, a.mem_steps, rank, a.mem_beta)
-        res = run_accel(args, root / f"mem{rank}", rss=True)
+        res = run_accel(args, root / f"mem{rank}", a.mem_steps, rss=True)
         rows.append([name, f"{res['peak_mib']:,.0f}", f"{res['wall']:.1f}"])
     print(table(["accel-train, beta=" + str(a.mem_beta), "peak RSS (MiB)", "wall (s)"], rows))
     lora, full = (float(r[1].replace(",", "")) for r in rows)
