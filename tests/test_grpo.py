@@ -275,6 +275,9 @@ def test_lora_grpo_logs_trl_metrics_and_completions_then_resumes_exactly(llama, 
     losses = {k: {r["step"]: r["train/loss"] for r in read_jsonl(v / "metrics.jsonl")
                   if "train/loss" in r} for k, v in runs.items()}  # fmt: skip
     assert losses["resumed"] == losses["whole"] and len(losses["whole"]) == 6
+    rewards = {k: [r["val/reward"] for r in read_jsonl(v / "metrics.jsonl") if "val/reward" in r]
+               for k, v in runs.items()}  # fmt: skip
+    assert rewards["resumed"] == rewards["whole"]  # (the first part validated at step 3 too)
     ckpt = "checkpoints/last.pt"
     assert_same_weights(runs["whole"] / ckpt, runs["resumed"] / ckpt)
 
