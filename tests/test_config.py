@@ -56,7 +56,7 @@ REFUSED = {
     "dataset=streaming_preference": "dataset.remote",
     "+experiment=dpo_lora": ".path",
     "+experiment=simpo_lora": ".path",
-    # GRPO samples with a causal LM on prompts of a file (tests/test_grpo*.py run it).
+    # GRPO samples completions with a causal LM (tests/test_grpo.py runs it).
     "task=grpo": "task=grpo with model=",
     "dataset=prompts": "dataset.path",
     "+experiment=grpo_lora": ".path",

@@ -275,6 +275,9 @@ def test_lora_grpo_logs_trl_metrics_and_completions_then_resumes_exactly(llama, 
     losses = {k: {r["step"]: r["train/loss"] for r in read_jsonl(v / "metrics.jsonl")
                   if "train/loss" in r} for k, v in runs.items()}  # fmt: skip
     assert losses["resumed"] == losses["whole"] and len(losses["whole"]) == 6
+    rewards = {k: [r["val/reward"] for r in read_jsonl(v / "metrics.jsonl") if "val/reward" in r]
+               for k, v in runs.items()}  # fmt: skip
+    assert rewards["resumed"] == rewards["whole"]  # (the first part validated at step 3 too)
     ckpt = "checkpoints/last.pt"
     assert_same_weights(runs["whole"] / ckpt, runs["resumed"] / ckpt)
 
@@ -372,3 +375,20 @@ def test_a_failing_reward_function_is_named_with_the_prompt(fn, needles):
     per_func = torch.full((8, 1), float("nan"))
     adv, _ = L.advantages(L.weighted_rewards(per_func, torch.ones(1)), 4)
     assert adv.abs().sum() == 0
+
+
+def test_builtin_gpt_samples_with_its_own_loop_and_the_chunked_loss(llama, tmp_path, run_cli):
+    """model=gpt (no generate_ids: nanoGPT's sampling loop, one group at a time) trains with
+    task.chunked_loss through its head_loss capability; a context too short is refused."""
+    data = _write(tmp_path / "prompts.jsonl", _records(8))
+    base = [*RUN[:2], "model=gpt", "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
+            f"dataset.tokenizer={llama}", f"dataset.path={data}", _rewards_arg(), *RUN[5:],
+            "task.chunked_loss=true", "task.loss_chunk_tokens=7", "trainer.max_steps=2",
+            "logger=csv"]  # fmt: skip
+    check_ok(run_cli([*base, "model.block_size=32", f"hydra.run.dir={tmp_path / 'gpt'}"]))
+    train = [r for r in read_jsonl(tmp_path / "gpt" / "metrics.jsonl") if "train/loss" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["train/completions/max_length"] == C for r in train)  # sampled to the end
+    proc = run_cli([*base, "model.block_size=16", f"hydra.run.dir={tmp_path / 'short'}"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "positions, and the model has 16" in proc.stderr

@@ -146,7 +146,7 @@ class GRPO(Task):
         self._layers: list[nn.Module] | None = None
         self.kept: dict[tuple, list] = {}  # num_iterations > 1: (epoch, prompts) -> [uses, Rollout]
         self.table: list[list[Any]] = []  # the latest completions (log_completions)
-        self.train_step = 0  # micro-batches trained (the table's rows say the step the loop logs)
+        self.train_step = 0  # micro-batches trained (the seed's place without a position)
         self.warned_lost = False
 
     @classmethod
@@ -162,12 +162,6 @@ class GRPO(Task):
 
     def setup(self, ctx: TaskContext) -> None:
         super().setup(ctx)
-        ds = ctx.cfg.dataset
-        folder = ds.get("tokenizer") or ctx.cfg.model.get("path")
-        self.tok = load_tokenizer(str(folder), chat_template=ds.get("chat_template"))
-        self.eos = self.tok.eos_token_id
-        pad = self.tok.pad_token_id
-        self.pad = pad if pad is not None else (self.eos if self.eos is not None else 0)
         batch = ctx.prepared(self)
         if not (isinstance(batch, Mapping) and {"input_ids", "records"} <= set(batch)):
             raise UserError(
@@ -175,6 +169,11 @@ class GRPO(Task):
                 f"{ctx.cfg.dataset.get('name', 'custom')} gives {type(batch).__name__} batches. "
                 "Use `dataset=prompts dataset.path=<prompts.jsonl>` (records with a 'prompt')."
             )
+        ds = ctx.cfg.dataset  # (dataset=prompts read its records with this tokenizer)
+        self.tok = load_tokenizer(str(ds.tokenizer), chat_template=ds.get("chat_template"))
+        self.eos = self.tok.eos_token_id
+        pad = self.tok.pad_token_id
+        self.pad = pad if pad is not None else (self.eos if self.eos is not None else 0)
         bare = unwrapped(ctx.model)
         if not hasattr(bare, "generate_ids") and not hasattr(bare, "block_size"):
             raise UserError(
@@ -263,8 +262,9 @@ class GRPO(Task):
 
     def _seed(self, batch: Mapping, position: tuple | None) -> int:
         rank = _rank()
+        # (a tuple of ints hashes the same in every process: no PYTHONHASHSEED salt)
         if position is None:  # evaluation: the batch's first prompt names it
-            return hash((self.seed, "eval", int(batch["index"][0]))) % 2**62
+            return hash((self.seed, -1, int(batch["index"][0]))) % 2**62
         return hash((self.seed, *position, rank)) % 2**62
 
     def _rollout_for(self, model: nn.Module, batch: Mapping) -> Rollout:
