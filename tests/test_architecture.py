@@ -51,6 +51,7 @@ LAYERS = [
         "accel_train.checkpoint",
         "accel_train.safe_load",
         "accel_train.tasks",
+        "accel_train.rewards",
         "accel_train.ray_cluster",
     ],
     ["accel_train.techniques"],

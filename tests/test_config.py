@@ -57,6 +57,10 @@ REFUSED = {
     "dataset=streaming_preference": "dataset.remote",
     "+experiment=dpo_lora": ".path",
     "+experiment=simpo_lora": ".path",
+    # GRPO samples completions with a causal LM (tests/test_grpo.py runs it).
+    "task=grpo": "task=grpo with model=",
+    "dataset=prompts": "dataset.path",
+    "+experiment=grpo_lora": ".path",
     "+experiment=imagenet_resnet50": "dataset.root",
     "+experiment=vit_finetune": "dataset.root",
 }

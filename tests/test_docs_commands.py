@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 from doc_commands import DocCommand, all_commands
+from grpo_fixtures import docs_reward_module, user_code, write_question_prompts
 from helpers import check_ok, run_cli
 from hf_fixtures import write_gpt2_tokens, write_preferences, write_records, write_tiny_llama
 from test_image_folder import write_image_folder
@@ -63,17 +64,22 @@ REAL_DOCS = (
     "docs/architecture.md",
 )
 GPT_RECIPES = ("gpt_char", "gpt_char_fast", "gpt2_small", "gpt2_long")
+GRPO_RECIPES = ("grpo_lora",)
 
 
 def shrink(argv: list[str]) -> list[str]:
     """What a reader appends to try a real command on a laptop (appended overrides win): one
     batch of each split, a 1-layer GPT of width 32 (its context 64 where the command sets no
-    `dataset.max_length`), rows of 64 tokens for a Hugging Face model, 2 processes at most.
+    `dataset.max_length`), rows of 64 tokens for a Hugging Face model (for GRPO, 2 completions
+    of 8 tokens a prompt), 2 processes at most.
     doc_dry_run.py's SHRINK shrinks images, batches and loader workers alike."""
     given = {a.split("=", 1)[0].lstrip("+") for a in argv if "=" in a}
     values = dict(a.lstrip("+").split("=", 1) for a in argv if "=" in a)
     out = ["+debug=fast_dev_run", "trainer.progress=none", "logger=none"]
-    if values.get("experiment") in GPT_RECIPES or values.get("model") == "gpt":
+    grpo = values.get("experiment") in GRPO_RECIPES or values.get("task") == "grpo"
+    if grpo or values.get("dataset") == "prompts":  # (prompts have no dataset.max_length)
+        out += ["task.num_generations=2", "task.max_completion_length=8"]
+    elif values.get("experiment") in GPT_RECIPES or values.get("model") == "gpt":
         out += ["model.n_layer=1", "model.n_embd=32", "model.n_head=2"]
         if "dataset.max_length" not in given:
             out.append("model.block_size=64")
@@ -142,6 +148,7 @@ def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
     # (one export folder per command: an export never writes over an existing folder)
     where = re.sub(r"\W", "_", command.source)
     text = text.replace("/models/my-finetune", f"models/my-finetune-{where}")
+    text = text.replace("/models/my-grpo", f"models/my-grpo-{where}")
     text = text.replace("/models/resnet18.pth", "models/resnet18.pth")
     text = text.replace("/models/convnext_atto.d2_in1k", "models/convnext_atto.d2_in1k")
     text = text.replace("/models/vit_small_patch16_224", "models/vit_small_patch16_224")
@@ -244,6 +251,9 @@ def workspace(tmp_path_factory, mnist_dir) -> Path:
     write_records(root / "data" / "chat_test.jsonl", 4)  # (accel-eval data_path=)
     write_preferences(root / "data" / "prefs.jsonl", 8)  # (docs/fine-tuning.md's preference pairs)
     write_preferences(root / "data" / "prefs_val.jsonl", 4, start=8)
+    # GRPO: prompts with an answer, and the page's own my/rewards.py (its reward function)
+    write_question_prompts(root / "data" / "prompts.jsonl", 16)
+    user_code(root, {"my/rewards.py": docs_reward_module()})
     sft = ["+experiment=sft_lora", "model.path=models/tiny-llama", "dataset.path=data/chat.jsonl"]
     sft += [
         "dataset.val_path=data/chat_val.jsonl",
@@ -251,6 +261,14 @@ def workspace(tmp_path_factory, mnist_dir) -> Path:
     ]
     sft += ["dataset.max_length=64", "trainer.max_steps=2", "scheduler.warmup_steps=0"]
     check_ok(run_cli([*sft, f"hydra.run.dir=outputs/sft_lora/{RUN}", *fast], root))
+    grpo = [
+        "+experiment=grpo_lora",
+        "model.path=models/tiny-llama",
+        "dataset.path=data/prompts.jsonl",
+    ]
+    grpo += ["task.rewards=[{_target_: my.rewards.correct}]", "task.num_generations=2"]
+    grpo += ["task.max_completion_length=8", "trainer.max_steps=2"]
+    check_ok(run_cli([*grpo, f"hydra.run.dir=outputs/grpo_lora/{RUN}", *fast], root))
     (root / RUN).symlink_to(root / "outputs" / "my_run")
     # docs/vision.md: a folder as timm saves a model for the hub (the launch step reads it).
     from timm import create_model

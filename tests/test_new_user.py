@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from grpo_fixtures import docs_reward_module, user_code, write_question_prompts
 from helpers import FAST, check_ok, write_mnist
 from hf_fixtures import write_preferences, write_records, write_tiny_llama
 from omegaconf import OmegaConf
@@ -26,6 +27,20 @@ def _tokens(cwd: Path, run_cli) -> list[str]:
 
 def _mnist(cwd: Path, run_cli) -> list[str]:
     return [f"paths.data_dir={write_mnist(cwd / 'data')}"]
+
+
+def _grpo(cwd: Path, run_cli) -> list[str]:
+    # docs/fine-tuning.md's prompts and its my/rewards.py (imported from the run's directory).
+    user_code(cwd, {"my/rewards.py": docs_reward_module()})
+    prompts = write_question_prompts(cwd / "prompts.jsonl", 8)
+    return [
+        f"model.path={write_tiny_llama(cwd / 'llama')}",
+        f"dataset.path={prompts}",
+        "task.rewards=[{_target_: my.rewards.correct}]",
+        "task.num_generations=2",
+        "task.max_completion_length=8",
+        "lora.rank=4",
+    ]
 
 
 def _cifar_shaped(cwd: Path, run_cli) -> list[str]:
@@ -111,6 +126,7 @@ EXPERIMENT_DATA = {
     "gpt_char_fast": _tokens,
     "gpt2_small": _gpt2_shrunk,
     "gpt2_long": _gpt2_long_shrunk,
+    "grpo_lora": _grpo,
     "imagenet_resnet50": _photos,
     "mnist_amp": _mnist,
     "sft_lora": _sft,

@@ -87,13 +87,16 @@ def build(
     optional: Mapping[str, Any] | None = None,
     exclude: tuple[str, ...] = ("name",),
     hints: Mapping[str, str] | None = None,
+    recursive: bool = True,
 ) -> Any:
     """Call ``node._target_`` with the node's keys (less ``exclude``).
 
     ``runtime`` values (e.g. the data shape) are added when the target names them or takes
     ``**kwargs``; ``optional`` ones (accel-train's own keys such as ``seed``) only when it names
-    them. A key the target does not take is an error naming ``key`` and the key; a missing one
-    is an error with ``hints[name]`` as its fix when given (a value the data should provide)."""
+    them. `recursive=False`: nested `_target_` nodes stay data (a task's list of reward
+    functions, built by the task itself). A key the target does not take is an error naming
+    ``key`` and the key; a missing one is an error with ``hints[name]`` as its fix when given
+    (a value the data should provide)."""
     target = str(node._target_)
     fn = locate(target, f"{key}._target_")
     params = _parameters(fn)
@@ -122,7 +125,7 @@ def build(
         )
     clean = OmegaConf.create({"_target_": target, **given})
     try:
-        return instantiate(clean, _convert_="all", **extra)
+        return instantiate(clean, _convert_="all", _recursive_=recursive, **extra)
     except InstantiationException as err:
         cause = err.__cause__ or err
         if isinstance(cause, UserError):  # the target's own message names the problem

@@ -169,6 +169,18 @@ class PreferenceDatasetConfig(DatasetConfig):
     chat_template: str | None = None
 
 
+@dataclass
+class PromptsDatasetConfig(DatasetConfig):
+    path: str = MISSING
+    val_path: str | None = None
+    test_path: str | None = None
+    tokenizer: str | None = None
+    max_prompt_length: int | None = 512
+    chat_template: str | None = None
+    num_iterations: int = 1
+    accumulate_grad_batches: int = 1
+
+
 # The recipe switches of issue 38 (timm's spellings; data/recipe.py, data/batch_mix.py): keys
 # accel-train consumes itself, never passed to the dataset's factory.
 @dataclass
@@ -352,6 +364,34 @@ class PreferenceTaskConfig(TaskConfig):  # made a dataclass below, with `lambda`
 PreferenceTaskConfig.__annotations__["lambda"] = float
 setattr(PreferenceTaskConfig, "lambda", field(default=0.1, init=False, repr=False, compare=False))
 PreferenceTaskConfig = dataclass(PreferenceTaskConfig)
+
+
+@dataclass
+class GrpoTaskConfig(TaskConfig):
+    monitor: str = "val/reward"
+    monitor_mode: str = "max"
+    objective: str = "final_val_loss"
+    num_generations: int = 8
+    max_completion_length: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    beta: float = 0.0
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    loss_type: str = "dapo"
+    scale_rewards: str = "group"
+    importance_sampling_level: str = "token"
+    num_iterations: int = 1
+    mask_truncated_completions: bool = False
+    use_bias_correction_kl: bool = True
+    rewards: list[Any] = field(default_factory=list)
+    log_completions: bool = True
+    num_completions_to_print: int | None = 8
+    generation: str = "hf"
+    chunked_loss: bool = False
+    loss_chunk_tokens: int = 1024
+    seed: int = 0
 
 
 @dataclass
@@ -926,6 +966,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "tokens": TokensDatasetConfig,
         "sft": SftDatasetConfig,
         "preference": PreferenceDatasetConfig,
+        "prompts": PromptsDatasetConfig,
         "streaming_preference": StreamingPreferenceDatasetConfig,
         "streaming_sft": StreamingSftDatasetConfig,
         "streaming": StreamingDatasetConfig,
@@ -939,6 +980,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "model_loss": TaskConfig,
         "language_model": LanguageModelTaskConfig,
         "preference": PreferenceTaskConfig,
+        "grpo": GrpoTaskConfig,
         "custom": CustomTaskConfig,
     },
     "precision": {n: PrecisionConfig for n in ("fp32", "amp", "fp16", "bf16", "bf16_true")},

@@ -222,13 +222,15 @@ class HFModel(nn.Module):
         top_k: int | None,
         top_p: float,
         eos_token_id: int | None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """transformers' own generate (a KV cache, the model's stop token); seeded by the
-        caller through torch's global generator."""
+        caller through torch's global generator. `attention_mask`: 0 on left padding (a batch
+        of prompts of different lengths); None: every token real."""
         sampling = temperature > 0
         return self.hf.generate(
             input_ids=ids,
-            attention_mask=torch.ones_like(ids),
+            attention_mask=torch.ones_like(ids) if attention_mask is None else attention_mask,
             max_new_tokens=max_new_tokens,
             do_sample=sampling,
             temperature=temperature if sampling else None,

@@ -16,7 +16,8 @@ OWN_KEYS = ("name", "monitor", "monitor_mode", "objective")
 
 
 def build_task(cfg: DictConfig) -> Task:
-    task = build(cfg.task, "task", exclude=OWN_KEYS)
+    # A task's nested `_target_`s (task=grpo's reward functions) are its own to build.
+    task = build(cfg.task, "task", exclude=OWN_KEYS, recursive=False)
     if not isinstance(task, Task):
         raise UserError(
             f"task._target_={cfg.task._target_} built a {type(task).__name__}; a task must "

@@ -202,6 +202,19 @@ class Task:
         calls it (a sharded or pipelined model's forward is collective); rank 0 prints."""
         return []
 
+    def tables(self) -> list[tuple[str, list[str], list[list[Any]]]]:
+        """Tables of text the loop logs at each logging step to every logger that takes text,
+        as (name, columns, rows) (a task's sampled completions); the loop adds the step."""
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a task carries from step to step that a resume needs (tensors allowed): kept in
+        every checkpoint, given back to `load_state_dict` on resume. Most tasks: nothing."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take back what `state_dict` gave (a checkpoint without it: an empty mapping)."""
+
     def checkpoint_data(self) -> dict[str, Any]:
         """Plain data (JSON types only) every checkpoint keeps for the tools that read it
         without the training data: a language model's tokenizer, for accel-sample."""

@@ -483,6 +483,10 @@ class Loop:
             metrics["train/grad_norm"] = norm
         self._fire("on_log", metrics)  # techniques/speed.py adds samples/s, step time, ...
         self.metrics.log(metrics, self.step, self.epoch)
+        for name, columns, rows in self.task.tables():  # e.g. GRPO's sampled completions
+            self.metrics.log_table(
+                name, ["step", *columns], [[self.step, *r] for r in rows], self.step
+            )
         self.progress.show(shown_numbers(metrics, task_metrics), self.step, self.epoch)
 
     def _validate(self, final: bool = False) -> None:

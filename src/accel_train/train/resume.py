@@ -223,6 +223,8 @@ def checkpoint_state(loop: Loop) -> dict[str, Any]:
         "metrics_rows": loop.metrics.position(),
         "techniques": {t.name: t.state_dict() for t in loop.techniques},
         "task": loop.task.checkpoint_data(),  # e.g. a language model's tokenizer
+        # What a task carries from step to step (GRPO's completions kept for num_iterations).
+        "task_state": loop.task.state_dict(),
         "rng": ckpt_io.rng_state(),
         "config": to_container(loop.cfg),
     }
@@ -268,6 +270,7 @@ def resume(loop: Loop) -> Resumed | None:
         _say_new_width(loop, p, total, epochs)
         resumed.scheduler = _restore_schedule(loop, state, changed, total)
     loop.checkpoints.load_state_dict(p, own)
+    loop.task.load_state_dict(state.get("task_state") or {})
     saved = state.get("techniques", {})
     for technique in loop.techniques:
         if technique.name in saved:

@@ -1,0 +1,578 @@
+"""task=grpo: online RL of a causal LM on reward functions of the user's own (dataset=prompts),
+as TRL 1.16's GRPOTrainer does it, with its names and defaults (tasks/grpo_loss.py holds the
+arithmetic and says where each formula comes from).
+
+Each training micro-batch of B prompts (this process's own: a prompt's group is never split
+across processes):
+1. samples `num_generations` completions per prompt with the policy (eval mode, no gradient,
+   the model's KV cache: model=hf's `generate_ids`; model=gpt samples with nanoGPT's loop),
+   seeded by (task.seed, epoch, batch, rank): a resumed run samples the same completions;
+2. scores them with `task.rewards` (accel_train/rewards.py) and turns the weighted rewards
+   into group-relative advantages;
+3. with `beta > 0`, the reference's log-probs (no gradient): the model with its LoRA adapters
+   off under LoRA (as task=preference), else a frozen copy of the starting model;
+4. returns the clipped policy-gradient loss of the completion tokens (`loss_type`).
+
+`num_iterations` (TRL's mu) > 1: the loader gives each optimizer step's window of batches mu
+times in a row (data/prompts.py, RepeatedOrder); the first time the task samples and keeps the
+completions with their log-probs under the sampling policy (old log-probs), the next mu - 1 times
+it trains on what it kept. What it keeps is in the checkpoint (`state_dict`), so a run resumed
+inside such a window trains on the same completions.
+
+Metrics (train/... and val/...) in TRL's names: reward, reward_std, rewards/<function>/mean and
+/std, frac_reward_zero_std, completions/mean_length, min_length, max_length, clipped_ratio,
+mean_terminated_length, entropy, kl (beta > 0), clip_ratio/low_mean, high_mean, region_mean. At
+each logging step a table `completions` (step, prompt, completion, each reward, advantage) goes
+to every logger that takes text (`task.log_completions`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from accel_train.config.schema import GrpoTaskConfig
+from accel_train.errors import UserError
+from accel_train.models.generate import generate as nano_generate
+from accel_train.models.hf import load_tokenizer
+from accel_train.plugins import register_task
+from accel_train.rewards import Reward, build_rewards
+from accel_train.strategies import strategy_class
+from accel_train.tasks import grpo_loss as L
+from accel_train.tasks.base import Task, TaskContext, evaluating
+from accel_train.tasks.grpo_checks import refusal
+from accel_train.tasks.language_model import call
+from accel_train.tasks.preference import _lora_layers, adapters_off
+
+log = logging.getLogger("accel_train")
+
+TABLE = "completions"
+COMPLETION_METRICS = ("mean_length", "min_length", "max_length", "clipped_ratio",
+                      "mean_terminated_length")  # fmt: skip
+
+
+class Rollout(dict):
+    """One micro-batch's sampled completions and what the loss needs of them (tensors):
+    seq (N, T) prompt + completion rows, right-padded; pos (N, C) the position whose logits
+    predict each completion token; ids (N, C) and mask (N, C) the completion tokens;
+    adv (N,); old (N, C) or absent; ref (N, C) or absent."""
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model under DDP's or torch.compile's wrapper (generation calls it directly)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None and isinstance(model, nn.parallel.DistributedDataParallel):
+            inner = model.module
+        if inner is None:
+            return model
+        model = inner
+
+
+@contextlib.contextmanager
+def _gathered(model: nn.Module):
+    """FSDP2: transformers' generate calls the inner model, never the root's forward, so the
+    root's own parameters are all-gathered here (every rank generates); else nothing."""
+    unshard = getattr(model, "unshard", None)
+    if unshard is None:
+        yield
+        return
+    unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
+
+
+@register_task("grpo", GrpoTaskConfig)
+class GRPO(Task):
+    name = "grpo"
+    generates_text = True  # a causal LM: accel-sample may sample its checkpoints
+
+    def __init__(
+        self,
+        num_generations: int = 8,
+        max_completion_length: int = 512,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        beta: float = 0.0,
+        epsilon: float = 0.2,
+        epsilon_high: float | None = None,
+        loss_type: str = "dapo",
+        scale_rewards: str = "group",
+        importance_sampling_level: str = "token",
+        num_iterations: int = 1,
+        mask_truncated_completions: bool = False,
+        use_bias_correction_kl: bool = True,
+        rewards: Any = (),
+        log_completions: bool = True,
+        num_completions_to_print: int | None = 8,
+        generation: str = "hf",
+        chunked_loss: bool = False,
+        loss_chunk_tokens: int = 1024,
+        seed: int = 0,
+    ):
+        super().__init__()
+        why = refusal(dict(locals(), rewards=None))
+        if why:
+            raise UserError(why)
+        self.G, self.max_len = int(num_generations), int(max_completion_length)
+        self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
+        self.beta, self.eps = float(beta), float(epsilon)
+        self.eps_high = float(epsilon_high) if epsilon_high is not None else self.eps
+        self.loss_type, self.scale, self.level = loss_type, scale_rewards, importance_sampling_level
+        self.mu, self.mask_truncated = int(num_iterations), bool(mask_truncated_completions)
+        self.bias_correction_kl = bool(use_bias_correction_kl)
+        self.rewards: list[Reward] = build_rewards(rewards)
+        self.weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
+        self.log_completions, self.n_print = bool(log_completions), num_completions_to_print
+        self.seed = int(seed)
+        self.chunk_tokens = int(loss_chunk_tokens) if chunked_loss else 0
+        self.tok: Any = None
+        self.eos: int | None = None
+        self.pad = 0
+        self.ref_model: nn.Module | None = None
+        self._layers: list[nn.Module] | None = None
+        self.kept: dict[tuple, list] = {}  # num_iterations > 1: (epoch, prompts) -> [uses, Rollout]
+        self.table: list[list[Any]] = []  # the latest completions (log_completions)
+        self.train_step = 0  # micro-batches trained (the seed's place without a position)
+        self.warned_lost = False
+
+    @classmethod
+    def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
+        return {"loss": "min", "reward": "max", "completions/mean_length": "max"}
+
+    @classmethod
+    def config_refusal(cls, cfg: DictConfig) -> str | None:
+        """What cannot work with this run's other choices, found before anything is built."""
+        return refusal(dict(cfg.task), cfg, strategy_class)
+
+    # ---- build time ----------------------------------------------------------------------
+
+    def setup(self, ctx: TaskContext) -> None:
+        super().setup(ctx)
+        batch = ctx.prepared(self)
+        if not (isinstance(batch, Mapping) and {"input_ids", "records"} <= set(batch)):
+            raise UserError(
+                "task=grpo samples completions for prompts, but dataset="
+                f"{ctx.cfg.dataset.get('name', 'custom')} gives {type(batch).__name__} batches. "
+                "Use `dataset=prompts dataset.path=<prompts.jsonl>` (records with a 'prompt')."
+            )
+        ds = ctx.cfg.dataset  # (dataset=prompts read its records with this tokenizer)
+        self.tok = load_tokenizer(str(ds.tokenizer), chat_template=ds.get("chat_template"))
+        self.eos = self.tok.eos_token_id
+        pad = self.tok.pad_token_id
+        self.pad = pad if pad is not None else (self.eos if self.eos is not None else 0)
+        bare = unwrapped(ctx.model)
+        if not hasattr(bare, "generate_ids") and not hasattr(bare, "block_size"):
+            raise UserError(
+                f"model._target_={ctx.cfg.model._target_} with task=grpo: the model has no "
+                "generate_ids(ids, max_new_tokens, ...) (model=hf's, with a KV cache) nor a "
+                "block_size (model=gpt's sampling loop), so the task cannot sample completions "
+                "with it. Use model=hf or model=gpt, or give the model a generate_ids method."
+            )
+        self._check_context(ctx, bare)
+        for name in self._train_metric_names():  # every rank packs the same sums, in one order
+            self.train_metrics.declare(name, ctx.device)
+        if self.beta != 0.0 and ctx.cfg.lora.rank <= 0:
+            # The starting model, frozen (accel-eval sets up on a trained one: no KL is scored)
+            self.ref_model = copy.deepcopy(ctx.model).eval().requires_grad_(False)
+        if ctx.warn:
+            ref = (
+                "none" if self.beta == 0 else ("adapters off" if self.ref_model is None else "copy")
+            )
+            log.info(
+                "task=grpo: %d completions per prompt, loss_type=%s, reference: %s, rewards: %s",
+                self.G, self.loss_type, ref, ", ".join(r.name for r in self.rewards),
+            )  # fmt: skip
+
+    def _train_metric_names(self) -> list[str]:
+        names = ["reward", "reward_std"]
+        for r in self.rewards:
+            names += [f"rewards/{r.name}/mean", f"rewards/{r.name}/std"]
+        names += ["frac_reward_zero_std", *(f"completions/{k}" for k in COMPLETION_METRICS)]
+        names += ["entropy", *(["kl"] if self.beta else [])]
+        return names + [f"clip_ratio/{k}" for k in ("low_mean", "high_mean", "region_mean")]
+
+    def _check_context(self, ctx: TaskContext, bare: nn.Module) -> None:
+        """The longest prompt plus a whole completion must fit the model's positions
+        (model=gpt's block_size, a folder's max_position_embeddings): past them the sampling
+        would crop the prompt and the scoring index past the position table."""
+        block = int(getattr(bare, "block_size", 0) or 0)
+        split = getattr(ctx.splits, "train", None) if ctx.splits is not None else None
+        prompts = getattr(split, "prompts", None)
+        if not block or not prompts:
+            return
+        longest = max(len(p.ids) for p in prompts)
+        if longest + self.max_len > block:
+            raise UserError(
+                f"task.max_completion_length={self.max_len} after the longest prompt "
+                f"({longest} tokens) needs {longest + self.max_len} positions, and the model "
+                f"has {block}. Lower task.max_completion_length or dataset.max_prompt_length "
+                f"(to at most {block - self.max_len} tokens), or use a model with a longer "
+                "context."
+            )
+
+    # ---- the step ------------------------------------------------------------------------
+
+    def prepare(self, batch: Any, *, train: bool, epoch: int = 0, index: int = 0) -> Any:
+        """The batch with its place in the run (train: the sampling seed's epoch and batch)."""
+        if train and isinstance(batch, Mapping):
+            return {**batch, "position": (epoch, index)}
+        return batch
+
+    def inputs(self, batch: Any) -> torch.Tensor:
+        return batch["input_ids"]
+
+    def forward(self, model: nn.Module, batch: Any) -> Any:
+        return call(model, batch["input_ids"])
+
+    def tokens_in(self, batch: Any) -> int:
+        return batch["input_ids"].numel() * self.G
+
+    def step(self, model: nn.Module, batch: Any):
+        self.train_step += 1
+        roll = self._rollout_for(model, batch)
+        return self._loss(model, roll, self.train_metrics, train=True)
+
+    def eval_output(self, model: nn.Module, batch: Any):
+        metrics = _Collect()
+        roll = self._rollout(model, batch, self._seed(batch, None), metrics)
+        loss, items = self._loss(model, roll, metrics, train=False)
+        n = batch["input_ids"].shape[0]
+        total, count = metrics.totals.get("reward", (0.0, 0))
+        means = {"reward": torch.as_tensor(total / max(count, 1))}
+        means["completions/mean_length"] = roll["mask"].sum() / roll["mask"].shape[0]
+        if items is not None:  # dapo: the mean over this batch's tokens
+            loss = loss / items.clamp(min=1)
+        return loss, {k: v.to(loss.device) for k, v in means.items()} if n else {}
+
+    # ---- sampling and scoring --------------------------------------------------------------
+
+    def _seed(self, batch: Mapping, position: tuple | None) -> int:
+        rank = _rank()
+        # (a tuple of ints hashes the same in every process: no PYTHONHASHSEED salt)
+        if position is None:  # evaluation: the batch's first prompt names it
+            return hash((self.seed, -1, int(batch["index"][0]))) % 2**62
+        return hash((self.seed, *position, rank)) % 2**62
+
+    def _rollout_for(self, model: nn.Module, batch: Mapping) -> Rollout:
+        """This micro-batch's completions: sampled now, or kept from the window's first pass
+        (num_iterations > 1)."""
+        position = batch.get("position", (0, self.train_step))
+        if self.mu == 1:
+            return self._rollout(model, batch, self._seed(batch, position), self.train_metrics)
+        key = (position[0], tuple(batch["index"].tolist()))  # HOST SYNC: the prompts' indices
+        if key in self.kept:
+            entry = self.kept[key]
+            entry[0] += 1
+            if entry[0] >= self.mu:
+                del self.kept[key]
+            device = batch["input_ids"].device
+            return Rollout({k: v.to(device) for k, v in entry[1].items() if torch.is_tensor(v)})
+        if len(self.kept) >= 64 and not self.warned_lost:  # a window never finished
+            self.warned_lost = True
+            log.warning("task=grpo: %d sampled batches kept for num_iterations", len(self.kept))
+        roll = self._rollout(model, batch, self._seed(batch, position), self.train_metrics)
+        self.kept[key] = [1, roll]
+        return roll
+
+    @torch.no_grad()
+    def _sample(self, model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, seed: int):
+        """(N, C) completion tokens for the left-padded (N, P) prompts."""
+        bare = unwrapped(model)
+        devices = [ids.device.index or 0] if ids.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), evaluating(model), _gathered(bare):
+            torch.manual_seed(seed)
+            if hasattr(bare, "generate_ids"):
+                out = bare.generate_ids(
+                    ids, self.max_len, temperature=self.temperature, top_k=self.top_k or None,
+                    top_p=self.top_p, eos_token_id=self.eos, attention_mask=mask,
+                )  # fmt: skip
+                return out[:, ids.shape[1] :]
+            return self._nano_sample(bare, ids, mask)
+
+    def _nano_sample(self, bare: nn.Module, ids: torch.Tensor, mask: torch.Tensor):
+        """model=gpt: nanoGPT's sampling loop (no KV cache), one group at a time (its rows
+        share one prompt: no padding)."""
+        rows = []
+        for start in range(0, ids.shape[0], self.G):
+            prompt = ids[start : start + self.G][:, mask[start].bool()]
+            out = nano_generate(
+                bare, prompt, self.max_len, block_size=bare.block_size,
+                temperature=self.temperature, top_k=self.top_k or None, top_p=self.top_p,
+            )  # fmt: skip
+            rows.append(out[:, prompt.shape[1] :])
+        return torch.cat(rows)
+
+    def _rollout(self, model: nn.Module, batch: Mapping, seed: int, metrics) -> Rollout:
+        ids = batch["input_ids"].repeat_interleave(self.G, 0)
+        pmask = batch["attention_mask"].repeat_interleave(self.G, 0)
+        done = self._sample(model, ids, pmask, seed)
+        roll = self._layout(ids, pmask, done)
+        records = batch["records"][: batch["input_ids"].shape[0]]
+        index = batch["index"].tolist()
+        rewards = self._score(records, index, roll)
+        total = L.weighted_rewards(rewards, self.weights)
+        std = _global_std(total) if self.scale == "batch" else None
+        adv, zero_std = L.advantages(total, self.G, self.scale, std=std)
+        roll["adv"] = adv.to(ids.device)
+        self._log_rewards(metrics, rewards, zero_std, roll)
+        with torch.no_grad():
+            if self.mu > 1:  # the sampling policy's log-probs, kept for the later passes
+                roll["old"] = self._logps(model, roll, grad=False)[0]
+            if self.beta != 0.0:
+                roll["ref"] = self._reference(model, roll)
+        return roll
+
+    def _layout(self, ids: torch.Tensor, pmask: torch.Tensor, done: torch.Tensor) -> Rollout:
+        """The completions cut after their first EOS, and the rows prompt + completion laid
+        out from position 0 (no left padding: a causal model needs no attention mask)."""
+        n, width = done.shape
+        is_eos = done == self.eos if self.eos is not None else torch.zeros_like(done, dtype=bool)
+        first = torch.where(
+            is_eos.any(1), is_eos.int().argmax(1), torch.full_like(done[:, 0], width)
+        )
+        cmask = torch.arange(width, device=done.device).expand(n, -1) <= first.unsqueeze(1)
+        truncated = ~is_eos.any(1)
+        lengths = cmask.sum(1)
+        plen = pmask.sum(1)
+        total = int((plen + lengths).max())  # HOST SYNC: the rows' width
+        seq = torch.full((n, total), self.pad, dtype=torch.long, device=done.device)
+        col = torch.arange(total, device=done.device).expand(n, -1)
+        pstart = ids.shape[1] - plen  # left padding of each prompt
+        src = (col + pstart.unsqueeze(1)).clamp(max=ids.shape[1] - 1)
+        seq = torch.where(col < plen.unsqueeze(1), ids.gather(1, src), seq)
+        ccol = (col - plen.unsqueeze(1)).clamp(min=0, max=width - 1)
+        in_c = (col >= plen.unsqueeze(1)) & (col < (plen + lengths).unsqueeze(1))
+        seq = torch.where(in_c, done.gather(1, ccol), seq)
+        loss_mask = cmask & ~truncated.unsqueeze(1) if self.mask_truncated else cmask
+        pos = (plen.unsqueeze(1) - 1 + torch.arange(width, device=done.device)).clamp(max=total - 1)
+        ids_c = torch.where(cmask, done, torch.full_like(done, self.pad))
+        return Rollout(
+            seq=seq, pos=pos, ids=ids_c, mask=loss_mask.float(), shown=cmask,
+            truncated=truncated,
+        )  # fmt: skip
+
+    def _score(self, records: list[dict], index: list[int], roll: Rollout) -> torch.Tensor:
+        """(N, functions) rewards, NaN where a function does not apply."""
+        shown = roll["shown"].cpu()
+        ids = [row[m].tolist() for row, m in zip(roll["ids"].cpu(), shown, strict=True)]
+        texts = self.tok.batch_decode(ids, skip_special_tokens=True)
+        prompts, columns, where = [], {}, []
+        for record, i in zip(records, index, strict=True):
+            for _ in range(self.G):
+                prompts.append(record["prompt"])
+                where.append(i)
+                for k, v in record.items():
+                    if k != "prompt":
+                        columns.setdefault(k, []).append(v)
+        chat = isinstance(prompts[0], list)
+        completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
+        columns["completion_ids"] = ids
+        out = torch.empty(len(texts), len(self.rewards))
+        for j, reward in enumerate(self.rewards):
+            values = reward(prompts, completions, columns, where)
+            out[:, j] = torch.tensor([float("nan") if v is None else float(v) for v in values])
+        roll["texts"] = texts
+        roll["prompts"] = prompts
+        return out
+
+    def _log_rewards(self, metrics, rewards: torch.Tensor, zero_std, roll: Rollout) -> None:
+        """TRL's reward and completion metrics of one sampled batch (host values)."""
+        total = L.weighted_rewards(rewards, self.weights)
+        dev = roll["seq"].device
+        one = lambda name, v: metrics.add(name, torch.nan_to_num(v.float(), 0.0).to(dev), 1)  # noqa: E731
+        ok = ~torch.isnan(total)
+        metrics.add("reward", total[ok].sum().to(dev), int(ok.sum()))
+        one("reward_std", L.nanstd(total))
+        for j, r in enumerate(self.rewards):
+            one(f"rewards/{r.name}/mean", torch.nanmean(rewards[:, j]))
+            one(f"rewards/{r.name}/std", L.nanstd(rewards[:, j]))
+        one("frac_reward_zero_std", zero_std.float().mean())
+        lengths = roll["shown"].sum(1).float()
+        one("completions/mean_length", lengths.mean())
+        one("completions/min_length", lengths.min())
+        one("completions/max_length", lengths.max())
+        one("completions/clipped_ratio", roll["truncated"].float().mean())
+        term = lengths[~roll["truncated"]]  # (none: nothing added, the sum stays declared)
+        name = "completions/mean_terminated_length"
+        if term.numel():
+            one(name, term.mean())
+        if self.log_completions and metrics is self.train_metrics:
+            self._keep_table(rewards, roll)
+
+    def _keep_table(self, rewards: torch.Tensor, roll: Rollout) -> None:
+        n = len(roll["texts"]) if self.n_print is None else min(self.n_print, len(roll["texts"]))
+        adv = roll["adv"].tolist()
+        self.table = [
+            [_shown(roll["prompts"][i]), roll["texts"][i],
+             *[None if torch.isnan(v) else float(v) for v in rewards[i]], adv[i]]
+            for i in range(n)
+        ]  # fmt: skip
+
+    # ---- the loss ----------------------------------------------------------------------------
+
+    def _logps(self, model: nn.Module, roll: Rollout, grad: bool = True):
+        """(per-token log-probs (N, C), fp32; their entropies, no gradient) of the completion
+        tokens under `model`, its logits divided by the sampling temperature (TRL's)."""
+        if self.chunk_tokens:
+            out = call(model, roll["seq"], head_loss=self._chunked_head(roll))
+            return (out[..., 0] if grad else out[..., 0].detach()), out[..., 1].detach()
+        logits = call(model, roll["seq"])
+        pos = roll["pos"]
+        picked = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()
+        if self.temperature != 1.0:  # the sampled distribution's log-probs, as TRL scores them
+            picked = picked / self.temperature
+        lse = picked.logsumexp(-1)
+        logps = picked.gather(-1, roll["ids"].unsqueeze(-1)).squeeze(-1) - lse
+        with torch.no_grad():
+            entropy = lse - (torch.softmax(picked, -1) * picked).sum(-1)
+        return (logps if grad else logps.detach()), entropy
+
+    def _chunked_head(self, roll: Rollout):
+        """task.chunked_loss: what the model's `forward(..., head_loss=)` calls with its last
+        hidden states and output layer: the completion positions' log-probs and entropies,
+        `loss_chunk_tokens` tokens at a time, each chunk's logits recomputed in the backward
+        (activation checkpointing) instead of kept: the (tokens, vocab) logits never exist."""
+        pos, ids, temperature, chunk = roll["pos"], roll["ids"], self.temperature, self.chunk_tokens
+
+        def head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
+            n, c = pos.shape
+            picked = hidden.gather(1, pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+            flat, targets = picked.reshape(n * c, -1), ids.reshape(-1)
+            parts = [
+                checkpoint(_chunk_scores, flat[i : i + chunk], targets[i : i + chunk], weight,
+                           bias, temperature, use_reentrant=False)
+                for i in range(0, n * c, chunk)
+            ]  # fmt: skip
+            return torch.cat(parts).view(n, c, 2)
+
+        return head
+
+    def _reference(self, model: nn.Module, roll: Rollout) -> torch.Tensor:
+        if self.ref_model is not None:
+            with evaluating(self.ref_model):
+                return self._logps(self.ref_model, roll, grad=False)[0]
+        if self._layers is None:
+            self._layers = _lora_layers(unwrapped(model))
+        with adapters_off(self._layers), torch.no_grad():
+            return self._logps(model, roll, grad=False)[0]
+
+    def _loss(self, model: nn.Module, roll: Rollout, metrics, train: bool):
+        logps, entropy = self._logps(model, roll)
+        old = roll.get("old")
+        old = logps.detach() if old is None else old
+        mask = roll["mask"]
+        per_token, coef_1, kl = L.token_losses(
+            logps, old, roll["adv"], mask, epsilon=self.eps, epsilon_high=self.eps_high,
+            level=self.level, ref_logps=roll.get("ref"), beta=self.beta,
+            bias_correction_kl=self.bias_correction_kl,
+        )  # fmt: skip
+        loss, items = L.reduce(self.loss_type, per_token, mask, self.max_len)
+        tokens = mask.sum()
+        metrics.add("entropy", (entropy * mask).sum(), tokens)
+        if kl is not None:
+            metrics.add("kl", (kl.detach() * mask).sum(), tokens)
+        for name, (s, c) in L.clip_stats(coef_1.detach(), roll["adv"], mask, self.eps,
+                                         self.eps_high).items():  # fmt: skip
+            metrics.add(name, s, c.to(s.device))
+        if items is None:
+            return loss
+        return loss, items
+
+    # ---- logging and checkpoints -----------------------------------------------------------
+
+    def tables(self) -> list[tuple[str, list[str], list[list[Any]]]]:
+        """The latest sampled completions with their rewards, for the loggers (then cleared)."""
+        if not self.table:
+            return []
+        columns = ["prompt", "completion", *[r.name for r in self.rewards], "advantage"]
+        rows, self.table = self.table, []
+        return [(TABLE, columns, rows)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """num_iterations > 1: the completions each process kept for the window's later passes
+        (host tensors), every process's gathered (the checkpoint is written once, every rank
+        saves together: a collective here is safe), so each takes its own back on resume."""
+        kept = [
+            [key[0], list(key[1]), uses, {k: v.cpu() for k, v in r.items() if torch.is_tensor(v)}]
+            for key, (uses, r) in self.kept.items()
+        ]
+        by_rank = [kept]
+        if self.mu > 1 and dist.is_available() and dist.is_initialized():
+            by_rank = [None] * dist.get_world_size()
+            dist.all_gather_object(by_rank, kept)
+        return {"kept_by_rank": by_rank, "train_step": self.train_step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.train_step = int(state.get("train_step", 0))
+        self.kept = {}
+        by_rank = state.get("kept_by_rank") or [[]]
+        rank = _rank()
+        if rank >= len(by_rank):  # resumed on more processes: those sample the window again
+            return
+        for epoch, index, uses, roll in by_rank[rank]:
+            self.kept[(epoch, tuple(index))] = [uses, Rollout(roll)]
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _global_std(rewards: torch.Tensor) -> torch.Tensor | None:
+    """scale_rewards=batch across processes: the std of every process's rewards (TRL gathers
+    them), from one all-reduce of (count, sum, sum of squares); None in one process."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    ok = rewards[~torch.isnan(rewards)].double()
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    stats = torch.stack([torch.tensor(float(ok.numel()), dtype=torch.float64), ok.sum(),
+                         (ok * ok).sum()]).to(device)  # fmt: skip
+    dist.all_reduce(stats)
+    n, total, squares = stats.tolist()
+    if n < 2:
+        return torch.tensor(float("nan"))
+    return torch.tensor(max(squares - total * total / n, 0.0) / (n - 1)).sqrt().float()
+
+
+def _chunk_scores(h, targets, weight, bias, temperature: float) -> torch.Tensor:
+    """(tokens, 2): each token's log-prob (with its gradient) and the entropy (none) under
+    one chunk's logits, fp32, divided by the temperature."""
+    logits = F.linear(h, weight, bias).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = logits.logsumexp(-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    with torch.no_grad():
+        entropy = lse - (torch.softmax(logits, -1) * logits).sum(-1)
+    return torch.stack([logp, entropy], -1)
+
+
+class _Collect:
+    """Metric sums of one evaluation batch (Running's `add`, kept as (sum, count))."""
+
+    def __init__(self):
+        self.totals: dict[str, tuple[torch.Tensor, Any]] = {}
+
+    def add(self, name: str, total: torch.Tensor, count: Any) -> None:
+        s, c = self.totals.get(name, (0.0, 0))
+        self.totals[name] = (total + s, count + c)
+
+
+def _shown(prompt: Any) -> str:
+    """A prompt as the table shows it: its text, or its last message's."""
+    if isinstance(prompt, list):
+        return str(prompt[-1].get("content", "")) if prompt else ""
+    return str(prompt)
