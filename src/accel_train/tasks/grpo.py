@@ -249,7 +249,9 @@ class GRPO(Task):
     def eval_output(self, model: nn.Module, batch: Any):
         metrics = _Collect()
         roll = self._rollout(model, batch, self._seed(batch, None), metrics)
-        loss, items = self._loss(model, roll, metrics, train=False)
+        out = self._loss(model, roll, metrics, train=False)
+        # dapo gives (sum, tokens) for the loop to divide once; the other loss types a mean.
+        loss, items = out if isinstance(out, tuple) else (out, None)
         n = batch["input_ids"].shape[0]
         total, count = metrics.totals.get("reward", (0.0, 0))
         means = {"reward": torch.as_tensor(total / max(count, 1))}
