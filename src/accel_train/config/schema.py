@@ -867,6 +867,8 @@ class ShardConfig:
     overwrite: bool = False
     max_side: int = 0  # image folders: re-encode images whose longer side is above it (0: never)
     jpeg_quality: int = 90  # the JPEG quality of those re-encoded images
+    fps: float = 0.0  # video folders: keep at most this frame rate (0: every frame)
+    crf: int = 23  # video folders: libx264's quality of the re-encoded videos
 
 
 # group -> option name -> schema. The option names are the YAML files' `name:` values; an
