@@ -44,6 +44,12 @@ class SmallCnnConfig(ModelConfig):
 
 
 @dataclass
+class VideoCnnConfig(ModelConfig):
+    width: int = 16
+    dropout: float = 0.0
+
+
+@dataclass
 class MlpConfig(ModelConfig):
     dropout: float = 0.1
     hidden_dims: list[int] = field(default_factory=lambda: [512, 256])
@@ -201,6 +207,31 @@ class ImageFolderDatasetConfig(RecipeDatasetConfig, DatasetConfig):
     interpolation: str = "bilinear"
     decode: str = "cpu"
     check_images: bool = True
+
+
+@dataclass
+class VideoFolderDatasetConfig(DatasetConfig):
+    # data/video_folder.py (issue 49); the defaults are configs/dataset/video_folder.yaml's.
+    root: str = MISSING
+    list_file: str | None = None
+    val_list_file: str | None = None
+    test_list_file: str | None = None
+    train_split: str = "train"
+    val_split: str | None = "val"
+    test_split: str | None = "test"
+    holdout: bool = False
+    frames: int = 16
+    frame_stride: int = 2
+    fps: float | None = None
+    image_size: int = 112
+    resize_size: int = 128
+    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
+    eval_clips: int = 5
+    eval_crops: int = 1
+    decode_threads: int = 1
+    decode: str = "cpu"
+    pad_short: bool = False
+    shuffle_frames: bool = False
 
 
 @dataclass
@@ -878,6 +909,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     "model": {
         "mnist_cnn": MnistCnnConfig,
         "small_cnn": SmallCnnConfig,
+        "video_cnn": VideoCnnConfig,
         "mlp": MlpConfig,
         "resnet18": Resnet18Config,
         "gpt": GptConfig,
@@ -892,6 +924,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "cifar10": TorchvisionDatasetConfig,
         "synthetic": SyntheticDatasetConfig,
         "image_folder": ImageFolderDatasetConfig,
+        "video_folder": VideoFolderDatasetConfig,
         "tokens": TokensDatasetConfig,
         "sft": SftDatasetConfig,
         "preference": PreferenceDatasetConfig,

@@ -35,6 +35,20 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 SKIPPED_SHOWN = 5  # skipped files named in the one line that counts them
 
 
+@dataclass(frozen=True)
+class FileKind:
+    """What a tree holds (the same layout rule serves image and video folders): the option's
+    name for the log, a noun for the files, and the extensions read."""
+
+    option: str = "image_folder"
+    noun: str = "images"
+    extensions: tuple[str, ...] = IMAGE_EXTENSIONS
+    reader: str = "torchvision's ImageFolder"
+
+
+IMAGES = FileKind()
+
+
 @dataclass
 class Folder:
     """One split folder: its class names and image files (relative paths, sorted)."""
@@ -66,16 +80,16 @@ class Layout:
 
 def plan_layout(
     root: Path, train_split: str, val_split: str | None, test_split: str | None,
-    holdout: bool, val_fraction: float,
+    holdout: bool, val_fraction: float, kind: FileKind = IMAGES,
 ) -> Layout:  # fmt: skip
     """The tree's :class:`Layout` by the module docstring's rule, every folder scanned (a
     layout error before anything is decoded), and one line saying which folder is which."""
-    train = scan_folder(root, train_split, "dataset.train_split")
+    train = scan_folder(root, train_split, "dataset.train_split", kind=kind)
 
     def folder(name: str | None, key: str) -> Folder | None:
         if not name or not (root / name).is_dir():
             return None
-        return scan_folder(root, name, key, train.classes)
+        return scan_folder(root, name, key, train.classes, kind=kind)
 
     held = holdout or (val_split and val_split == test_split)
     val = None if held else folder(val_split, "dataset.val_split")
@@ -83,54 +97,56 @@ def plan_layout(
     if held and test is None and test_split and val_split != test_split:
         test = folder(val_split, "dataset.val_split")  # holdout: val/ becomes the test split
     layout = Layout(train, val, test)
-    _say(layout, val_fraction, holdout)
+    _say(layout, val_fraction, holdout, kind)
     skipped = [str(f.path.name) + "/" + s for f in (train, val, test) if f for s in f.skipped]
     if skipped:
         shown = ", ".join(skipped[:SKIPPED_SHOWN])
         more = f" and {len(skipped) - SKIPPED_SHOWN} more" if len(skipped) > SKIPPED_SHOWN else ""
         log.warning(
-            "dataset.root: skipped %d file(s) of no image format torchvision's ImageFolder reads "
-            "(%s): %s%s", len(skipped), " ".join(IMAGE_EXTENSIONS), shown, more,
+            "dataset.root: skipped %d file(s) of no format %s reads (%s): %s%s",
+            len(skipped), kind.reader, " ".join(kind.extensions), shown, more,
         )  # fmt: skip
     return layout
 
 
-def _say(layout: Layout, fraction: float, holdout: bool) -> None:
+def _say(layout: Layout, fraction: float, holdout: bool, kind: FileKind) -> None:
     train, val, test = layout.train, layout.val, layout.test
     test_text = f"testing on {test.path.name}/" if test else "no test split"
     if val is not None:
         log.info(
-            "dataset=image_folder: training on all %d images of %s/, validating on %s/ (%d), %s "
+            "dataset=%s: training on all %d %s of %s/, validating on %s/ (%d), %s "
             "(`dataset.holdout=true` holds dataset.val_fraction of %s/ out for validation "
-            "instead)", len(train.files), train.path.name, val.path.name, len(val.files),
-            test_text, train.path.name,
+            "instead)", kind.option, len(train.files), kind.noun, train.path.name,
+            val.path.name, len(val.files), test_text, train.path.name,
         )  # fmt: skip
     else:
         why = "dataset.holdout=true" if holdout else "no validation folder"
         log.info(
-            "dataset=image_folder: validating on %.0f%% of %s/ held out (dataset.val_fraction; "
-            "%s), %s", 100 * fraction, train.path.name, why, test_text,
+            "dataset=%s: validating on %.0f%% of %s/ held out (dataset.val_fraction; "
+            "%s), %s", kind.option, 100 * fraction, train.path.name, why, test_text,
         )  # fmt: skip
 
 
-def scan_folder(root: Path, split: str, key: str, classes: list[str] | None = None) -> Folder:
-    """The images of ``root/split/<class>/**``. The class names are the sub-folders (sorted)
-    unless ``classes`` (the training folder's) is given: the other splits must use the same
-    ones. Hidden files and folders (``.DS_Store``, macOS ``._x.jpg``, caches) are skipped
-    silently; files of other formats are listed in ``skipped``."""
+def scan_folder(
+    root: Path, split: str, key: str, classes: list[str] | None = None, kind: FileKind = IMAGES
+) -> Folder:
+    """The images (``kind``'s files) of ``root/split/<class>/**``. The class names are the
+    sub-folders (sorted) unless ``classes`` (the training folder's) is given: the other splits
+    must use the same ones. Hidden files and folders (``.DS_Store``, macOS ``._x.jpg``,
+    caches) are skipped silently; files of other formats are listed in ``skipped``."""
     path = root / split
     if not path.is_dir():
         found = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name[0] != ".")
         raise UserError(
             f"{key}={split!r}: {path} does not exist (dataset.root holds: "
             f"{', '.join(found) or 'no folders'}). Set `{key}=<folder>` to the split's folder "
-            "under dataset.root; it holds one sub-folder of images per class."
+            f"under dataset.root; it holds one sub-folder of {kind.noun} per class."
         )
     names = sorted(p.name for p in path.iterdir() if p.is_dir() and p.name[0] != ".")
     if not names:
         raise UserError(
-            f"{key}={split!r}: {path} has no class folders. Put each class's images in its own "
-            f"sub-folder ({path}/<class>/*.jpg), as torchvision's ImageFolder expects."
+            f"{key}={split!r}: {path} has no class folders. Put each class's {kind.noun} in its "
+            f"own sub-folder ({path}/<class>/*{kind.extensions[0]}), as {kind.reader} expects."
         )
     if classes is None:
         classes = names
@@ -150,12 +166,12 @@ def scan_folder(root: Path, split: str, key: str, classes: list[str] | None = No
             rel = os.path.relpath(dirpath, path)
             for f in sorted(filenames):
                 if f[0] != ".":
-                    ok = f.lower().endswith(IMAGE_EXTENSIONS)
+                    ok = f.lower().endswith(kind.extensions)
                     (found if ok else skipped).append(os.path.join(rel, f))
         if not found:
             raise UserError(
-                f"dataset.root: the class folder {path / name} has no images "
-                f"({' '.join(IMAGE_EXTENSIONS)}). Add its images or remove the folder."
+                f"dataset.root: the class folder {path / name} has no {kind.noun} "
+                f"({' '.join(kind.extensions)}). Add its {kind.noun} or remove the folder."
             )
         files += found
         labels += [index[name]] * len(found)

@@ -4,6 +4,10 @@ Images arrive as uint8 (the loader never makes floats on the host: a quarter of 
 move) and are normalised here (one multiply, one add, in place); encoded JPEGs
 (``dataset.decode=gpu``, an object with ``decode_on(device)``) are decoded and cropped on the
 device first.
+Video clips are (N, C, T, H, W), normalised the same way; evaluation items of several views
+(data/video_folder.py: clips x crops per video) are (N, V, C, T, H, W) and leave here as N * V
+clips in a row, which the task scores and averages per video. channels_last means
+channels_last_3d for 5-D clips.
 Float inputs (a user's dataset that normalises itself) are only cast to the compute dtype and
 memory format; integer inputs other than uint8 (token ids) pass unchanged. Random augmentation
 is seeded by (seed, epoch, batch, rank), not by a running RNG, so a mid-epoch resume gives the
@@ -57,6 +61,8 @@ class BatchTransform:
         decode = getattr(images, "decode_on", None)
         if decode is not None:  # encoded images (dataset.decode=gpu): uint8 [N, 3, S, S] here
             images = decode(self.device)
+        if images.dim() == 6:  # views of each sample (N, V, C, T, H, W): N * V clips
+            images = images.flatten(0, 1)
         if images.dtype == torch.uint8:
             if train and (self.shift or self.hflip or self.device_augment):
                 gen = torch.Generator(self.device)
@@ -66,12 +72,25 @@ class BatchTransform:
             # page faults cost more than the arithmetic), and mul_ then add_ rather than one
             # addcmul, whose broadcast bias is the slower kernel on the CPU: 14.5 vs 21.8 ms
             # for 64 x 3 x 224 x 224 on one core of the Xeon, the float conversion included.
-            x = images.float().mul_(self.scale).add_(self.bias)
+            extra = (1,) * (images.dim() - 4)  # the channels stay dim 1: [N, C, (T,) H, W]
+            scale, bias = (
+                self.scale.view(*self.scale.shape, *extra),
+                self.bias.view(*self.bias.shape, *extra),
+            )
+            x = images.float().mul_(scale).add_(bias)
         elif not images.is_floating_point():
             return images  # token ids (a text classifier's input): ids, not values to cast
         else:
             x = images
-        return x.to(self.dtype, memory_format=self.memory_format)
+        return x.to(self.dtype, memory_format=self._format(x))
+
+    def _format(self, x: torch.Tensor) -> torch.memory_format:
+        """The memory format asked for, in its 5-D spelling for clips (N, C, T, H, W)."""
+        if x.dim() == 5 and self.memory_format == torch.channels_last:
+            return torch.channels_last_3d
+        if x.dim() != 4 and self.memory_format != torch.contiguous_format:
+            return torch.contiguous_format  # (no channels-last layout of other ranks)
+        return self.memory_format
 
     def _augment(self, images: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         if self.device_augment is not None:

@@ -8,7 +8,12 @@ is (x, soft targets float [B, C], labels), and the loss is the `loss` module on 
 targets: torch's CrossEntropyLoss takes class probabilities, which is timm's
 SoftTargetCrossEntropy (-sum p log softmax, the batch mean). The loss's label_smoothing is
 folded into mixup's targets (timm's Mixup label_smoothing), so the loss itself is built without
-it. train/acc stays the top-1 on the hard labels; validation and test never mix."""
+it. train/acc stays the top-1 on the hard labels; validation and test never mix.
+
+Evaluation batches with several views of each sample (a video's clips x crops: the data's
+evaluation items are (V, C, T, H, W), data/transform.py hands N * V clips to the model) are
+scored per sample by the mean of its views' softmax, the standard multi-view test: val/acc is
+then the video accuracy, val/clip_acc each clip's own top-1."""
 
 from __future__ import annotations
 
@@ -201,9 +206,15 @@ class Classification(Task):
         images, labels = batch
         with autocast():
             logits = model(images)
+        # Several views of each sample (a video's clips x crops, data/transform.py): N * V rows.
+        views = logits.shape[0] // max(labels.shape[0], 1)
+        if views > 1:
+            self.eval_metrics.declare("clip_acc", logits.device)  # (a padding-only rank too)
         k = valid
         if k == 0:
             return  # all padding: the forward still ran, as collectives in it require
+        if views > 1:
+            logits = self._video_scores(logits[: k * views].float(), labels[:k], views)
         logits, labels = logits[:k].float(), labels[:k]
         m = self.eval_metrics
         m.add("loss", self.loss_fn(logits, labels).double() * k, k)
@@ -212,6 +223,15 @@ class Classification(Task):
             if top != 1:
                 hits = (logits.topk(top, dim=1).indices == labels[:, None]).any(1).sum()
                 m.add(f"acc_top{top}", hits, k)
+
+    def _video_scores(self, logits: torch.Tensor, labels: torch.Tensor, views: int):
+        """The multi-view test: per video (sample) the mean of its views' softmax, returned as
+        log-probabilities (so the loss is the cross-entropy of the averaged prediction and the
+        accuracy the video accuracy); each view's own top-1 is logged as `clip_acc`."""
+        per_view = logits.view(labels.shape[0], views, -1)
+        hits = (per_view.argmax(2) == labels[:, None]).sum()
+        self.eval_metrics.add("clip_acc", hits, labels.shape[0] * views)
+        return per_view.softmax(2).mean(1).clamp_min(1e-12).log()
 
 
 def _loss_args(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""trainer.channels_last: NHWC memory format for conv nets (tensor cores on CUDA).
+"""trainer.channels_last: NHWC memory format for conv nets (tensor cores on CUDA); NDHWC
+(channels_last_3d) for 3-D conv nets and their (N, C, T, H, W) clips.
 
 Under FSDP (strategy=fsdp with several processes) only the inputs are converted: FSDP2 shards
 a parameter by flattening its storage and refuses non-contiguous ones (a channels_last 4-D
@@ -39,4 +40,18 @@ class ChannelsLast(Technique):
                     "parameters kept contiguous (FSDP2 shards only contiguous parameters)"
                 )
             return model
-        return model.to(memory_format=torch.channels_last)
+        return to_channels_last(model)
+
+
+def to_channels_last(model: nn.Module) -> nn.Module:
+    """4-D parameters and buffers (Conv2d weights) channels_last, 5-D ones (Conv3d weights, a
+    video model's) channels_last_3d: ``model.to(memory_format=channels_last)`` refuses 5-D."""
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() == 4:
+            return t.contiguous(memory_format=torch.channels_last)
+        if t.dim() == 5:
+            return t.contiguous(memory_format=torch.channels_last_3d)
+        return t
+
+    return model._apply(convert)

@@ -24,6 +24,7 @@ from accel_train.parallel import DistEnv, resolve_device
 from accel_train.precision import Precision, resolve_precision
 from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.tasks import Task, TaskContext, build_task
+from accel_train.techniques.channels_last import to_channels_last
 from accel_train.train.harness_eval import check_sources, evaluate_harness
 from accel_train.written import make_parents, remove_empty
 
@@ -86,7 +87,7 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     data = getattr(splits, split)
     model = opened.model(splits.data_args, precision.param_dtype, device)
     if cfg.trainer.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        model = to_channels_last(model)  # (channels_last_3d for a video model's Conv3d)
     loader = build_loader(
         data,
         cfg.loader,

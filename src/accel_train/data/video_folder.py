@@ -1,0 +1,484 @@
+"""`dataset=video_folder`: video files in class folders, or a list of them (Kinetics-style).
+
+    <root>/<train_split>/<class>/*.mp4|webm|mkv|avi   training videos
+    <root>/<val_split>/<class>/...     validation videos; absent: held out of train (image_folder's
+    <root>/<test_split>/<class>/...    rule, data/image_tree.py)  optional test split
+
+or ``list_file`` (and ``val_list_file``, ``test_list_file``): CSV rows ``path,label[,start,end]``
+(a first row ``path,label,...`` is a header) or JSONL objects with those keys; paths relative to
+``root``, labels class names (sorted into indices; labels that are all integers are the indices
+themselves), ``start``/``end`` in seconds (the annotated segment; empty: the whole video).
+
+Every file's metadata (frames, fps, duration, size) is read once, in the launching process, by
+torchcodec's exact scan (data/video_decode.py), and kept in the splits (which the loader workers
+and Ray actors receive): nothing is written anywhere, least of all into the data folder. That
+read is the header check: empty, unreadable, audio-only and too-short files (fewer frames than a
+clip spans, unless ``pad_short``) are refused together, in one paragraph naming them, before
+anything is trained or written.
+
+Items are uint8 and stay so until the device (data/transform.py normalises them). Training:
+``(C, T, S, S)``, a random clip with one random resized crop and flip for all its frames, drawn
+from ``random.Random(seed/epoch/index)`` like the image folders' crops, so the batches do not
+depend on the number of workers or on a resume. Evaluation: ``(V, C, T, S, S)`` with
+``V = eval_clips * eval_crops`` views (data/video_clips.py); the classification task averages
+the views' scores per video (video accuracy). ``shuffle_frames`` is an ablation: it permutes
+each clip's frames, so only what single frames show is left to learn.
+
+``decode=gpu``: the workers draw the same frames and boxes (from the cached metadata) without
+decoding; the device transform decodes each clip with torchcodec's CUDA decoder (NVDEC) and
+crops it there (:class:`ClipBatch`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from accel_train.data.image_crops import RandomResizedCrop
+from accel_train.data.image_tree import FileKind, plan_layout
+from accel_train.data.splits import Splits, held_out_indices
+from accel_train.data.video_clips import Timing, eval_views, train_view
+from accel_train.data.video_decode import VideoMeta, VideoReadError, decode_clip, video_metadata
+from accel_train.errors import UserError
+
+log = logging.getLogger(__name__)
+
+VIDEO_EXTENSIONS = (".mp4", ".webm", ".mkv", ".avi", ".mov", ".m4v")
+VIDEOS = FileKind("video_folder", "videos", VIDEO_EXTENSIONS, "dataset=video_folder")
+DECODES = ("cpu", "gpu")
+SHOWN = 5  # files named per kind of problem in the header check's paragraph
+# Metadata of at least this many files is read by worker processes (fewer: in-process).
+PARALLEL_READ_MIN = 256
+
+
+@dataclass
+class VideoList:
+    """One source of videos: absolute paths, class indices, segments in seconds (NaN: none)."""
+
+    paths: list[str]
+    labels: torch.Tensor
+    start: list[float] = field(default_factory=list)
+    end: list[float] = field(default_factory=list)
+
+    def __post_init__(self):
+        nan = [float("nan")] * len(self.paths)
+        self.start, self.end = self.start or list(nan), self.end or list(nan)
+
+
+def build_video_folder(
+    *,
+    root: str,
+    list_file: str | None = None,
+    val_list_file: str | None = None,
+    test_list_file: str | None = None,
+    train_split: str = "train",
+    val_split: str | None = "val",
+    test_split: str | None = "test",
+    holdout: bool = False,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    frames: int = 16,
+    frame_stride: int = 2,
+    fps: float | None = None,
+    image_size: int = 112,
+    resize_size: int = 128,
+    crop_scale: Sequence[float] = (0.08, 1.0),
+    random_hflip: bool = True,
+    eval_clips: int = 5,
+    eval_crops: int = 1,
+    decode_threads: int = 1,
+    decode: str = "cpu",
+    pad_short: bool = False,
+    shuffle_frames: bool = False,
+) -> Splits:
+    """Train / val / test splits of a video folder or list (see the module docstring)."""
+    scale = _check_options(frames, frame_stride, fps, image_size, resize_size, crop_scale,
+                           eval_clips, eval_crops, decode_threads, decode)  # fmt: skip
+    root_dir = Path(root).expanduser()
+    if not root_dir.is_dir():
+        raise UserError(
+            f"dataset.root={root!r}: no such folder. Point `dataset.root=/path/to/videos` at the "
+            f"folder that holds `{train_split}/<class>/*.mp4` (or the videos a dataset.list_file "
+            "names, relative to it)."
+        )
+    train, val, test, classes = _sources(root_dir, list_file, val_list_file, test_list_file,
+                                         train_split, val_split, test_split, holdout,
+                                         val_fraction)  # fmt: skip
+    timing = Timing(int(frames), int(frame_stride), float(fps) if fps else None)
+    lists = [x for x in (train, val, test) if x is not None]
+    metas = read_metadata(sorted({p for x in lists for p in x.paths}), timing, pad_short, lists)
+    crop = RandomResizedCrop(int(image_size), scale, bool(random_hflip))
+    common = dict(timing=timing, size=int(image_size), resize_to=int(resize_size), seed=seed,
+                  threads=int(decode_threads), decode=decode,
+                  shuffle_frames=bool(shuffle_frames))  # fmt: skip
+    views = dict(clips=int(eval_clips), crops=int(eval_crops))
+    n = len(train.paths)
+    if val is None:
+        train_idx, val_idx = held_out_indices(n, val_fraction, seed, train.labels)
+    else:
+        train_idx, val_idx = torch.arange(n), None
+    train_split_ = VideoClipSplit(train, metas, train_idx, crop=crop, **common)
+    val_split_ = (
+        VideoClipSplit(train, metas, val_idx, **views, **common)
+        if val is None
+        else VideoClipSplit(val, metas, torch.arange(len(val.paths)), **views, **common)
+    )
+    test_split_ = (
+        VideoClipSplit(test, metas, torch.arange(len(test.paths)), **views, **common)
+        if test is not None
+        else None
+    )
+    return Splits(
+        train_split_,
+        val_split_,
+        test_split_,
+        in_channels=3,
+        image_size=int(image_size),
+        num_classes=len(classes),
+        model_args={"frames": int(frames)},
+    )
+
+
+def _check_options(frames, stride, fps, size, resize_size, crop_scale, clips, crops, threads,
+                   decode):  # fmt: skip
+    for key, value, low in (
+        ("frames", frames, 1), ("frame_stride", stride, 1), ("image_size", size, 1),
+        ("eval_clips", clips, 1), ("eval_crops", crops, 1), ("decode_threads", threads, 0),
+    ):  # fmt: skip
+        if value < low:
+            raise UserError(
+                f"dataset.{key}={value} must be >= {low} (docs/video.md; the dataset option "
+                "`dataset=video_folder` lists every key with its meaning)."
+            )
+    if fps is not None and not fps > 0:
+        raise UserError(
+            f"dataset.fps={fps} must be > 0 (the frame rate clips are sampled at), or null to "
+            "take every dataset.frame_stride-th frame."
+        )
+    if resize_size < size:
+        raise UserError(
+            f"dataset.resize_size={resize_size} is smaller than dataset.image_size={size}: "
+            "evaluation resizes the shorter side to resize_size, then crops image_size. Set "
+            f"`dataset.resize_size={size}` or more (torchvision's reference: 128 for 112)."
+        )
+    if decode not in DECODES:
+        raise UserError(
+            f"dataset.decode={decode!r} is not one of {', '.join(DECODES)}: `cpu` decodes in "
+            "the loader workers (FFmpeg), `gpu` on the CUDA device (NVDEC)."
+        )
+    lo, hi = (float(x) for x in crop_scale) if len(crop_scale) == 2 else (0.0, -1.0)
+    if not 0 < lo <= hi <= 1:
+        raise UserError(
+            f"dataset.crop_scale={list(crop_scale)} must be two numbers 0 < min <= max <= 1: "
+            "the random crop's area as a share of the frame, e.g. `dataset.crop_scale=[0.08,1.0]`."
+        )
+    return lo, hi
+
+
+# ---- where the videos are ------------------------------------------------------------------
+
+
+def _sources(root, list_file, val_list, test_list, train_split, val_split, test_split, holdout,
+             fraction):  # fmt: skip
+    """(train, val or None = held out of train, test or None, class names)."""
+    if list_file:
+        rows = read_list(list_file, "dataset.list_file")
+        classes = _classes(rows)
+        train = _as_list(rows, classes, root, "dataset.list_file")
+        val = test = None
+        if val_list and not holdout:
+            val = _as_list(read_list(val_list, "dataset.val_list_file"), classes, root,
+                           "dataset.val_list_file")  # fmt: skip
+        if test_list:
+            test = _as_list(read_list(test_list, "dataset.test_list_file"), classes, root,
+                            "dataset.test_list_file")  # fmt: skip
+        return train, val, test, classes
+    layout = plan_layout(root, train_split, val_split, test_split, holdout, fraction, VIDEOS)
+
+    def of(folder):
+        if folder is None:
+            return None
+        return VideoList([str(folder.path / f) for f in folder.files], folder.labels)
+
+    return of(layout.train), of(layout.val), of(layout.test), layout.train.classes
+
+
+def read_list(path: str, key: str) -> list[dict]:
+    """The rows of a CSV (``path,label[,start,end]``, an optional header) or JSONL list."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise UserError(f"{key}={path!r}: no such file. Give a CSV or JSONL list of videos.")
+    text = file.read_text(encoding="utf-8")
+    rows: list[dict] = []
+    if file.suffix.lower() in (".jsonl", ".json"):
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise UserError(f"{key}={path}: line {n} is not JSON ({err.msg}).") from None
+                rows.append(row if isinstance(row, dict) else {})
+    else:
+        table = [r for r in csv.reader(text.splitlines()) if r and any(c.strip() for c in r)]
+        if table and [c.strip().lower() for c in table[0][:2]] == ["path", "label"]:
+            table = table[1:]
+        names = ("path", "label", "start", "end")
+        rows = [{k: v.strip() for k, v in zip(names, r, strict=False)} for r in table]
+    for n, row in enumerate(rows, 1):
+        if not row.get("path") or row.get("label") in (None, ""):
+            raise UserError(
+                f"{key}={path}: row {n} has no path or no label. Each row is "
+                '`path,label[,start,end]` (CSV) or {"path": ..., "label": ...} (JSONL).'
+            )
+    if not rows:
+        raise UserError(f"{key}={path}: the list is empty. Add rows `path,label[,start,end]`.")
+    return rows
+
+
+def _classes(rows: list[dict]) -> list[str]:
+    labels = {str(r["label"]) for r in rows}
+    if all(lab.isdigit() for lab in labels):  # class indices already
+        return [str(i) for i in range(max(int(lab) for lab in labels) + 1)]
+    return sorted(labels)
+
+
+def _as_list(rows: list[dict], classes: list[str], root: Path, key: str) -> VideoList:
+    index = {c: i for i, c in enumerate(classes)}
+    unknown = sorted({str(r["label"]) for r in rows} - set(index))
+    if unknown:
+        raise UserError(
+            f"{key}: the labels {', '.join(unknown[:5])} are not labels of dataset.list_file "
+            "(the training list, which defines the classes). Fix the labels."
+        )
+
+    def seconds(value) -> float:
+        return float(value) if value not in (None, "") else float("nan")
+
+    return VideoList(
+        [str(root / r["path"]) for r in rows],
+        torch.tensor([index[str(r["label"])] for r in rows], dtype=torch.int64),
+        [seconds(r.get("start")) for r in rows],
+        [seconds(r.get("end")) for r in rows],
+    )
+
+
+# ---- the metadata: read once, the header check ---------------------------------------------
+
+
+class _Reader(Dataset):
+    def __init__(self, paths: list[str]):
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        try:
+            return video_metadata(self.paths[i])
+        except VideoReadError as err:
+            return (err.kind, err.what)
+
+
+def _read_all(paths: list[str]) -> list:
+    if len(paths) < PARALLEL_READ_MIN:
+        return [_Reader(paths)[i] for i in range(len(paths))]
+    from torch.utils.data import DataLoader
+
+    workers = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2)
+    loader = DataLoader(_Reader(paths), batch_size=None, num_workers=workers,
+                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    return list(loader)
+
+
+def read_metadata(
+    paths: list[str], timing: Timing, pad_short: bool, lists: list[VideoList]
+) -> dict[str, VideoMeta]:
+    """path -> VideoMeta of every video, or one UserError naming every file that cannot give
+    a clip: empty, unreadable, audio-only, too short (its window has fewer frames than a clip
+    spans; with pad_short only an empty window is)."""
+    log.info("dataset=video_folder: reading the metadata of %d videos", len(paths))
+    metas, problems = {}, {"empty": [], "audio-only": [], "unreadable": [], "too short": []}
+    for path, got in zip(paths, _read_all(paths), strict=True):
+        if isinstance(got, VideoMeta):
+            metas[path] = got
+            if got.num_frames < 1:
+                problems["unreadable"].append(f"{path} (no frames)")
+        else:
+            kind, what = got  # (the unreadable ones with FFmpeg's reason)
+            problems[kind].append(what if kind == "unreadable" else path)
+    seen = set()
+    for video in lists:
+        for path, start, end in zip(video.paths, video.start, video.end, strict=True):
+            meta = metas.get(path)
+            if meta is None or (path, start, end) in seen:
+                continue
+            seen.add((path, start, end))
+            first, last = window(meta, start, end)
+            need = timing.span(meta.fps) if not pad_short else 1
+            if last - first < need:
+                segment = "" if np.isnan(start) and np.isnan(end) else f" [{start:g}..{end:g} s]"
+                problems["too short"].append(f"{path}{segment} ({last - first} frames)")
+    if any(problems.values()):
+        raise UserError(_refusal(problems, timing))
+    return metas
+
+
+def _refusal(problems: dict[str, list[str]], timing: Timing) -> str:
+    parts = []
+    kinds = {"empty": "empty (0 bytes)", "audio-only": "audio only (no video stream)"}
+    for kind in ("empty", "audio-only", "unreadable", "too short"):
+        what = kinds.get(kind, kind)
+        names = problems[kind]
+        if names:
+            more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+            parts.append(f"{what}: {', '.join(names[:SHOWN])}{more}")
+    count = sum(len(v) for v in problems.values())
+    fix = ["re-encode or move the unusable files out of dataset.root (or the list)"]
+    if problems["too short"]:
+        spacing = f"fps={timing.fps:g}" if timing.fps else f"frame_stride={timing.stride}"
+        fix.append(
+            f"a clip spans (frames - 1) x step + 1 source frames (dataset.frames="
+            f"{timing.frames}, dataset.{spacing}): lower them, or set `dataset.pad_short=true` "
+            "to repeat frames of short videos"
+        )
+    return (
+        f"dataset=video_folder: {count} video(s) cannot give a clip, checked before anything "
+        f"was trained or written: {'; '.join(parts)}. Fix: {'; '.join(fix)}."
+    )
+
+
+def window(meta: VideoMeta, start: float, end: float) -> tuple[int, int]:
+    """[first, last) frames of a segment in seconds (NaN: the video's start or end)."""
+    first = 0 if np.isnan(start) else max(0, int(start * meta.fps))
+    last = meta.num_frames if np.isnan(end) else min(meta.num_frames, int(np.ceil(end * meta.fps)))
+    return first, max(first, last)
+
+
+# ---- the splits ----------------------------------------------------------------------------
+
+
+class VideoClipSplit(Dataset):
+    """Items of some videos of a :class:`VideoList`: training clips ``(uint8 (C, T, S, S),
+    label)`` when ``crop`` is given, else evaluation views ``(uint8 (V, C, T, S, S), label)``.
+    Everything it holds is arrays (workers are forked, Ray pickles it: module docstring)."""
+
+    def __init__(self, videos: VideoList, metas: dict[str, VideoMeta], indices: torch.Tensor, *,
+                 timing: Timing, size: int, resize_to: int, seed: int, threads: int, decode: str,
+                 shuffle_frames: bool, crop: RandomResizedCrop | None = None, clips: int = 1,
+                 crops: int = 1):  # fmt: skip
+        idx = indices.tolist()
+        self.paths = np.array([os.fsencode(videos.paths[j]) for j in idx])
+        self.labels = videos.labels[indices]  # int64 [N]: the labels without decoding
+        got = [metas[videos.paths[j]] for j in idx]
+        bounds = [window(m, videos.start[j], videos.end[j]) for m, j in zip(got, idx, strict=True)]
+        self.bounds = np.array(bounds, dtype=np.int64).reshape(-1, 2)
+        self.fps = np.array([m.fps for m in got], dtype=np.float64)
+        self.shape = np.array([(m.height, m.width) for m in got], dtype=np.int64).reshape(-1, 2)
+        self.timing, self.size, self.resize_to, self.seed = timing, size, resize_to, seed
+        self.threads, self.decode, self.shuffle_frames = threads, decode, shuffle_frames
+        self.crop, self.clips, self.crops = crop, clips, crops
+        if decode == "gpu":
+            self.collate = ClipCollate()
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        return self.getitem(i, 0)
+
+    def path(self, i: int) -> str:
+        return os.fsdecode(self.paths[i])
+
+    def getitem(self, i: int, epoch: int):
+        """The item, its randomness drawn from ``random.Random(seed/epoch/i)`` (training) or
+        none (evaluation; the shuffle ablation's order from seed/eval/i)."""
+        first, last = (int(b) for b in self.bounds[i])
+        fps = float(self.fps[i])
+        draw = f"{self.seed}/{epoch}/{i}" if self.crop is not None else f"{self.seed}/eval/{i}"
+        if self.crop is not None:
+            rng = random.Random(draw)
+            clips = [self.timing.train_clip(first, last, fps, rng)]
+            height, width = (int(v) for v in self.shape[i])
+            top, left, h, w = self.crop.box(height, width, rng)
+            box = [top, left, h, w, int(self.crop.hflip and rng.random() < 0.5)]
+        else:
+            clips, box = self.timing.eval_clips(first, last, fps, self.clips), None
+        if self.shuffle_frames:  # the ablation: each clip's frames in a random order
+            order = random.Random(f"{draw}/order")
+            clips = [order.sample(c, len(c)) for c in clips]
+        plan = ClipPlan(self.path(i), clips, box, self.size, self.resize_to, self.crops,
+                        self.threads)  # fmt: skip
+        if self.decode == "gpu":
+            return plan, int(self.labels[i])
+        return plan.decode_on(torch.device("cpu")), int(self.labels[i])
+
+    def __repr__(self) -> str:
+        kind = "training clips" if self.crop is not None else f"{self.clips}x{self.crops} views"
+        return f"{type(self).__name__}({len(self)} videos, {kind})"
+
+
+@dataclass
+class ClipPlan:
+    """One item's decoding and geometry, drawn in the loader worker: the frames of each clip,
+    the training box ``[top, left, h, w, flip]`` (None: the evaluation views)."""
+
+    path: str
+    clips: list[list[int]]
+    box: list[int] | None
+    size: int
+    resize_to: int
+    crops: int
+    threads: int
+
+    def decode_on(self, device: torch.device) -> torch.Tensor:
+        """uint8 (C, T, S, S) for training, (V, C, T, S, S) for evaluation, on ``device``
+        (a CUDA device decodes with NVDEC)."""
+        wanted = sorted({f for clip in self.clips for f in clip})  # each frame decoded once
+        where = "cuda" if device.type == "cuda" else "cpu"
+        frames = decode_clip(self.path, wanted, threads=self.threads, device=where)
+        at = {f: k for k, f in enumerate(wanted)}
+        if self.box is not None:
+            top, left, h, w, flip = self.box
+            clip = frames[[at[f] for f in self.clips[0]]]
+            view = train_view(clip[..., top : top + h, left : left + w], self.size, bool(flip))
+            return view.permute(1, 0, 2, 3).contiguous()  # (T, C, S, S) -> (C, T, S, S)
+        views = [
+            eval_views(frames[[at[f] for f in clip]], self.size, self.resize_to, self.crops)
+            for clip in self.clips
+        ]
+        return torch.cat(views).permute(0, 2, 1, 3, 4).contiguous()  # (V, T, C,..) -> (V, C, T,..)
+
+
+class ClipBatch:
+    """``decode=gpu``: a batch of :class:`ClipPlan` (not a tensor: the loader neither pins
+    nor moves it); the device transform calls ``decode_on``."""
+
+    def __init__(self, plans: list[ClipPlan]):
+        self.plans = plans
+
+    def pin_memory(self) -> ClipBatch:
+        return self
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+    def decode_on(self, device: torch.device) -> torch.Tensor:
+        return torch.stack([p.decode_on(device) for p in self.plans])
+
+
+class ClipCollate:
+    """``decode=gpu`` items (ClipPlan, label) -> (ClipBatch, int64 labels)."""
+
+    def __call__(self, items: list) -> tuple[ClipBatch, torch.Tensor]:
+        labels = torch.tensor([int(y) for _, y in items], dtype=torch.int64)
+        return ClipBatch([p for p, _ in items]), labels
