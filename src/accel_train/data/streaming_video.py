@@ -39,8 +39,18 @@ class ClipDecoder:
     """A shard item -> (uint8 clip (C, T, S, S) or views (V, C, T, S, S), label), drawn as
     data/video_folder.py's VideoClipSplit.getitem draws it (``crop`` given: training)."""
 
-    def __init__(self, timing: Timing, size: int, resize_to: int, seed: int, threads: int,
-                 shuffle_frames: bool, crop: RandomResizedCrop | None, clips: int, crops: int):  # fmt: skip
+    def __init__(
+        self,
+        timing: Timing,
+        size: int,
+        resize_to: int,
+        seed: int,
+        threads: int,
+        shuffle_frames: bool,
+        crop: RandomResizedCrop | None,
+        clips: int,
+        crops: int,
+    ):
         self.timing, self.size, self.resize_to, self.seed = timing, size, resize_to, seed
         self.threads, self.shuffle_frames, self.crop = threads, shuffle_frames, crop
         self.clips, self.crops = clips, crops
