@@ -32,9 +32,12 @@ import logging
 import math
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 
 from accel_train.data.build import build_splits
+from accel_train.data.video_clips import resize_frames
+from accel_train.data.video_decode import decode_clip, video_metadata
 from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
@@ -92,11 +95,6 @@ class ReadVideo:
         }  # fmt: skip
 
     def _encoded(self, planned: dict) -> bytes:
-        import torch
-
-        from accel_train.data.video_clips import resize_frames
-        from accel_train.data.video_decode import decode_clip, video_metadata
-
         path, frames = planned["path"], planned["frames"]
         h, w = planned["height"], planned["width"]
         chunks = [  # (one chunk of 64 frames at full size at a time)
