@@ -47,6 +47,7 @@ LONGEST_FIRST = (
     "test_distributed.py",
     "test_teardown.py",
     "test_vision_models.py",
+    "test_video.py",
     "test_lm_techniques.py",
     "test_harness_eval.py",
     "test_streaming.py",

@@ -41,6 +41,7 @@ REFUSED = {
     "loss=custom": "loss._target_",
     "task=custom": "task.step",
     "dataset=image_folder": "dataset.root",
+    "dataset=video_folder": "dataset.root",
     "dataset=streaming": "dataset.remote",
     # Fine-tuning needs a model folder and records on disk (tests/test_finetune.py runs them).
     "model=hf": "model.path",
@@ -72,6 +73,9 @@ COMPANIONS["+experiment=gpt_char_fast"] = ["dataset.path=tokens"]
 COMPANIONS["+experiment=gpt2_small"] = ["dataset.path=tokens"]
 COMPANIONS["+experiment=gpt2_long"] = ["dataset.path=tokens"]
 COMPANIONS["dataset=streaming_tokens"] = [*LANGUAGE_MODEL[:2], "dataset.remote=shards"]
+
+# Models of clips (N, C, T, H, W) rather than images.
+VIDEO_MODELS = {"model=video_cnn"}
 
 OVERRIDES = [f"{g}={o}" for g in PLAIN_GROUPS for o in _options(g)] + [
     f"+{g}={o}" for g in ADDED_GROUPS for o in _options(g)
@@ -120,8 +124,10 @@ def test_compose_validate_instantiate(override, compose_cfg, tmp_path):
         # The data shape comes from the data set at run time; a 3-channel 32x32 stand-in here.
         model = build_model(resolved.model, {"in_channels": 3, "image_size": 32, "num_classes": 7})
         model.eval()
+        # A video model's clips (N, C, T, H, W): 4 frames.
+        shape = (2, 3, 4, 32, 32) if override in VIDEO_MODELS else (2, 3, 32, 32)
         with torch.no_grad():
-            assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 7)
+            assert model(torch.zeros(shape)).shape == (2, 7)
     assert build_loss(resolved.loss, 7)(torch.zeros(2, 7), torch.tensor([1, 2])) > 0
 
     global_batch = resolved.loader.batch_size * resolved.trainer.accumulate_grad_batches

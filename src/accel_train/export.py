@@ -261,8 +261,8 @@ def _batches(split, cfg: DictConfig, splits: Splits, transform, limit: int):
     out, n = [], 0
     for images, labels in loader.epoch(0):
         x = images if transform is None else transform(images, train=False).contiguous()
-        if len(x) != len(labels) and len(x) % len(labels) == 0:  # views of each video (N * V)
-            labels = labels.repeat_interleave(len(x) // len(labels))  # (verified clip by clip)
+        if len(x) != len(labels):  # several views of each sample (a video's clips): per view
+            labels = labels.repeat_interleave(len(x) // len(labels))
         if limit and n + len(x) > limit:
             x, labels = x[: limit - n], labels[: limit - n]
         out.append((x, labels))

@@ -563,10 +563,10 @@ def check_ray_loader(cfg: DictConfig) -> None:
             raise UserError(f"loader.{key}={lc[key]} must be > 0.")
     if cfg.dataset.get("decode") == "gpu":
         raise UserError(
-            "dataset.decode=gpu with loader=ray: decode=gpu hands the encoded JPEG bytes to the "
-            "GPU, which decodes and crops them there, so there is nothing for Ray's CPU workers "
-            "to do. Use `dataset.decode=cpu` to decode on the Ray cluster's CPUs, or "
-            "`loader=torch` to keep decoding on the GPU."
+            "dataset.decode=gpu with loader=ray: decode=gpu hands the encoded JPEG bytes (or "
+            "the video files' frame lists) to the GPU, which decodes and crops them there, so "
+            "there is nothing for Ray's CPU workers to do. Use `dataset.decode=cpu` to decode on "
+            "the Ray cluster's CPUs, or `loader=torch` to keep decoding on the GPU."
         )
 
 
@@ -611,15 +611,17 @@ def check_resume(cfg: DictConfig) -> None:
 
 
 def check_gpu_decode(cfg: DictConfig) -> None:
-    """dataset.decode=gpu (image folders: nvJPEG on the CUDA device) needs that device."""
+    """dataset.decode=gpu (image folders: nvJPEG on the CUDA device; video folders: NVDEC
+    through torchcodec) needs that device."""
     if OmegaConf.select(cfg, "dataset.decode") != "gpu":
         return
     why = cpu_run(cfg)
     if why:
         raise UserError(
-            f"dataset.decode=gpu decodes the JPEGs on the CUDA device with nvJPEG, but {why}. "
-            "Use `dataset.decode=cpu` (the loader workers decode, with libjpeg-turbo's DCT "
-            "scaling) or run on a machine with a CUDA GPU."
+            f"dataset.decode=gpu decodes the JPEGs on the CUDA device with nvJPEG (videos: with "
+            f"NVDEC, torchcodec's CUDA decoder), but {why}. Use `dataset.decode=cpu` (the "
+            "loader workers decode: libjpeg-turbo for images, FFmpeg for videos) or run on a "
+            "machine with a CUDA GPU."
         )
 
 

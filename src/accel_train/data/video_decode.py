@@ -9,8 +9,9 @@ the frames of one clip by index, seeking to just those frames.
   once), never from the start of the file as a naive loop over ``av.open(...).decode()`` does.
 
 ``seek_mode="exact"`` (torchcodec's default), chosen over ``approximate``: the exact mode scans
-the file's packets once when the decoder opens (demuxing, no decoding: a small share of a clip's
-decode for Kinetics-length files), and in exchange frame ``i`` is frame ``i`` and
+the file's packets once when the decoder opens (demuxing, no decoding: for a 10 s 480x360
+30 fps H.264 file, 4.0 ms against approximate's 3.1 ms, next to 23 ms for opening it and
+decoding a 16-frame clip at stride 2, one core), and in exchange frame ``i`` is frame ``i`` and
 ``num_frames`` is the count of frames really in the stream. The approximate mode trusts the
 header, which for WebM/MKV often has no frame count and for variable-frame-rate files maps an
 index to the wrong frame; the clip windows are drawn from the cached ``num_frames``, so a count
@@ -59,8 +60,11 @@ class VideoReadError(UserError):
     """A video file that cannot be decoded: ``what`` names it and why, ``kind`` is ``empty``,
     ``audio-only`` or ``unreadable`` (the header check groups the files by it)."""
 
-    def __init__(self, what: str, kind: str):
-        super().__init__(f"dataset=video_folder: {what}. {FIX}")
+    def __init__(self, what: str, kind: str = "unreadable"):
+        if what.startswith("Caught "):  # re-created by torch from a loader worker's (UserError)
+            super().__init__(what)
+        else:
+            super().__init__(f"dataset=video_folder: {what}. {FIX}")
         self.what, self.kind = what, kind
 
 
@@ -86,9 +90,10 @@ def _name(source: str | bytes) -> str:
     return source if isinstance(source, str) else f"<{len(source)} bytes of video>"
 
 
-def _why(err: BaseException) -> str:
-    """FFmpeg's reason, without torchcodec's C++ source location."""
+def _why(err: BaseException, name: str = "") -> str:
+    """FFmpeg's reason, without torchcodec's C++ source location (nor the file's name)."""
     text = re.sub(r"^[^,]*, \S+\.cpp:\d+, ", "", " ".join(str(err).split()))
+    text = text.replace(f": {name} ", ": ").replace(name, "").strip() if name else text
     return text[:200]
 
 
@@ -110,7 +115,7 @@ def open_video(source: str | bytes, *, threads: int = 1, device: str = "cpu"):
     except (RuntimeError, ValueError, OSError) as err:
         kind = "audio-only" if _has_audio(source) else "unreadable"
         why = "has an audio stream and no video stream" if kind == "audio-only" else (
-            f"cannot be decoded ({_why(err)})"
+            f"cannot be decoded ({_why(err, name)})"
         )  # fmt: skip
         raise VideoReadError(f"{name} {why}", kind) from None
 

@@ -122,31 +122,32 @@ def build_video_folder(
                   threads=int(decode_threads), decode=decode,
                   shuffle_frames=bool(shuffle_frames))  # fmt: skip
     views = dict(clips=int(eval_clips), crops=int(eval_crops))
-    n = len(train.paths)
-    if val is None:
-        train_idx, val_idx = held_out_indices(n, val_fraction, seed, train.labels)
-    else:
-        train_idx, val_idx = torch.arange(n), None
-    train_split_ = VideoClipSplit(train, metas, train_idx, crop=crop, **common)
-    val_split_ = (
-        VideoClipSplit(train, metas, val_idx, **views, **common)
-        if val is None
-        else VideoClipSplit(val, metas, torch.arange(len(val.paths)), **views, **common)
-    )
-    test_split_ = (
-        VideoClipSplit(test, metas, torch.arange(len(test.paths)), **views, **common)
-        if test is not None
-        else None
-    )
+    made = _splits(train, val, test, metas, val_fraction, seed, crop, common, views)
     return Splits(
-        train_split_,
-        val_split_,
-        test_split_,
+        *made,
         in_channels=3,
         image_size=int(image_size),
+        # (No `frames` in model_args: builders that take **kwargs, model=torchvision's and
+        # timm's, would pass it on to architectures that do not know it.)
         num_classes=len(classes),
-        model_args={"frames": int(frames)},
     )
+
+
+def _splits(train, val, test, metas, val_fraction, seed, crop, common, views) -> tuple:
+    """(train, val, test or None) splits: validation is the val videos, or a stratified,
+    seeded val_fraction of the training ones (image_folder's rule)."""
+
+    def whole(videos: VideoList | None) -> VideoClipSplit | None:
+        if videos is None:
+            return None
+        return VideoClipSplit(videos, metas, torch.arange(len(videos.paths)), **views, **common)
+
+    if val is None:
+        train_idx, val_idx = held_out_indices(len(train.paths), val_fraction, seed, train.labels)
+        held = VideoClipSplit(train, metas, val_idx, **views, **common)
+    else:
+        train_idx, held = torch.arange(len(train.paths)), whole(val)
+    return VideoClipSplit(train, metas, train_idx, crop=crop, **common), held, whole(test)
 
 
 def _check_options(frames, stride, fps, size, resize_size, crop_scale, clips, crops, threads,
