@@ -4,8 +4,9 @@ squares (32 x 32 px, 16 frames at 15 fps):
 - `model=torchvision model.name=r3d_18` trains on clips from a local weights file of another
   head size (the head starts fresh, the log says so), in channels_last_3d, evaluates the test
   split by several clips a video, and `accel-export` writes a torch.export program of 5-D input
-  that agrees with the model; an image classifier on clips, a video classifier on images and
-  an MViT at another clip size than its own are refused in one paragraph.
+  that agrees with the model; an image classifier on clips, a video classifier on images (the
+  model's `input_rank` against the data's first batch) and an MViT at another clip size than its
+  own are refused in one paragraph.
 - `accel-data shard dataset=video_folder` writes the splits `dataset=video_folder` trains on;
   `dataset=streaming_video` draws from them exactly the clips the folder gives (the same pixels,
   training and evaluation views); `fps=` re-encodes at a lower rate, which the index records and
@@ -85,10 +86,10 @@ def test_a_torchvision_video_model_trains_and_exports(videos, run_cli, tmp_path)
 
 def test_the_wrong_kind_of_model_is_refused(videos, run_cli, tmp_path):
     proc = run_cli(["model=torchvision", "model.name=r3d_18", "trainer.max_steps=1", *QUIET])
-    refused(proc, "model.name=r3d_18 is a video classifier", "dataset=video_folder")
+    refused(proc, "the model takes clips (batch, channels, frames,", "dataset=video_folder")
     clips = [*folder(videos), "trainer.max_steps=1", *QUIET]
     proc = run_cli(["model=torchvision", "model.name=resnet18", *clips])
-    refused(proc, "model.name=resnet18 is an image classifier", "r2plus1d_18")
+    refused(proc, "the model takes images", "(2, 3, 8, 32, 32)", "r2plus1d_18")
     proc = run_cli(["model=torchvision", "model.name=mvit_v2_s", *clips])
     refused(proc, "16 frames of 224 px", "dataset.frames=16 dataset.image_size=224")
 

@@ -10,9 +10,11 @@ downloaded).
   `num_classes`, and a model built for a fixed input size (torchvision's ViTs) the data's
   `image_size`. Images of other than 3 channels get a first convolution of that many input
   channels (fresh weights: the log says so).
-- A video builder takes clips (N, C, T, H, W): the data must give `frames` (dataset=video_folder
-  does), and an image builder refuses clips, each naming the other family. torchvision's MViT
-  builders take only their own clip size (16 frames of 224 px): other data is refused.
+- A video builder takes clips (N, C, T, H, W), an image builder images: the model declares its
+  `input_rank` (5 or 4), which the forward check on the data's first batch compares (an image
+  builder is refused at once where the data gives `frames`). torchvision's MViT builders take
+  only their own clip size (16 frames of 224 px): other crops are refused when the model is
+  built, other clip lengths by the forward check, naming that size (`input_hint`).
 - The head is the last Linear layer or 1x1 convolution with the classes as outputs (s3d's is a
   1x1x1 Conv3d): the model names it in `head_modules` for models/weights.py.
 - `prepare_config` (the launching process, before config.yaml): the name checked, unknown ones
@@ -85,14 +87,8 @@ def check_name(name: str) -> str:
 
 
 def _check_family(name: str, family: str, frames: int | None) -> None:
-    """A video builder needs clips, an image builder images: the data decides (`frames`)."""
-    if family == "video" and not frames:
-        raise UserError(
-            f"model.name={name} is a video classifier: it takes clips (batch, channels, frames, "
-            "height, width), and this data set gives images. Train it on videos "
-            "(`dataset=video_folder dataset.root=<folder of class folders of videos>`, "
-            "docs/video.md), or pick an image classifier (model.name=resnet18, ...)."
-        )
+    """Where the data says it gives clips (`frames`), an image builder is refused at once (the
+    forward check refuses the other way round: models/__init__.py, the model's `input_rank`)."""
     if family == "image" and frames:
         video = ", ".join(families()["video"])
         raise UserError(
@@ -108,18 +104,30 @@ def torchvision_model(
     num_classes: int,
     in_channels: int = 3,
     image_size: int = 224,
-    frames: int | None = None,  # a clip's frames (video data); None: images
+    frames: int | None = None,  # a clip's frames, where the data gives them (None: unsaid)
     dtype: torch.dtype | None = None,  # (the builder moves the model to it)
     **kwargs: Any,
 ) -> nn.Module:
     """torchvision.models.get_model(name, weights=None) for this data (module docstring)."""
-    _check_family(name, check_name(name), frames)
+    family = check_name(name)
+    _check_family(name, family, frames)
     refuse_download(kwargs, "<torchvision's .pth>")
     args = {"num_classes": num_classes, **kwargs}
     with torch.device("meta"):  # (no memory) whether it is built for an input size
         probe = _get_model(name, args)
     sized = _input_size_args(name, probe, kwargs, image_size, frames)
     model = _get_model(name, {**args, **sized})
+    # Capabilities read by the forward check (models/__init__.py check_output): the input's
+    # rank, and what a builder of one clip size takes.
+    model.input_rank = 5 if family == "video" else 4
+    fixed = _fixed_clip(probe)
+    if fixed is not None:
+        model.input_hint = (
+            f"torchvision builds {name} for clips of {fixed[0]} frames of {fixed[1]} px only "
+            f"(its position embeddings have that size): set `dataset.frames={fixed[0]} "
+            f"dataset.image_size={fixed[1]}`, or pick a video classifier that takes any clip "
+            "size (r3d_18, r2plus1d_18, mc3_18, swin3d_t)."
+        )
     if in_channels != 3:
         _first_conv_for(model, in_channels, name)
     head = head_module(model, num_classes)
@@ -139,26 +147,33 @@ def _get_model(name: str, args: dict) -> nn.Module:
         ) from None
 
 
+def _fixed_clip(probe: nn.Module) -> tuple[int, int] | None:
+    """(frames, side) of a builder made for one clip size (torchvision's MViTs: the builder
+    passes spatial_size and temporal_size itself), else None."""
+    pos = getattr(probe, "pos_encoding", None)
+    if getattr(pos, "temporal_size", None) is None:
+        return None
+    conv = probe.conv_proj  # (the embeddings' grid is the input's over the patch stride)
+    return pos.temporal_size * conv.stride[0], pos.spatial_size[0] * conv.stride[1]
+
+
 def _input_size_args(
     name: str, probe: nn.Module, given: dict, image_size: int, frames: int | None
 ) -> dict:
     """The size arguments of a builder made for one input size (its meta-device `probe`): the
-    image ViTs' `image_size` from the data unless given. torchvision's MViT builders fix
-    theirs (16 frames of 224 px: the builder passes spatial_size and temporal_size itself, and
-    the position embeddings and attention sizes follow): other clips are refused here."""
-    pos = getattr(probe, "pos_encoding", None)
-    fixed_t = getattr(pos, "temporal_size", None)
-    if fixed_t is not None and frames:
-        conv = probe.conv_proj  # (the embeddings' grid is the input's over the patch stride)
-        t, side = fixed_t * conv.stride[0], pos.spatial_size[0] * conv.stride[1]
-        if (frames, image_size) != (t, side):
-            raise UserError(
-                f"model.name={name}: torchvision builds it for clips of {t} frames of {side} px "
-                f"only (its position embeddings and attention have that size), and the data "
-                f"gives {frames} frames of {image_size} px. Set `dataset.frames={t} "
-                f"dataset.image_size={side}`, or pick a video classifier that takes any clip "
-                "size (r3d_18, r2plus1d_18, mc3_18, swin3d_t)."
-            )
+    image ViTs' `image_size` from the data unless given. A fixed-clip builder (an MViT) on
+    clips of another size is refused here where the data gives its frames (else by the
+    forward check, with the model's `input_hint`)."""
+    fixed = _fixed_clip(probe)
+    if fixed is not None and (image_size != fixed[1] or (frames and frames != fixed[0])):
+        got = f"{frames} frames of {image_size} px" if frames else f"{image_size} px frames"
+        raise UserError(
+            f"model.name={name}: torchvision builds it for clips of {fixed[0]} frames of "
+            f"{fixed[1]} px only (its position embeddings and attention have that size), and "
+            f"the data gives {got}. Set `dataset.frames={fixed[0]} dataset.image_size="
+            f"{fixed[1]}`, or pick a video classifier that takes any clip size (r3d_18, "
+            "r2plus1d_18, mc3_18, swin3d_t)."
+        )
     if getattr(probe, "image_size", None) is not None and "image_size" not in given:
         return {"image_size": image_size}
     return {}
