@@ -156,5 +156,4 @@ def build_streaming_video(
         in_channels=3,
         image_size=int(image_size),
         num_classes=int(num_classes or len(meta["classes"])),
-        model_args={"frames": int(frames)},
-    )
+    )  # (no `frames` in model_args, as dataset=video_folder: **kwargs builders pass it on)
