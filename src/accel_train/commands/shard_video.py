@@ -38,6 +38,7 @@ from omegaconf import DictConfig
 from accel_train.data.build import build_splits
 from accel_train.data.video_clips import resize_frames
 from accel_train.data.video_decode import decode_clip, video_metadata
+from accel_train.data.video_folder import _classes, read_list
 from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
@@ -176,11 +177,12 @@ def video_parts(cfg: DictConfig, max_side: int, fps: float) -> tuple[dict, dict,
 
 
 def _class_names(cfg: DictConfig, n: int) -> list[str]:
-    """The class folders' names (a list's labels are its own names or indices)."""
+    """The class names as dataset=video_folder orders them: its class folders, or a list's
+    labels (names, or indices already)."""
     ds = cfg.dataset
-    folder = Path(str(ds.root)).expanduser() / str(ds.get("train_split") or "train")
-    if not ds.get("list_file") and folder.is_dir():
-        names = sorted(p.name for p in folder.iterdir() if p.is_dir())
-        if len(names) == n:
-            return names
-    return [str(i) for i in range(n)]
+    if ds.get("list_file"):
+        names = _classes(read_list(str(ds.list_file), "dataset.list_file"))
+    else:
+        folder = Path(str(ds.root)).expanduser() / str(ds.get("train_split") or "train")
+        names = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    return names if len(names) == n else [str(i) for i in range(n)]
