@@ -48,6 +48,7 @@ LONGEST_FIRST = (
     "test_teardown.py",
     "test_vision_models.py",
     "test_video.py",
+    "test_video_extras.py",
     "test_lm_techniques.py",
     "test_harness_eval.py",
     "test_streaming.py",

@@ -58,7 +58,8 @@ def _shrink(cfg) -> None:
     """What a reader would append to try a documented command on a laptop, where the composed
     config has those keys: images of at most 32 px, every image size scaled alike (so that
     sizes that do not fit each other still do not: a progressive schedule's against the
-    model's) to a multiple of 16, batches of 4, no loader workers, no compile."""
+    model's) to a multiple of 16, clips of at most 8 frames and 2 views, batches of 4, no
+    loader workers, no compile."""
     from omegaconf import open_dict
 
     with open_dict(cfg):
@@ -74,16 +75,19 @@ def _shrink(cfg) -> None:
         for key in ("image_size", "eval_image_size"):
             if ds.get(key):
                 ds[key] = shrunk(ds[key])
-        if ds.get("resize_size"):
-            ds.resize_size = 0
+        if ds.get("resize_size"):  # (clips: evaluation's shorter side, at least the crop)
+            ds.resize_size = 0 if "crop_pct" in ds else max(int(ds.image_size), SIZE)
+        if ds.get("frames"):  # clips (dataset=video_folder): 8 frames, 2 views at most
+            ds.frames = min(int(ds.frames), 8)
+            ds.eval_clips = min(int(ds.get("eval_clips") or 1), 2)
         if t.get("progressive_resize") is not None:
             pr = t.progressive_resize
             for key in ("start_size", "end_size"):
                 pr[key] = shrunk(pr.get(key, 160 if key == "start_size" else 192))
             pr.step = 16
         cfg.loader.batch_size = min(int(cfg.loader.batch_size), BATCH)
-        if "num_workers" in cfg.loader:  # (loader=device has none)
-            cfg.loader.num_workers = 0
+        if "num_workers" in cfg.loader:  # (loader=device has none; loader=ray needs an actor)
+            cfg.loader.num_workers = 1 if cfg.loader.get("name") == "ray" else 0
         t.compile = False
 
 

@@ -43,6 +43,7 @@ REFUSED = {
     "dataset=image_folder": "dataset.root",
     "dataset=video_folder": "dataset.root",
     "dataset=streaming": "dataset.remote",
+    "dataset=streaming_video": "dataset.remote",
     # Fine-tuning needs a model folder and records on disk (tests/test_finetune.py runs them).
     "model=hf": "model.path",
     # A model by name needs the name: its architecture (tests/test_vision_models.py builds them).
@@ -63,6 +64,7 @@ REFUSED = {
     "+experiment=grpo_lora": ".path",
     "+experiment=imagenet_resnet50": "dataset.root",
     "+experiment=vit_finetune": "dataset.root",
+    "+experiment=video_r2plus1d": "dataset.root",
 }
 # Trackers that are optional extras are refused, naming the extra, where not installed.
 REFUSED.update(

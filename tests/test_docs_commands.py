@@ -62,6 +62,7 @@ REAL_DOCS = (
     "docs/fine-tuning.md",
     "docs/long-context.md",
     "docs/architecture.md",
+    "docs/video.md",
 )
 GPT_RECIPES = ("gpt_char", "gpt_char_fast", "gpt2_small", "gpt2_long")
 GRPO_RECIPES = ("grpo_lora",)
@@ -155,6 +156,9 @@ def substitute(command: DocCommand, mnist_dir: Path) -> list[str]:
     text = text.replace("/data/imagenet", "imagenet")  # (1 % of train/ holds out a few)
     text = text.replace("/data/pets", "imagenette2-160")
     text = text.replace("dataset.root=DIR", "dataset.root=imagenette2-160")
+    # docs/video.md: moving-square videos (tests/test_video.py) and a Kinetics-like tree
+    for data in ("/data/videos", "/data/kinetics400"):
+        text = text.replace(data, data.removeprefix("/data/"))
     argv = [a for a in shlex.split(text) if a != "..."]
     if any(a.startswith("hparams_search=") for a in argv):
         argv.append("hydra.sweeper.n_trials=2")  # checks the same as 20 or 50 trials
@@ -290,7 +294,27 @@ def workspace(tmp_path_factory, mnist_dir) -> Path:
     for name in ("mnist_amp", "train"):
         (root / "outputs" / name).mkdir(parents=True, exist_ok=True)
         (root / "outputs" / name / RUN).symlink_to(root / "outputs" / "my_run")
+    _write_videos(root)
     return root
+
+
+def _write_videos(root: Path) -> None:
+    """docs/video.md's data: videos/ (4 training videos a class, 1 for val and test, and the
+    same as CSV lists) and kinetics400/ (61 a class: its recipe's 1 % hold-out is not empty),
+    32 frames at 15 fps (a default clip of 16 frames at stride 2 spans 31)."""
+    from test_video import DIRECTIONS, write_video  # (PyAV: the video extra)
+
+    n = 0
+    for name, counts in (("videos", (4, 1, 1)), ("kinetics400", (61, 1, 0))):
+        for split, count in zip(("train", "val", "test"), counts, strict=True):
+            rows = ["path,label"]
+            for d in DIRECTIONS:
+                (root / name / split / d).mkdir(parents=True, exist_ok=True)
+                for i in range(count):
+                    write_video(root / name / split / d / f"{i:03d}.mp4", d, seed=n, frames=32)
+                    rows.append(f"{split}/{d}/{i:03d}.mp4,{d}")
+                    n += 1
+            (root / name / f"{split}.csv").write_text("\n".join(rows) + "\n")
 
 
 def made_first(command: DocCommand) -> bool:

@@ -117,6 +117,24 @@ def _vit(cwd: Path, run_cli) -> list[str]:
     return [*photos, f"model.weights={folder}", "loader.batch_size=4", "loader.num_workers=0"]
 
 
+def _videos(cwd: Path, run_cli) -> list[str]:
+    # torchvision's R(2+1)D reference shrunk: tests/test_video.py's moving squares (32 px, 16
+    # frames at 15 fps: the recipe's fps=15 takes every frame), 8-frame clips, 2 views.
+    from test_video import write_tree
+
+    root = write_tree(cwd / "videos", {"train": 4, "val": 1})
+    return [
+        f"dataset.root={root}",
+        "dataset.val_fraction=0.25",  # (the recipe's 1 %: none here)
+        "dataset.frames=8",
+        "dataset.image_size=32",
+        "dataset.resize_size=32",
+        "dataset.eval_clips=2",
+        "loader.batch_size=4",
+        "loader.num_workers=0",
+    ]
+
+
 # Each experiment's data, made by the test: a new experiment must say what it needs here.
 EXPERIMENT_DATA = {
     "cifar10_resnet18_bf16": _cifar_shaped,
@@ -131,12 +149,14 @@ EXPERIMENT_DATA = {
     "mnist_amp": _mnist,
     "sft_lora": _sft,
     "vit_finetune": _vit,
+    "video_r2plus1d": _videos,
 }
 # The experiments whose warm-up is longer than the smoke run's one step.
 WARMUP = {"gpt_char": 100, "gpt_char_fast": 20, "gpt2_small": 200, "sft_lora": 10}
 WARMUP["dpo_lora"] = WARMUP["simpo_lora"] = 10
 WARMUP["gpt2_long"] = 200
 WARMUP["vit_finetune"] = 6250
+WARMUP["video_r2plus1d"] = 7734
 
 
 def test_every_experiment_names_its_test_data():

@@ -179,7 +179,7 @@ def test_torchvision_names_are_checked_like_timms():
 
     with pytest.raises(UserError, match=r"model.name=resnet5: .* The closest: resnet50"):
         check_name("resnet5")
-    with pytest.raises(UserError, match="not an image classifier"):
+    with pytest.raises(UserError, match="not a classifier .*detection"):
         check_name("fasterrcnn_resnet50_fpn")
 
 

@@ -120,6 +120,8 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     )
     if text:
         card.update(_text_io(splits, example.shape[1]))
+    elif example.dim() == 5:  # clips: (batch, channels, frames, height, width)
+        card["input"].update(shape=["batch", *example.shape[1:]], layout="NCTHW, contiguous")
     card["quantization"] = qat.describe(quant) if is_qat else None
     _write_card(card, artifact)
     if not check["passed"]:

@@ -1,4 +1,4 @@
-"""`accel-data shard`: an image folder or a token folder -> a LitData shard set in a local
+"""`accel-data shard`: an image, video or token folder -> a LitData shard set in a local
 folder or an S3 bucket, the layout `dataset=streaming` (images, data/streaming.py) or
 `dataset=streaming_tokens` (tokens, data/streaming_tokens.py) trains from (docs/streaming.md).
 
@@ -16,6 +16,9 @@ A local `out` is written under a temporary name and moved into place (commands/o
 `overwrite=true` replaces only the files of a shard set that this command listed there
 (written.py), never a folder of other files, a file the user added to a shard set, nor the data
 being sharded.
+
+A video folder or list (`dataset=video_folder`) gives one item a video, re-encoded smaller or
+slower with `max_side` / `fps` (commands/shard_video.py), for `dataset=streaming_video`.
 
 A token folder's train.bin and val.bin are written in LitData's token format
 (`optimize(..., item_loader=TokensLoader())`, as litgpt does): each split's tokens in order, cut
@@ -45,6 +48,7 @@ from accel_train.commands.outputs import (
     remove_leftovers,
     resolved,
 )
+from accel_train.commands.shard_video import ReadVideo, check_video_options, video_parts
 from accel_train.data.decode import check_images, unreadable
 from accel_train.data.image_tree import plan_layout
 from accel_train.data.object_store import (
@@ -131,10 +135,13 @@ def shard(cfg: DictConfig) -> str:
         return _shard_sft(cfg, out)
     if ds.get("name") == "preference":
         return _shard_preference(cfg, out)
+    if ds.get("name") == "video_folder":
+        return _shard_videos(cfg, out)
     if ds.get("name") != "image_folder":
         raise UserError(
             f"dataset={ds.get('name')}: accel-data shard writes image folders "
-            "(dataset=image_folder dataset.root=<folder>), token folders (dataset=tokens "
+            "(dataset=image_folder dataset.root=<folder>), video folders (dataset=video_folder "
+            "dataset.root=<folder>), token folders (dataset=tokens "
             "dataset.path=<folder>), instruction records (dataset=sft dataset.path=<file> "
             "dataset.tokenizer=<model folder>) and preference pairs (dataset=preference, the "
             "same keys)."
@@ -221,6 +228,31 @@ def _image_reader(cfg: DictConfig, paths: list[str]) -> ReadItem:
     if cfg.dataset.get("check_images", True):
         check_images(paths, log=log)
     return ReadItem(int(cfg.max_side), int(cfg.jpeg_quality))
+
+
+def _shard_videos(cfg: DictConfig, out: str) -> str:
+    """A video folder or list -> one item a video (commands/shard_video.py), for
+    `dataset=streaming_video`."""
+    root = Path(str(cfg.dataset.root)).expanduser()
+    max_side, fps, crf = check_video_options(cfg, MIN_SIDE)
+    if not is_s3(out) and root.is_dir():  # before the header check, which can take minutes
+        refuse_inside(Path(out), root, "out", "dataset.root")
+    inputs, splits, classes = video_parts(cfg, max_side, fps)
+    meta = {
+        "format": META_FORMAT,
+        "kind": "video_folder",
+        "source": str(root.absolute()),
+        "max_side": max_side,
+        "fps": fps,
+        "crf": crf,
+        "classes": classes,
+        "splits": splits,
+    }
+    _write(cfg, out, ReadVideo(crf), inputs, meta, None, (root, "dataset.root"))
+    counts = ", ".join(f"{len(v):,} {k}" for k, v in inputs.items())
+    again = sum(1 for items in inputs.values() for p in items if p["frames"])
+    print(f"accel-data: {counts} videos of {len(classes)} classes ({again} re-encoded) -> {out}/")
+    return out
 
 
 def read_tokens(entry: tuple[str, str, int, int]) -> np.ndarray:

@@ -247,6 +247,26 @@ class VideoFolderDatasetConfig(DatasetConfig):
 
 
 @dataclass
+class StreamingVideoDatasetConfig(DatasetConfig):
+    # data/streaming_video.py: video shards, clips drawn as dataset=video_folder draws them.
+    remote: str = MISSING
+    local: str | None = None
+    cache_limit: str = "20gb"
+    frames: int = 16
+    frame_stride: int = 2
+    fps: float | None = None
+    image_size: int = 112
+    resize_size: int = 128
+    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
+    eval_clips: int = 5
+    eval_crops: int = 1
+    decode_threads: int = 1
+    decode: str = "cpu"
+    pad_short: bool = False
+    shuffle_frames: bool = False
+
+
+@dataclass
 class StreamingDatasetConfig(DatasetConfig):
     remote: str = MISSING
     local: str | None = None
@@ -938,6 +958,8 @@ class ShardConfig:
     overwrite: bool = False
     max_side: int = 0  # image folders: re-encode images whose longer side is above it (0: never)
     jpeg_quality: int = 90  # the JPEG quality of those re-encoded images
+    fps: float = 0.0  # video folders: keep at most this frame rate (0: every frame)
+    crf: int = 23  # video folders: libx264's quality of the re-encoded videos
 
 
 # group -> option name -> schema. The option names are the YAML files' `name:` values; an
@@ -963,6 +985,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "synthetic": SyntheticDatasetConfig,
         "image_folder": ImageFolderDatasetConfig,
         "video_folder": VideoFolderDatasetConfig,
+        "streaming_video": StreamingVideoDatasetConfig,
         "tokens": TokensDatasetConfig,
         "sft": SftDatasetConfig,
         "preference": PreferenceDatasetConfig,

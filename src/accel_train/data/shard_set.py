@@ -27,6 +27,11 @@ _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 KINDS = {
     "image_folder": ("image", "dataset=image_folder dataset.root=<image folder>", "streaming"),
     "tokens": ("token", "dataset=tokens dataset.path=<token folder>", "streaming_tokens"),
+    "video_folder": (
+        "video",
+        "dataset=video_folder dataset.root=<video folder>",
+        "streaming_video",
+    ),
     "sft": (
         "instruction",
         "dataset=sft dataset.path=<records> dataset.tokenizer=<model folder>",

@@ -170,17 +170,35 @@ OURS = "accel_train.models."
 
 
 def check_output(model: nn.Module, sample: torch.Tensor, num_classes: int, target: str) -> None:
-    """One forward of two real samples on the CPU: the logits must be (batch, num_classes)."""
+    """One forward of two real samples on the CPU: the logits must be (batch, num_classes).
+    A model that declares its `input_rank` (4: images, 5: clips; model=torchvision) is refused
+    data of another rank, naming both; its `input_hint` says what else it needs."""
+    rank = getattr(model, "input_rank", None)
+    if rank is not None and sample.dim() != rank:
+        kinds = {4: "images (batch, channels, height, width)",
+                 5: "clips (batch, channels, frames, height, width)"}  # fmt: skip
+        fix = (
+            "Train it on videos (`dataset=video_folder dataset.root=<folder of class folders "
+            "of videos>`, docs/video.md), or pick an image model."
+            if rank == 5
+            else "Pick a video model (model=torchvision model.name=r3d_18, r2plus1d_18, ...; "
+            "docs/video.md), or train it on images."
+        )
+        raise UserError(
+            f"model._target_={target}: the model takes {kinds.get(rank, f'{rank}-D inputs')}, "
+            f"and the data set gives batches of shape {tuple(sample.shape)}. {fix}"
+        )
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             out = model(sample)
     except Exception as err:  # the user's forward on the data's real shape
+        hint = getattr(model, "input_hint", None) or "Make the model accept the dataset's inputs."
         raise UserError(
             f"model._target_={target}: its forward failed on a batch of shape "
             f"{tuple(sample.shape)} from the data set: {type(err).__name__}: "
-            f"{' '.join(str(err).split())[:400]}. Make the model accept the dataset's inputs."
+            f"{' '.join(str(err).split())[:400]}. {hint}"
         ) from None
     finally:
         model.train(was_training)

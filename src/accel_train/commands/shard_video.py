@@ -1,0 +1,188 @@
+"""`accel-data shard dataset=video_folder`: a video folder (or list) -> a LitData shard set that
+`dataset=streaming_video` trains from (data/streaming_video.py), written by commands/shard.py's
+writer, with its `overwrite` rules (nothing but a shard set this command wrote is replaced).
+
+The splits are the ones `dataset=video_folder` would train on, built by it: the same files,
+labels, segments (a list's start/end) and held-out share, and its header check (every file's
+metadata read once; unreadable, empty, audio-only and too-short files refused together, before
+anything is written). Each item is one video:
+
+    index, label        the position in its split (the seed of its clips) and the class
+    video               the file's bytes as they are, or re-encoded (below)
+    fps, height, width  the stored video's frame rate and size
+    first, last         the clip window in its frames: a list row's segment, else all of it
+
+accel_train.index.json also lists each split's rates, windows and sizes, so that the streaming
+option checks every clip fits before reading a chunk.
+
+With `max_side=N` (frames whose longer side is above N are resized to N, antialiased) or
+`fps=F` (videos above F frames per second keep one frame every source_fps / F, as
+`dataset.fps` samples clips), a video is decoded by torchcodec (only its window) and encoded
+again by torchcodec's encoder (FFmpeg's libx264, CRF `crf`, even frame sizes as yuv420p needs):
+smaller shards and cheaper decoding, for sets trained at a known size and rate. A video that
+needs neither (already small and slow enough, and whole) keeps its bytes: no second generation.
+A kept video's window stays in the item (its bytes are the whole file); a re-encoded one is cut to
+it. torchcodec's encoder takes the whole video at once, so a re-encoded video is held in memory
+at its new size (10 s of 171x128 at 15 fps: 10 MB).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from accel_train.data.build import build_splits
+from accel_train.data.video_clips import resize_frames
+from accel_train.data.video_decode import decode_clip, video_metadata
+from accel_train.data.video_folder import _classes, read_list
+from accel_train.errors import UserError
+
+log = logging.getLogger("accel_train")
+
+DEFAULT_CRF = 23  # libx264's own default
+
+
+def plan(entry: tuple, max_side: int, fps: float) -> dict:
+    """What is stored of one video: ``entry`` is (index, path, label, first, last, fps, height,
+    width) as dataset=video_folder reads it; the result names the source frames to re-encode
+    (``frames``, empty: the bytes as they are) and the stored video's shape."""
+    index, path, label, first, last, rate, height, width = entry
+    size = (height, width)
+    if max_side > 0 and max(height, width) > max_side:
+        scale = max_side / max(height, width)
+        size = (max(2, round(height * scale / 2) * 2), max(2, round(width * scale / 2) * 2))
+    faster = bool(fps) and rate > fps + 1e-6
+    out = {"index": int(index), "path": path, "label": int(label), "frames": []}
+    if size == (height, width) and not faster:
+        return {
+            **out,
+            "fps": float(rate),
+            "height": height,
+            "width": width,
+            "window": (first, last),
+        }
+    step = rate / fps if faster else 1.0
+    frames = [first + math.floor(k * step) for k in range(math.ceil((last - first) / step))]
+    frames = [f for f in frames if f < last]
+    h, w = size[0] - size[0] % 2, size[1] - size[1] % 2  # (yuv420p: an odd source size too)
+    shown = float(fps) if faster else float(rate)
+    return {**out, "frames": frames, "fps": shown, "height": h, "width": w,
+            "window": (0, len(frames))}  # fmt: skip
+
+
+class ReadVideo:
+    """One shard item from its :func:`plan` (LitData's optimize calls it in its writer
+    processes): the fields of the module docstring."""
+
+    def __init__(self, crf: int = DEFAULT_CRF):
+        self.crf = crf
+
+    def __call__(self, planned: dict) -> dict:
+        path, frames = planned["path"], planned["frames"]
+        if frames:
+            data = self._encoded(planned)
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+        first, last = planned["window"]
+        return {
+            "index": planned["index"], "label": planned["label"], "video": data,
+            "fps": planned["fps"], "height": planned["height"], "width": planned["width"],
+            "first": int(first), "last": int(last),
+        }  # fmt: skip
+
+    def _encoded(self, planned: dict) -> bytes:
+        path, frames = planned["path"], planned["frames"]
+        h, w = planned["height"], planned["width"]
+        chunks = [  # (one chunk of 64 frames at full size at a time)
+            resize_frames(decode_clip(path, frames[k : k + 64]), h, w)
+            for k in range(0, len(frames), 64)
+        ]
+        data = _encode(torch.cat(chunks), planned["fps"], self.crf, path)
+        got = video_metadata(data)
+        if (got.num_frames, got.height, got.width) != (len(frames), h, w):
+            raise UserError(
+                f"dataset.root: re-encoding {path} gave {got.num_frames} frames of "
+                f"{got.width}x{got.height}, not the {len(frames)} of {w}x{h} given: the FFmpeg "
+                "encoder changed them. Shard the videos as they are (max_side=0 fps=0)."
+            )
+        return data
+
+
+def _encode(frames, rate: float, crf: int, path: str) -> bytes:
+    """uint8 (T, C, H, W) -> the bytes of an H.264 MP4 (torchcodec's encoder)."""
+    from torchcodec.encoders import VideoEncoder
+
+    try:
+        encoded = VideoEncoder(frames, frame_rate=rate).to_tensor(
+            "mp4", codec="libx264", pixel_format="yuv420p", crf=crf
+        )
+    except (RuntimeError, ValueError) as err:
+        raise UserError(
+            f"dataset.root: re-encoding {path} failed ({' '.join(str(err).split())[:300]}). "
+            "torchcodec encodes with FFmpeg's libx264: install an FFmpeg built with it "
+            "(`apt-get install ffmpeg`), or shard the videos as they are (max_side=0 fps=0)."
+        ) from None
+    return encoded.numpy().tobytes()
+
+
+def check_video_options(cfg: DictConfig, min_side: int) -> tuple[int, float, int]:
+    """(max_side, fps, crf), every problem in one paragraph."""
+    max_side, fps, crf = int(cfg.max_side), float(cfg.get("fps") or 0), int(cfg.get("crf", 23))
+    problems = []
+    if max_side < 0 or 0 < max_side < min_side:
+        problems.append(
+            f"max_side={max_side}: the longest frame side in pixels videos are shrunk to, at "
+            f"least {min_side} (0 keeps them as they are), e.g. `max_side=171`"
+        )
+    if fps < 0:
+        problems.append(f"fps={fps:g}: the frame rate to keep, > 0 (0 keeps every frame)")
+    if not 0 <= crf <= 51:
+        problems.append(f"crf={crf}: libx264's constant rate factor, 0-51 (23: its default)")
+    if problems:
+        raise UserError(f"accel-data shard dataset=video_folder: {'; '.join(problems)}.")
+    return max_side, fps, crf
+
+
+def video_parts(cfg: DictConfig, max_side: int, fps: float) -> tuple[dict, dict, list[str]]:
+    """The splits dataset=video_folder trains on, as shard inputs: (split -> the items' plans,
+    split -> its entry of accel_train.index.json, the class names)."""
+    splits = build_splits(cfg.dataset, ".")  # the folder's rules and its header check
+    inputs, info = {}, {}
+    for name in ("train", "val", "test"):
+        split = getattr(splits, name)
+        if split is None:
+            continue
+        plans = []
+        for i in range(len(split)):
+            first, last = (int(b) for b in split.bounds[i])
+            height, width = (int(v) for v in split.shape[i])
+            entry = (i, split.path(i), int(split.labels[i]), first, last, float(split.fps[i]),
+                     height, width)  # fmt: skip
+            plans.append(plan(entry, max_side, fps))
+        inputs[name] = plans
+        info[name] = {
+            "samples": len(plans),
+            "labels": [p["label"] for p in plans],
+            # the clip windows and rates: the streaming option checks clips fit without a chunk
+            "fps": [p["fps"] for p in plans],
+            "window": [list(p["window"]) for p in plans],
+            "size": [[p["height"], p["width"]] for p in plans],
+        }
+    return inputs, info, _class_names(cfg, splits.num_classes)
+
+
+def _class_names(cfg: DictConfig, n: int) -> list[str]:
+    """The class names as dataset=video_folder orders them: its class folders, or a list's
+    labels (names, or indices already)."""
+    ds = cfg.dataset
+    if ds.get("list_file"):
+        names = _classes(read_list(str(ds.list_file), "dataset.list_file"))
+    else:
+        folder = Path(str(ds.root)).expanduser() / str(ds.get("train_split") or "train")
+        names = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    return names if len(names) == n else [str(i) for i in range(n)]

@@ -1,0 +1,163 @@
+"""Video beyond the data core (issue 49), through the real CLI, on tests/test_video.py's moving
+squares (32 x 32 px, 16 frames at 15 fps):
+
+- `model=torchvision model.name=r3d_18` trains on clips from a local weights file of another
+  head size (the head starts fresh, the log says so), in channels_last_3d, evaluates the test
+  split by several clips a video, and `accel-export` writes a torch.export program of 5-D input
+  that agrees with the model; an image classifier on clips, a video classifier on images (the
+  model's `input_rank` against the data's first batch) and an MViT at another clip size than its
+  own are refused in one paragraph.
+- `accel-data shard dataset=video_folder` writes the splits `dataset=video_folder` trains on;
+  `dataset=streaming_video` draws from them exactly the clips the folder gives (the same pixels,
+  training and evaluation views); `fps=` re-encodes at a lower rate, which the index records and
+  the streaming option trains on; clips longer than the stored videos are refused before a
+  chunk is read; a shard set is replaced only with `overwrite=true`, never the videos' folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import check_ok
+
+pytest.importorskip("torchcodec")
+pytest.importorskip("litdata")
+from test_video import write_tree  # noqa: E402 - (needs av, skipped with it)
+
+CLIP = ["dataset.frames=8", "dataset.frame_stride=1", "dataset.image_size=32"]
+CLIP += ["dataset.resize_size=32", "dataset.eval_clips=2"]
+QUIET = ["trainer.progress=none", "logger=none"]
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory) -> Path:
+    """4 training videos a class (1 held out for validation) and 2 test videos a class."""
+    return write_tree(tmp_path_factory.mktemp("videos") / "data", {"train": 4, "test": 2})
+
+
+def folder(root: Path) -> list[str]:
+    return ["dataset=video_folder", f"dataset.root={root}", "dataset.val_fraction=0.25", *CLIP]
+
+
+def refused(proc, *words: str) -> str:
+    """The one-paragraph error of a refused command, checked to name `words`."""
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    line = next((x for x in proc.stderr.splitlines() if "error:" in x), "")
+    for word in words:
+        assert word in line, proc.stderr[-3000:]
+    return line
+
+
+def test_a_torchvision_video_model_trains_and_exports(videos, run_cli, tmp_path):
+    from torchvision.models.video import r3d_18
+
+    weights = tmp_path / "r3d_18-kinetics.pth"  # Kinetics' 400 classes: the head cannot fit
+    torch.save(r3d_18(num_classes=400).state_dict(), weights)
+    run = tmp_path / "run"
+    proc = run_cli([
+        "model=torchvision", "model.name=r3d_18", f"model.weights={weights}", *folder(videos),
+        "trainer.channels_last=true", "trainer.max_steps=2", "loader.batch_size=4",
+        f"hydra.run.dir={run}", *QUIET,
+    ])  # fmt: skip
+    check_ok(proc)
+    log = proc.stdout + proc.stderr
+    assert "the head (fc) has 400 outputs in the file and 4 here" in log, log[-3000:]
+    assert "channels_last" in log
+    summary = json.loads((run / "summary.json").read_text())
+    assert {"test_acc", "test_clip_acc"} <= set(summary), summary
+
+    out = tmp_path / "r3d_18.pt2"
+    exported = run_cli(
+        [f"ckpt_path={run / 'checkpoints' / 'last.pt'}", "format=torch_export",
+         f"out_path={out}", "verify_samples=8"],
+        prog="accel-export",
+    )  # fmt: skip
+    check_ok(exported)
+    card = json.loads(out.with_name(out.name + ".json").read_text())
+    assert card["input"]["shape"] == ["batch", 3, 8, 32, 32], card["input"]
+    assert card["verification"]["passed"] and card["verification"]["samples"] == 8
+    program = torch.export.load(out).module()
+    assert program(torch.randn(3, 3, 8, 32, 32)).shape == (3, 4)
+
+
+def test_the_wrong_kind_of_model_is_refused(videos, run_cli, tmp_path):
+    proc = run_cli(["model=torchvision", "model.name=r3d_18", "trainer.max_steps=1", *QUIET])
+    refused(proc, "the model takes clips (batch, channels, frames,", "dataset=video_folder")
+    clips = [*folder(videos), "trainer.max_steps=1", *QUIET]
+    proc = run_cli(["model=torchvision", "model.name=resnet18", *clips])
+    refused(proc, "the model takes images", "(2, 3, 8, 32, 32)", "r2plus1d_18")
+    proc = run_cli(["model=torchvision", "model.name=mvit_v2_s", *clips])
+    refused(proc, "16 frames of 224 px", "dataset.frames=16 dataset.image_size=224")
+
+
+@pytest.fixture(scope="module")
+def shards(videos, tmp_path_factory, run_cli_in) -> dict[str, Path]:
+    """The videos sharded as they are, and re-encoded at half their frame rate."""
+    cwd = tmp_path_factory.mktemp("video-shards")
+    made = {"same": cwd / "same", "half": cwd / "half"}
+    check_ok(run_cli_in(["shard", *folder(videos), f"out={made['same']}"], cwd, prog="accel-data"))
+    half = ["shard", *folder(videos), "fps=7.5", f"out={made['half']}"]
+    check_ok(run_cli_in(half, cwd, prog="accel-data"))
+    return made
+
+
+def test_streamed_clips_are_the_folders_clips(videos, shards):
+    from litdata import StreamingDataset
+
+    from accel_train.data.streaming_video import build_streaming_video
+    from accel_train.data.video_folder import build_video_folder
+
+    keys = dict(frames=8, frame_stride=1, image_size=32, resize_size=32, eval_clips=2, seed=0)
+    files = build_video_folder(root=str(videos), val_fraction=0.25, **keys)
+    streamed = build_streaming_video(remote=str(shards["same"]), **keys)
+    for name in ("val", "test"):
+        a, b = getattr(files, name), getattr(streamed, name)
+        assert len(a) == len(b) > 0
+        for i in range(len(a)):
+            (x, y), (u, v) = a[i], b[i]
+            assert x.shape == (2, 3, 8, 32, 32) and y == v and torch.equal(x, u), (name, i)
+    raw = StreamingDataset(str(shards["same"] / "train"))
+    decoder = streamed.train.source.decoder
+    for k in range(len(raw)):
+        item = raw[k]
+        for epoch in (0, 1):
+            clip, label = decoder(item, epoch)
+            want, y = files.train.getitem(int(item["index"]), epoch)
+            assert label == y and torch.equal(clip, want), (k, epoch)
+
+
+def test_reencoded_shards_train_and_short_clips_are_refused(shards, run_cli, tmp_path):
+    index = json.loads((shards["half"] / "accel_train.index.json").read_text())
+    assert index["kind"] == "video_folder" and index["fps"] == 7.5
+    assert index["classes"] == ["down", "left", "right", "up"]
+    for info in index["splits"].values():
+        assert set(info["fps"]) == {7.5} and all(w == [0, 8] for w in info["window"])
+    stream = ["dataset=streaming_video", f"dataset.remote={shards['half']}", *CLIP]
+    run = tmp_path / "run"
+    check_ok(run_cli([*stream, "model=video_cnn", "trainer.max_steps=3", "loader.batch_size=4",
+                      f"hydra.run.dir={run}", *QUIET]))  # fmt: skip
+    summary = json.loads((run / "summary.json").read_text())
+    assert {"test_acc", "test_clip_acc"} <= set(summary), summary
+
+    proc = run_cli([*stream, "dataset.frames=16", "model=video_cnn", "trainer.max_steps=1", *QUIET])
+    refused(proc, "shorter than a clip", "train sample 0 (8 frames)", "dataset.pad_short=true")
+    proc = run_cli(["dataset=streaming", f"dataset.remote={shards['half']}", *QUIET])
+    refused(proc, "holds video shards", "dataset=streaming_video")
+
+
+def test_a_video_shard_set_is_replaced_only_when_asked(videos, shards, run_cli, tmp_path):
+    out = shards["same"]  # (written again as it was: the other tests read it too)
+    before = {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    again = ["shard", *folder(videos), f"out={out}"]
+    refused(run_cli(again, prog="accel-data"), "overwrite=true")
+    assert {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+    check_ok(run_cli([*again, "overwrite=true"], prog="accel-data"))
+    after = {p.name: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    assert after.keys() == before.keys() and all(after[k] != before[k] for k in before)
+    inside = ["shard", *folder(videos), f"out={videos / 'shards'}"]
+    refused(run_cli(inside, prog="accel-data"), "dataset.root")
+    assert not (videos / "shards").exists()
