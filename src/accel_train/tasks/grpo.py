@@ -21,9 +21,11 @@ inside such a window trains on the same completions.
 
 Metrics (train/... and val/...) in TRL's names: reward, reward_std, rewards/<function>/mean and
 /std, frac_reward_zero_std, completions/mean_length, min_length, max_length, clipped_ratio,
-mean_terminated_length, entropy, kl (beta > 0), clip_ratio/low_mean, high_mean, region_mean. At
-each logging step a table `completions` (step, prompt, completion, each reward, advantage) goes
-to every logger that takes text (`task.log_completions`).
+mean_terminated_length, entropy, kl (beta > 0), clip_ratio/low_mean, high_mean, region_mean;
+reward_std and rewards/<function>/std over every process's rewards (_Spreads). At each logging
+step a table `completions` (step, prompt, completion, each reward, advantage) is kept in
+completions.jsonl in the run dir and goes to every logger that takes text
+(`task.log_completions`).
 """
 
 from __future__ import annotations
