@@ -285,7 +285,8 @@ class GRPO(Task):
         """(N, C) completion tokens for the left-padded (N, P) prompts."""
         bare = unwrapped(model)
         devices = [ids.device.index or 0] if ids.device.type == "cuda" else []
-        root_forward = lambda: call(model, ids[:1, :1])  # noqa: E731 (FSDP2's root first)
+        # FSDP2's root forward first (the module itself: no torch.compile of a 1-token shape)
+        root_forward = lambda: call(bare, ids[:1, :1])  # noqa: E731
         with (
             torch.random.fork_rng(devices=devices),
             evaluating(model),
