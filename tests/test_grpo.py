@@ -269,9 +269,20 @@ def test_lora_grpo_logs_trl_metrics_and_completions_then_resumes_exactly(llama, 
     events = EventAccumulator(str(runs["whole"] / "tensorboard")).Reload()
     assert any(t.startswith("completions") for t in events.Tags()["tensors"])
 
+    # completions.jsonl: every sampling step's rows, each reward and the advantage
+    table = read_jsonl(runs["whole"] / "completions.jsonl")
+    assert sorted({r["step"] for r in table}) == [1, 3, 5]
+    assert set(table[0]) == {"step", "prompt", "completion", "exact_match", "format_match",
+                             "length_penalty", "advantage"}  # fmt: skip
+
     check_ok(run_cli([*mu, "trainer.max_steps=3", "trainer.ckpt_every_n_steps=3",
                       f"hydra.run.dir={runs['resumed']}"]))  # fmt: skip
+    # as if the first part had gone on past its checkpoint and been killed: the resume drops
+    # the rows after step 3 (they are sampled again)
+    with (runs["resumed"] / "completions.jsonl").open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in table if r["step"] > 3)
     check_ok(run_cli([*mu, "resume=auto", f"hydra.run.dir={runs['resumed']}"]))
+    assert read_jsonl(runs["resumed"] / "completions.jsonl") == table  # the same completions
     losses = {k: {r["step"]: r["train/loss"] for r in read_jsonl(v / "metrics.jsonl")
                   if "train/loss" in r} for k, v in runs.items()}  # fmt: skip
     assert losses["resumed"] == losses["whole"] and len(losses["whole"]) == 6
@@ -379,16 +390,55 @@ def test_a_failing_reward_function_is_named_with_the_prompt(fn, needles):
 
 def test_builtin_gpt_samples_with_its_own_loop_and_the_chunked_loss(llama, tmp_path, run_cli):
     """model=gpt (no generate_ids: nanoGPT's sampling loop, one group at a time) trains with
-    task.chunked_loss through its head_loss capability; a context too short is refused."""
+    task.chunked_loss through its head_loss capability; with logger=csv the completions are in
+    completions.jsonl and on the console; tokens/s counts prompt and completion tokens; a
+    context too short is refused."""
     data = _write(tmp_path / "prompts.jsonl", _records(8))
     base = [*RUN[:2], "model=gpt", "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
             f"dataset.tokenizer={llama}", f"dataset.path={data}", _rewards_arg(), *RUN[5:],
             "task.chunked_loss=true", "task.loss_chunk_tokens=7", "trainer.max_steps=2",
             "logger=csv"]  # fmt: skip
-    check_ok(run_cli([*base, "model.block_size=32", f"hydra.run.dir={tmp_path / 'gpt'}"]))
+    proc = run_cli([*base, "model.block_size=32", f"hydra.run.dir={tmp_path / 'gpt'}"])
+    check_ok(proc)
     train = [r for r in read_jsonl(tmp_path / "gpt" / "metrics.jsonl") if "train/loss" in r]
     assert [r["step"] for r in train] == [1, 2]
     assert all(r["train/completions/max_length"] == C for r in train)  # sampled to the end
+    table = read_jsonl(tmp_path / "gpt" / "completions.jsonl")
+    assert [r["step"] for r in table] == [1] * 8 + [2] * 8  # (num_completions_to_print)
+    shown = (
+        f"step 2 completions: prompt={table[8]['prompt']!r}  completion={table[8]['completion']!r}"
+    )
+    assert shown in proc.stdout + proc.stderr
+    # tokens/s over samples/s: each prompt's G rows of prompt + completion tokens, no padding
+    prompt = len(prompt_splits(str(data), str(llama)).train.prompts[0].ids)
+    for r in train:
+        per_prompt = r["train/tokens_per_s"] / r["train/samples_per_s"]
+        assert per_prompt == pytest.approx(G * (prompt + r["train/completions/mean_length"]))
     proc = run_cli([*base, "model.block_size=16", f"hydra.run.dir={tmp_path / 'short'}"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "positions, and the model has 16" in proc.stderr
+
+
+def test_fsdp_two_processes_sample_their_own_prompts(llama, tmp_path, run_cli):
+    """strategy=fsdp, 2 processes (gloo), LoRA: each samples its own prompts with the model
+    gathered for generation, and trains; logger=none still keeps completions.jsonl (rank 0's);
+    a reward's std is over both processes' completions (a 0/1 reward over n values with mean
+    p: sqrt(p (1 - p) n / (n - 1)), n = 2 processes x 2 prompts x G)."""
+    data = _write(tmp_path / "prompts.jsonl", _records(8))  # 2 steps of 2 x 2 prompts
+    val = _write(tmp_path / "val.jsonl", _records(2))
+    run = tmp_path / "fsdp"
+    args = [*RUN, f"model.path={llama}", f"dataset.path={data}", f"dataset.val_path={val}",
+            _rewards_arg(),
+            "strategy=fsdp", "launcher.nproc_per_node=2", "trainer.max_steps=2",
+            "trainer.val_check_interval=2", "logger=none", f"hydra.run.dir={run}"]  # fmt: skip
+    check_ok(run_cli(args, timeout=600))
+    train = [r for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    assert any(r["train/grad_norm"] > 0 for r in train)
+    n = 2 * 2 * G
+    assert any(0 < r["train/rewards/format_match/mean"] < 1 for r in train)  # a spread
+    for r in train:
+        p = r["train/rewards/format_match/mean"]
+        want = (p * (1 - p) * n / (n - 1)) ** 0.5
+        assert r["train/rewards/format_match/std"] == pytest.approx(want, abs=1e-5), r
+    assert sorted({r["step"] for r in read_jsonl(run / "completions.jsonl")}) == [1, 2]

@@ -72,9 +72,12 @@ class MetricsLogger:
         loggers: Mapping[str, Any] | str,
         enabled: bool = True,
         run_config: Mapping[str, Any] | None = None,
+        tables: tuple[str, ...] = (),
     ):
         """`loggers`: the run's `logger` config (each chosen logger's name -> its settings), or
-        one logger's name. `run_config`: the resolved run config, which trackers record."""
+        one logger's name. `run_config`: the resolved run config, which trackers record.
+        `tables`: the tables also kept in `<name>.jsonl` in the run dir, whatever the loggers
+        (a task's: Task.table_names)."""
         if isinstance(loggers, str):
             loggers = {} if loggers == "none" else {loggers: {}}
         self.run_dir, self.enabled = Path(run_dir), enabled
@@ -87,6 +90,8 @@ class MetricsLogger:
         self.rows = {"jsonl": 0, "csv": 0}  # lines in each file (csv: with its header)
         self.purge_step: int | None = None  # TensorBoard hides its events from this step on
         self._opened = False
+        self.tables = tuple(tables)
+        self.named: set[str] = set()  # tables whose file the console has named
 
     def _open(self) -> None:
         self._opened = True
@@ -154,11 +159,31 @@ class MetricsLogger:
             return
         if not self._opened:
             self._open()
+        if name in self.tables:
+            self._keep(name, columns, rows, step)
         if self.tb:
             self.tb.add_text(name, markdown_table(columns, rows), global_step=step)
             self.tb.flush()
         for tracker in self.trackers:
             tracker.log_table(name, columns, rows, step)
+
+    def _keep(self, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """The rows appended to `<name>.jsonl` (one object a row), and the first one on the
+        console, naming the file the first time."""
+        path = self.run_dir / f"{name}.jsonl"
+        try:
+            with path.open("a") as f:
+                for row in rows:
+                    record = json_safe(dict(zip(columns, row, strict=True)))
+                    f.write(json.dumps(record, allow_nan=False) + "\n")
+        except OSError as err:
+            raise _write_error(self.run_dir, err) from None
+        where = "" if name in self.named else f" (every row, every logging step: {path})"
+        self.named.add(name)
+        first = "  ".join(
+            f"{c}={v!r}" for c, v in zip(columns, rows[0], strict=True) if c != "step"
+        )
+        log.info("step %d %s%s: %s", step, name, where, first)
 
     def position(self) -> dict[str, int] | None:
         """The rows written so far, per file (None on ranks that log nothing)."""
@@ -204,6 +229,12 @@ class MetricsLogger:
             buffer = io.StringIO(newline="")
             csv.writer(buffer).writerows(kept_rows)
             _replace(path, buffer.getvalue())
+        for name in self.tables:  # (sampled again from the checkpoint on)
+            path = self.run_dir / f"{name}.jsonl"
+            lines = _jsonl_lines(path)
+            kept = [line for line in lines if _jsonl_step(line) <= step]
+            if kept != lines:
+                _replace(path, "".join(f"{line}\n" for line in kept))
 
     def close(self) -> None:
         """Close the files; trackers upload config.yaml and summary.json (written before this
@@ -228,6 +259,14 @@ def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _jsonl_step(line: str) -> float:
+    """A jsonl row's step; a line torn by a kill: past every step (dropped)."""
+    try:
+        return float(json.loads(line).get("step", 0))
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return math.inf
 
 
 def _jsonl_lines(path: Path) -> list[str]:

@@ -134,6 +134,7 @@ class Task:
     pipeline = False
     soft_targets = False  # takes data/batch_mix.py's (x, soft targets, labels) training batches
     generates_text = False  # accel-sample may sample it: token ids in, next-token logits out
+    table_names: tuple[str, ...] = ()  # tables() kept in <name>.jsonl in the run dir
 
     def __init__(self) -> None:
         self.train_metrics = Running(torch.float32)  # logged as train/<name>

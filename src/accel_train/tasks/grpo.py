@@ -21,16 +21,18 @@ inside such a window trains on the same completions.
 
 Metrics (train/... and val/...) in TRL's names: reward, reward_std, rewards/<function>/mean and
 /std, frac_reward_zero_std, completions/mean_length, min_length, max_length, clipped_ratio,
-mean_terminated_length, entropy, kl (beta > 0), clip_ratio/low_mean, high_mean, region_mean. At
-each logging step a table `completions` (step, prompt, completion, each reward, advantage) goes
-to every logger that takes text (`task.log_completions`).
+mean_terminated_length, entropy, kl (beta > 0), clip_ratio/low_mean, high_mean, region_mean;
+reward_std and rewards/<function>/std over every process's rewards (_Spreads). At each logging
+step a table `completions` (step, prompt, completion, each reward, advantage) is kept in
+completions.jsonl in the run dir and goes to every logger that takes text
+(`task.log_completions`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,14 +45,14 @@ from torch.utils.checkpoint import checkpoint
 
 from accel_train.config.schema import GrpoTaskConfig
 from accel_train.errors import UserError
-from accel_train.models.generate import generate as nano_generate
 from accel_train.models.hf import load_tokenizer
 from accel_train.plugins import register_task
 from accel_train.rewards import Reward, build_rewards
 from accel_train.strategies import strategy_class
 from accel_train.tasks import grpo_loss as L
-from accel_train.tasks.base import Task, TaskContext, evaluating
+from accel_train.tasks.base import Running, Task, TaskContext, evaluating
 from accel_train.tasks.grpo_checks import refusal
+from accel_train.tasks.grpo_generation import gathered, nano_sample, unwrapped
 from accel_train.tasks.language_model import call
 from accel_train.tasks.preference import _lora_layers, adapters_off
 
@@ -68,36 +70,11 @@ class Rollout(dict):
     adv (N,); old (N, C) or absent; ref (N, C) or absent."""
 
 
-def unwrapped(model: nn.Module) -> nn.Module:
-    """The model under DDP's or torch.compile's wrapper (generation calls it directly)."""
-    while True:
-        inner = getattr(model, "_orig_mod", None)
-        if inner is None and isinstance(model, nn.parallel.DistributedDataParallel):
-            inner = model.module
-        if inner is None:
-            return model
-        model = inner
-
-
-@contextlib.contextmanager
-def _gathered(model: nn.Module):
-    """FSDP2: transformers' generate calls the inner model, never the root's forward, so the
-    root's own parameters are all-gathered here (every rank generates); else nothing."""
-    unshard = getattr(model, "unshard", None)
-    if unshard is None:
-        yield
-        return
-    unshard()
-    try:
-        yield
-    finally:
-        model.reshard()
-
-
 @register_task("grpo", GrpoTaskConfig)
 class GRPO(Task):
     name = "grpo"
     generates_text = True  # a causal LM: accel-sample may sample its checkpoints
+    table_names = (TABLE,)  # kept in completions.jsonl in the run dir (loggers/)
 
     def __init__(
         self,
@@ -136,6 +113,7 @@ class GRPO(Task):
         self.bias_correction_kl = bool(use_bias_correction_kl)
         self.rewards: list[Reward] = build_rewards(rewards)
         self.weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
+        self.train_metrics = _Spreads({std: mean for mean, std in self._reward_pairs()})
         self.log_completions, self.n_print = bool(log_completions), num_completions_to_print
         self.seed = int(seed)
         self.chunk_tokens = int(loss_chunk_tokens) if chunked_loss else 0
@@ -148,6 +126,8 @@ class GRPO(Task):
         self.table: list[list[Any]] = []  # the latest completions (log_completions)
         self.train_step = 0  # micro-batches trained (the seed's place without a position)
         self.warned_lost = False
+        self.last_tokens = 0  # prompt + completion tokens of the latest rollout (tokens/s)
+        self.reshard_after_forward = True  # strategy=fsdp's setting, put back after sampling
 
     @classmethod
     def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
@@ -172,6 +152,7 @@ class GRPO(Task):
         ds = ctx.cfg.dataset  # (dataset=prompts read its records with this tokenizer)
         self.tok = load_tokenizer(str(ds.tokenizer), chat_template=ds.get("chat_template"))
         self.eos = self.tok.eos_token_id
+        self.reshard_after_forward = bool(ctx.cfg.strategy.get("reshard_after_forward", True))
         pad = self.tok.pad_token_id
         self.pad = pad if pad is not None else (self.eos if self.eos is not None else 0)
         bare = unwrapped(ctx.model)
@@ -197,10 +178,14 @@ class GRPO(Task):
                 self.G, self.loss_type, ref, ", ".join(r.name for r in self.rewards),
             )  # fmt: skip
 
+    def _reward_pairs(self) -> list[tuple[str, str]]:
+        """The reward metrics, (mean, std) in TRL's names: the weighted reward's, then each
+        function's."""
+        each = [(f"rewards/{r.name}/mean", f"rewards/{r.name}/std") for r in self.rewards]
+        return [("reward", "reward_std"), *each]
+
     def _train_metric_names(self) -> list[str]:
-        names = ["reward", "reward_std"]
-        for r in self.rewards:
-            names += [f"rewards/{r.name}/mean", f"rewards/{r.name}/std"]
+        names = [name for pair in self._reward_pairs() for name in pair]
         names += ["frac_reward_zero_std", *(f"completions/{k}" for k in COMPLETION_METRICS)]
         names += ["entropy", *(["kl"] if self.beta else [])]
         return names + [f"clip_ratio/{k}" for k in ("low_mean", "high_mean", "region_mean")]
@@ -239,7 +224,9 @@ class GRPO(Task):
         return call(model, batch["input_ids"])
 
     def tokens_in(self, batch: Any) -> int:
-        return batch["input_ids"].numel() * self.G
+        """The prompt and completion tokens (no padding) of the batch just trained on, as TRL
+        counts num_tokens: read at the sampling's own host sync (`_layout`), no new one."""
+        return self.last_tokens
 
     def step(self, model: nn.Module, batch: Any):
         self.train_step += 1
@@ -282,7 +269,10 @@ class GRPO(Task):
             if entry[0] >= self.mu:
                 del self.kept[key]
             device = batch["input_ids"].device
-            return Rollout({k: v.to(device) for k, v in entry[1].items() if torch.is_tensor(v)})
+            roll = {k: v if k == "tokens" else v.to(device)  # ("tokens": a host count)
+                    for k, v in entry[1].items() if torch.is_tensor(v)}  # fmt: skip
+            self.last_tokens = int(roll["tokens"])
+            return Rollout(roll)
         if len(self.kept) >= 64 and not self.warned_lost:  # a window never finished
             self.warned_lost = True
             log.warning("task=grpo: %d sampled batches kept for num_iterations", len(self.kept))
@@ -295,7 +285,13 @@ class GRPO(Task):
         """(N, C) completion tokens for the left-padded (N, P) prompts."""
         bare = unwrapped(model)
         devices = [ids.device.index or 0] if ids.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), evaluating(model), _gathered(bare):
+        # FSDP2's root forward first (the module itself: no torch.compile of a 1-token shape)
+        root_forward = lambda: call(bare, ids[:1, :1])  # noqa: E731
+        with (
+            torch.random.fork_rng(devices=devices),
+            evaluating(model),
+            gathered(bare, root_forward, self.reshard_after_forward),
+        ):
             torch.manual_seed(seed)
             if hasattr(bare, "generate_ids"):
                 out = bare.generate_ids(
@@ -303,20 +299,10 @@ class GRPO(Task):
                     top_p=self.top_p, eos_token_id=self.eos, attention_mask=mask,
                 )  # fmt: skip
                 return out[:, ids.shape[1] :]
-            return self._nano_sample(bare, ids, mask)
-
-    def _nano_sample(self, bare: nn.Module, ids: torch.Tensor, mask: torch.Tensor):
-        """model=gpt: nanoGPT's sampling loop (no KV cache), one group at a time (its rows
-        share one prompt: no padding)."""
-        rows = []
-        for start in range(0, ids.shape[0], self.G):
-            prompt = ids[start : start + self.G][:, mask[start].bool()]
-            out = nano_generate(
-                bare, prompt, self.max_len, block_size=bare.block_size,
-                temperature=self.temperature, top_k=self.top_k or None, top_p=self.top_p,
+            return nano_sample(
+                bare, ids, mask, self.G, self.max_len, temperature=self.temperature,
+                top_k=self.top_k or None, top_p=self.top_p,
             )  # fmt: skip
-            rows.append(out[:, prompt.shape[1] :])
-        return torch.cat(rows)
 
     def _rollout(self, model: nn.Module, batch: Mapping, seed: int, metrics) -> Rollout:
         ids = batch["input_ids"].repeat_interleave(self.G, 0)
@@ -350,7 +336,10 @@ class GRPO(Task):
         truncated = ~is_eos.any(1)
         lengths = cmask.sum(1)
         plen = pmask.sum(1)
-        total = int((plen + lengths).max())  # HOST SYNC: the rows' width
+        rows = plen + lengths
+        # HOST SYNC: the rows' width (and their tokens for tokens/s, read in the same wait)
+        total, tokens = (int(v) for v in torch.stack([rows.max(), rows.sum()]).tolist())
+        self.last_tokens = tokens
         seq = torch.full((n, total), self.pad, dtype=torch.long, device=done.device)
         col = torch.arange(total, device=done.device).expand(n, -1)
         pstart = ids.shape[1] - plen  # left padding of each prompt
@@ -364,7 +353,7 @@ class GRPO(Task):
         ids_c = torch.where(cmask, done, torch.full_like(done, self.pad))
         return Rollout(
             seq=seq, pos=pos, ids=ids_c, mask=loss_mask.float(), shown=cmask,
-            truncated=truncated,
+            truncated=truncated, tokens=torch.tensor(tokens),
         )  # fmt: skip
 
     def _score(self, records: list[dict], index: list[int], roll: Rollout) -> torch.Tensor:
@@ -396,12 +385,12 @@ class GRPO(Task):
         total = L.weighted_rewards(rewards, self.weights)
         dev = roll["seq"].device
         one = lambda name, v: metrics.add(name, torch.nan_to_num(v.float(), 0.0).to(dev), 1)  # noqa: E731
-        ok = ~torch.isnan(total)
-        metrics.add("reward", total[ok].sum().to(dev), int(ok.sum()))
-        one("reward_std", L.nanstd(total))
-        for j, r in enumerate(self.rewards):
-            one(f"rewards/{r.name}/mean", torch.nanmean(rewards[:, j]))
-            one(f"rewards/{r.name}/std", L.nanstd(rewards[:, j]))
+        # each reward's sum and sum of squares over the values that apply (host counts): the
+        # loop's one all-reduce makes them the mean and std over every process (_Spreads)
+        for (mean, std), values in zip(self._reward_pairs(), [total, *rewards.T], strict=True):
+            ok = values[~torch.isnan(values)].float()
+            metrics.add(mean, ok.sum().to(dev), ok.numel())
+            metrics.add(std, (ok * ok).sum().to(dev), ok.numel())
         one("frac_reward_zero_std", zero_std.float().mean())
         lengths = roll["shown"].sum(1).float()
         one("completions/mean_length", lengths.mean())
@@ -578,3 +567,24 @@ def _shown(prompt: Any) -> str:
     if isinstance(prompt, list):
         return str(prompt[-1].get("content", "")) if prompt else ""
     return str(prompt)
+
+
+class _Spreads(Running):
+    """The training metrics, where each std name of `pairs` (std -> mean) sums the squares of
+    its mean's values, over the same count: `read` turns it into the std of every process's
+    values since the last logging step, with Bessel's correction (TRL's nanstd of the rewards
+    gathered from all processes), from the loop's one all-reduce: no collective of its own."""
+
+    def __init__(self, pairs: dict[str, str]):
+        super().__init__(torch.float32)
+        self.pairs = pairs
+
+    def read(self, device: list[float], host: list[float]) -> dict[str, float]:
+        k = len(self.names)
+        counts = {name: host[i] + device[k + i] for i, name in enumerate(self.names)}
+        out = super().read(device, host)
+        for std, mean in self.pairs.items():
+            n, squares = counts.get(std, 0), out.pop(std, None)
+            if squares is not None and mean in out and n > 1:
+                out[std] = math.sqrt(max(squares - out[mean] ** 2, 0.0) * n / (n - 1))
+        return out

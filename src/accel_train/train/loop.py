@@ -146,7 +146,10 @@ class Loop:
         self.stop = StopRequest(env.rank, every_step=not env.distributed)
         self.stopping = False  # agreed by all ranks: checkpoint and leave at this step
         self.finish_reason: str | None = None  # set by finish(): training is over, early
-        self.metrics = MetricsLogger(self.run_dir, cfg.logger, enabled=env.is_main, run_config=cfg)
+        self.metrics = MetricsLogger(
+            self.run_dir, cfg.logger, enabled=env.is_main, run_config=cfg,
+            tables=self.task.table_names,
+        )  # fmt: skip
         # Writes, waits for and loads checkpoints (sync, async, sharded): train/checkpointer.py.
         self.checkpointer = Checkpointer(
             cfg, env, self.strategy, self.ckpt_dir, self.metrics, lambda: checkpoint_state(self)

@@ -1,0 +1,68 @@
+"""task=grpo's sampling around the model: the model under its wrappers (DDP, torch.compile), a
+model that FSDP2 shards gathered whole for the generation, and model=gpt's sampling loop."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from accel_train.models.generate import generate as nano_generate
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model under DDP's or torch.compile's wrapper (generation calls it directly)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None and isinstance(model, nn.parallel.DistributedDataParallel):
+            inner = model.module
+        if inner is None:
+            return model
+        model = inner
+
+
+def _sharded_units(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP2 (`fully_shard`) made into units, the root first (FSDPModule's methods,
+    asked of the module: no import of torch.distributed.fsdp for unsharded runs)."""
+    return [m for m in model.modules() if hasattr(m, "set_reshard_after_forward")]
+
+
+@contextlib.contextmanager
+def gathered(model: nn.Module, root_forward: Callable[[], object], reshard_after_forward: bool):
+    """FSDP2: every unit's parameters all-gathered once for the whole generation, and freed
+    after; else nothing. transformers' generate calls the inner model, never the root's forward,
+    so FSDP2 would take the first block it runs for the root (its lazy init) and the training
+    step's root forward then fails. Here a one-token forward through the root (`root_forward`,
+    under no_grad) comes first, with `reshard_after_forward` off on every unit: that forward
+    makes the root the root and leaves every unit gathered, so the decoding loop runs no
+    collective at all (each process may stop at its own length) and gathers nothing per token.
+    The cost: the whole model on each process while it samples, as TRL's ZeRO-3 generation.
+    `reshard_after_forward`: the strategy's setting, put back after."""
+    units = _sharded_units(model)
+    if not units:
+        yield
+        return
+    units[0].set_reshard_after_forward(False)  # (recursive: every unit)
+    try:
+        root_forward()
+        for unit in units:  # a unit the forward did not run (a module outside the forward)
+            unit.unshard()
+        yield
+    finally:
+        units[0].set_reshard_after_forward(bool(reshard_after_forward))
+        for unit in units:
+            unit.reshard()
+
+
+def nano_sample(bare: nn.Module, ids: torch.Tensor, mask: torch.Tensor, group: int,
+                max_len: int, **sampling) -> torch.Tensor:  # fmt: skip
+    """model=gpt: nanoGPT's sampling loop (no KV cache), one group at a time (its rows share
+    one prompt: no padding). `sampling`: temperature, top_k, top_p."""
+    rows = []
+    for start in range(0, ids.shape[0], group):
+        prompt = ids[start : start + group][:, mask[start].bool()]
+        out = nano_generate(bare, prompt, max_len, block_size=bare.block_size, **sampling)
+        rows.append(out[:, prompt.shape[1] :])
+    return torch.cat(rows)
