@@ -4,8 +4,8 @@ and kept between runs, outside the data folder, through the real CLI.
 - The first run reads every file and writes the cache under $XDG_CACHE_HOME (the default), not
   into the data folder, which is left exactly as it was; a second run reads no file anew.
 - A touched file and a replaced one are read again, the others come from the cache.
-- dataset.metadata_cache=null reads every file and writes nothing; a cache folder inside
-  dataset.root is refused in one paragraph.
+- dataset.metadata_cache=null reads every file; a cache folder inside dataset.root is refused
+  in one paragraph.
 - Two writers merge (neither loses its entries); a foreign file at the cache's name is neither
   used nor overwritten; a refused file (the header check's) is never stored.
 - accel-report runs its variants on videos (test_report.py does the images).
@@ -14,6 +14,7 @@ and kept between runs, outside the data folder, through the real CLI.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -62,55 +63,49 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
 
 
-def test_the_cache_is_read_instead_of_the_files_and_a_changed_file_is_read_again(
-    run_cli, tmp_path
-):
+def test_the_cache_is_read_instead_of_the_files_and_a_changed_file_is_read_again(run_cli, tmp_path):
+    """Five runs, in three rounds (those of a round in parallel)."""
     root = write_tree(tmp_path / "data", {"train": VIDEOS // 4})
     before = snapshot(root)
     env = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
     home = tmp_path / "xdg" / "accel-train" / "video-metadata"
 
-    first = train(run_cli, root, tmp_path / "r1", env=env)
+    def run(name: str, *extra: str):
+        return train(run_cli, root, tmp_path / name, *extra, env=env)
+
+    first = run("r1")
     check_ok(first)
     (cache,) = home.glob("*.json")
     assert metadata_line(first) == (VIDEOS, f"0 from the cache at {cache}")
     assert snapshot(root) == before  # nothing written into (or touched in) the data folder
 
-    second = train(run_cli, root, tmp_path / "r2", env=env)
+    inside = f"dataset.metadata_cache={root / 'cache'}"
+    with ThreadPoolExecutor(2) as pool:
+        second, refused = pool.map(lambda extra: run(*extra), [("r2",), ("r3", inside)])
     check_ok(second)
     assert metadata_line(second) == (VIDEOS, f"{VIDEOS} from the cache at {cache}")
-    written = cache.stat().st_mtime_ns
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "is inside dataset.root" in refused.stderr, refused.stderr[-2000:]
+    assert snapshot(root) == before
 
     touched, replaced = root / "train" / "up" / "000.mp4", root / "train" / "down" / "001.mp4"
     os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
-    write_video(replaced, "down", seed=1234, frames=12)  # fewer frames: the cache must not say 16
-
-    def changed():
-        return train(run_cli, root, tmp_path / "r3", "dataset.frames=12", env=env)
-
-    def off():
-        return train(run_cli, root, tmp_path / "r4", "dataset.metadata_cache=null", env=env)
-
+    write_video(replaced, "down", seed=1234, frames=12)  # fewer frames: the cache said 16
     with ThreadPoolExecutor(2) as pool:
-        third, fourth = (f.result() for f in [pool.submit(changed), pool.submit(off)])
-    check_ok(third)
-    assert metadata_line(third) == (VIDEOS, f"{VIDEOS - 2} from the cache at {cache}")
-    check_ok(fourth)
-    assert metadata_line(fourth) == (VIDEOS, "the cache is off: dataset.metadata_cache=null")
-    # The replaced video's 12 frames, read anew: dataset.frames=13 refuses it as too short.
-    short = train(run_cli, root, tmp_path / "r5", "dataset.frames=13", env=env)
-    assert short.returncode == 2 and f"{replaced} (12 frames)" in short.stderr, short.stderr
-    assert metadata_line(short)[1] == f"{VIDEOS} from the cache at {cache}"
-    assert cache.stat().st_mtime_ns != written  # the run with changes rewrote it
+        changed, off = pool.map(
+            lambda extra: run(*extra),
+            [("r4", "dataset.frames=13"), ("r5", "dataset.metadata_cache=null")],
+        )
+    # The two changed files read anew (the replaced one too short for 13 frames now), the
+    # others from the cache; the good ones stored even though the run was refused.
+    assert metadata_line(changed) == (VIDEOS, f"{VIDEOS - 2} from the cache at {cache}")
+    assert changed.returncode == 2 and f"{replaced} (12 frames)" in changed.stderr
+    stored = json.loads(cache.read_text())["videos"]
+    assert set(stored) == {str(p) for p in root.rglob("*.mp4")}
+    assert stored[str(replaced)][2] == 12 and stored[str(touched)][2] == 16
+    check_ok(off)
+    assert metadata_line(off) == (VIDEOS, "the cache is off: dataset.metadata_cache=null")
     assert [p.name for p in home.iterdir() if p.suffix == ".tmp"] == []
-
-
-def test_a_cache_folder_inside_the_data_folder_is_refused(run_cli, tmp_path):
-    root = write_tree(tmp_path / "data", {"train": 1})
-    proc = train(run_cli, root, tmp_path / "run", f"dataset.metadata_cache={root / 'cache'}")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "is inside dataset.root" in proc.stderr and "dataset.metadata_cache=" in proc.stderr
-    assert not (root / "cache").exists()
 
 
 def test_writers_merge_and_a_foreign_file_is_left_alone(tmp_path):
@@ -149,3 +144,29 @@ def test_writers_merge_and_a_foreign_file_is_left_alone(tmp_path):
     foreign.write_text('{"mine": true}')
     assert set(read(videos, tmp_path / "other")) == set(videos)
     assert foreign.read_text() == '{"mine": true}'
+
+
+def test_accel_report_compares_switches_on_videos(run_cli, tmp_path):
+    """channels_last (channels_last_3d for clips) and amp beside the baseline, one round each:
+    every run trains on clips, and the report says a sample is a clip (its input shape)."""
+    root = write_tree(tmp_path / "data", {"train": VIDEOS // 4})
+    out = tmp_path / "report"
+    cache = f"dataset.metadata_cache={tmp_path / 'cache'}"
+    args = ["--variants", "channels_last,amp", "--repeats", "1", "--no-combine", "--out", out]
+    base = [
+        *TINY,
+        f"dataset.root={root}",
+        cache,
+        "trainer.max_steps=3",
+        "trainer.log_every_n_steps=1",
+    ]
+    proc = run_cli([*args, *base], prog="accel-report", timeout=600)
+    check_ok(proc)
+    rows = list(csv.DictReader((out / "speed_report.csv").read_text().splitlines()))
+    assert [r["variant"] for r in rows] == ["baseline", "channels_last", "amp"]
+    assert all(r["status"] == "done" and float(r["samples_per_s"]) > 0 for r in rows), rows
+    report = (out / "speed_report.md").read_text()
+    assert "one training input of shape 3x4x32x32" in report and "clips/s" in report, report
+    assert "channels_last: true" in (out / "channels_last" / "r0" / "config.yaml").read_text()
+    amp = json.loads((out / "amp" / "r0" / "summary.json").read_text())
+    assert amp["precision"].startswith("amp") and amp["sample_shape"] == [3, 4, 32, 32]
