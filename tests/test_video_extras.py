@@ -39,7 +39,9 @@ def videos(tmp_path_factory) -> Path:
 
 
 def folder(root: Path) -> list[str]:
-    return ["dataset=video_folder", f"dataset.root={root}", "dataset.val_fraction=0.25", *CLIP]
+    cache = f"dataset.metadata_cache={root.parent / 'metadata-cache'}"  # not the user's ~/.cache
+    return ["dataset=video_folder", f"dataset.root={root}", "dataset.val_fraction=0.25", cache,
+            *CLIP]  # fmt: skip
 
 
 def refused(proc, *words: str) -> str:

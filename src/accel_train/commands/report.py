@@ -232,7 +232,8 @@ def execute(run: Run, base: list[str], overrides: list[str]) -> None:
     summary_path = run.run_dir / "summary.json"
     if proc.returncode != 0 or not summary_path.is_file():
         run.status = f"failed (exit {proc.returncode})"
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        # The error's paragraph, not Hydra's "(Set HYDRA_FULL_ERROR=1 ...)" line after it.
+        lines = [x for x in proc.stderr.splitlines() if x.strip() and "HYDRA_FULL_ERROR" not in x]
         run.error = lines[-1] if lines else ""
         return
     summary = json.loads(summary_path.read_text())
@@ -247,6 +248,7 @@ def execute(run: Run, base: list[str], overrides: list[str]) -> None:
         "best_score": summary.get("best_score"),  # the task's monitor, for quality()
         "monitor_mode": summary.get("monitor_mode"),
         "cpu_s": cpu,
+        "sample_shape": summary.get("sample_shape"),  # what a sample is (techniques/speed.py)
     }
 
 
@@ -394,6 +396,19 @@ def spread_line(runs: list[Run], phase: int, spread_check: bool) -> str:
     )
 
 
+def sample_line(runs: list[Run]) -> str:
+    """What samples/s counts, from the runs' input shapes (an image, a clip of frames, a row
+    of tokens: the shape says it, whatever the data set)."""
+    shapes = {tuple(r.values["sample_shape"]) for r in runs if r.values.get("sample_shape")}
+    if not shapes:
+        return ""
+    shown = ", ".join("x".join(str(d) for d in s) for s in sorted(shapes))
+    return (
+        f"A sample is one training input of shape {shown} (e.g. C x H x W: an image; "
+        "C x T x H x W: a clip of T frames, so samples/s is clips/s).  "
+    )
+
+
 def write_report(
     out: Path,
     runs: list[Run],
@@ -412,7 +427,8 @@ def write_report(
         f"{max(loads):.1f} (a loaded machine makes every number noisier).  ",
         "Each cell: median (min-max) over the repeats. `vs baseline`: the median of per-round "
         "throughput ratios against the baseline run of the same round. samples/s leaves out the "
-        "first logging interval (warm-up); `launch to exit` is the whole command.",
+        "first logging interval (warm-up); `launch to exit` is the whole command.  ",
+        sample_line(runs),
         "",
         *(spread_line(runs, p, spread_check) + "  " for p in sorted({p for _, p, _ in rows})),
         "",

@@ -244,6 +244,7 @@ class VideoFolderDatasetConfig(DatasetConfig):
     decode: str = "cpu"
     pad_short: bool = False
     shuffle_frames: bool = False
+    metadata_cache: str | None = None
 
 
 @dataclass

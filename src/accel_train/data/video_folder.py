@@ -11,10 +11,12 @@ themselves), ``start``/``end`` in seconds (the annotated segment; empty: the who
 
 Every file's metadata (frames, fps, duration, size) is read once, in the launching process, by
 torchcodec's exact scan (data/video_decode.py), and kept in the splits (which the loader workers
-and Ray actors receive): nothing is written anywhere, least of all into the data folder. That
-read is the header check: empty, unreadable, audio-only and too-short files (fewer frames than a
-clip spans, unless ``pad_short``) are refused together, in one paragraph naming them, before
-anything is trained or written.
+and Ray actors receive). Between runs it is kept in ``dataset.metadata_cache``, outside the data
+folder (data/video_metadata_cache.py): a later run reads only the files added or changed since,
+and nothing is ever written into the data folder. That read is the header check: empty,
+unreadable, audio-only and too-short files (fewer frames than a clip spans, unless
+``pad_short``) are refused together, in one paragraph naming them, before anything is trained or
+written (the cache keeps only the good files, so a refused one is read again next run).
 
 Items are uint8 and stay so until the device (data/transform.py normalises them). Training:
 ``(C, T, S, S)``, a random clip with one random resized crop and flip for all its frames, drawn
@@ -49,6 +51,7 @@ from accel_train.data.image_tree import FileKind, plan_layout
 from accel_train.data.splits import Splits, held_out_indices
 from accel_train.data.video_clips import Timing, eval_views, train_view
 from accel_train.data.video_decode import VideoMeta, VideoReadError, decode_clip, video_metadata
+from accel_train.data.video_metadata_cache import MetadataCache, cache_file
 from accel_train.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -100,6 +103,7 @@ def build_video_folder(
     decode: str = "cpu",
     pad_short: bool = False,
     shuffle_frames: bool = False,
+    metadata_cache: str | None = None,
 ) -> Splits:
     """Train / val / test splits of a video folder or list (see the module docstring)."""
     scale = _check_options(frames, frame_stride, fps, image_size, resize_size, crop_scale,
@@ -116,7 +120,9 @@ def build_video_folder(
                                          val_fraction)  # fmt: skip
     timing = Timing(int(frames), int(frame_stride), float(fps) if fps else None)
     lists = [x for x in (train, val, test) if x is not None]
-    metas = read_metadata(sorted({p for x in lists for p in x.paths}), timing, pad_short, lists)
+    paths = sorted({p for x in lists for p in x.paths})
+    cache = MetadataCache(cache_file(metadata_cache, root_dir))
+    metas = read_metadata(paths, timing, pad_short, lists, cache)
     crop = RandomResizedCrop(int(image_size), scale, bool(random_hflip))
     common = dict(timing=timing, size=int(image_size), resize_to=int(resize_size), seed=seed,
                   threads=int(decode_threads), decode=decode,
@@ -302,14 +308,31 @@ def _read_all(paths: list[str]) -> list:
 
 
 def read_metadata(
-    paths: list[str], timing: Timing, pad_short: bool, lists: list[VideoList]
+    paths: list[str],
+    timing: Timing,
+    pad_short: bool,
+    lists: list[VideoList],
+    cache: MetadataCache | None = None,
 ) -> dict[str, VideoMeta]:
     """path -> VideoMeta of every video, or one UserError naming every file that cannot give
     a clip: empty, unreadable, audio-only, too short (its window has fewer frames than a clip
-    spans; with pad_short only an empty window is)."""
-    log.info("dataset=video_folder: reading the metadata of %d videos", len(paths))
+    spans; with pad_short only an empty window is). ``cache``: the metadata of earlier runs,
+    to which the files read now are added (the good ones, before any refusal)."""
+    cache = cache or MetadataCache(None)
+    cached = cache.lookup(paths)
+    missing = [p for p in paths if p not in cached]
+    read = dict(zip(missing, _read_all(missing), strict=True))
+    good = {p: m for p, m in read.items() if isinstance(m, VideoMeta) and m.num_frames >= 1}
+    cache.store(good)
+    source = (
+        f"{len(cached)} from the cache at {cache.file}"
+        if cache.file
+        else "the cache is off: dataset.metadata_cache=null"
+    )
+    log.info("dataset=video_folder: read the metadata of %d videos (%s)", len(paths), source)
     metas, problems = {}, {"empty": [], "audio-only": [], "unreadable": [], "too short": []}
-    for path, got in zip(paths, _read_all(paths), strict=True):
+    for path in paths:
+        got = cached[path] if path in cached else read[path]
         if isinstance(got, VideoMeta):
             metas[path] = got
             if got.num_frames < 1:

@@ -10,6 +10,9 @@ At each logging step (metrics.jsonl, TensorBoard, the progress line) and in summ
 - `data/remote_images_per_s`, `data/remote_busy_share`, `data/resubmitted` (loader=ray): the
   Ray pool's images made per second, the share of its workers' time spent making them, and
   the batches sent again after a worker died (the loader's `metrics()`).
+- summary.json's `sample_shape`: what one sample is, the shape of one training input as the
+  model sees it (e.g. `[3, 16, 112, 112]`: a clip of 16 frames), so samples/s reads as images/s,
+  clips/s or rows/s without the report knowing the data set.
 - summary.json's `train_cpu_s_per_sample`: the training process's own CPU seconds per sample
   over the steady intervals (`time.process_time`, all its threads, not its loader workers).
 - `train/peak_mem_mb`: the CUDA caching allocator's peak (a host-side counter, no sync), or on
@@ -108,6 +111,7 @@ class SpeedMetrics(Technique):
     def __init__(self, peak_flops: float = 0.0):
         self.peak_flops_override = peak_flops
         self.flops_per_sample: float | None = None
+        self.sample_shape: list[int] | None = None
         self.peak: float | None = None
         # (time, step, wait, samples, tokens, process CPU time) at the interval's start
         self._last: tuple[float, int, float, float, float, float] | None = None
@@ -120,6 +124,8 @@ class SpeedMetrics(Technique):
         self.steady_cpu_s = 0.0  # this process's CPU seconds (not its loader workers')
 
     def transform(self, model: nn.Module, ctx: BuildContext) -> nn.Module:
+        if isinstance(ctx.sample, torch.Tensor) and ctx.sample.dim() > 1:  # (2, ...): two inputs
+            self.sample_shape = list(ctx.sample.shape[1:])
         try:
             if ctx.task is not None and ctx.batch is not None:  # the batch as the task calls it
                 self.flops_per_sample = training_flops_per_sample(
@@ -218,6 +224,7 @@ class SpeedMetrics(Technique):
         fields: dict[str, Any] = {
             "peak_mem_mb": peak_memory_mb(loop.env.device),
             "flops_per_sample": self.flops_per_sample,
+            "sample_shape": self.sample_shape,
             "warmup_s": self.warmup_s,
         }
         if self.steady_s > 0:

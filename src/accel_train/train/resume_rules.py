@@ -4,10 +4,10 @@ What may differ from the checkpoint's config (RULES, checked by `config_changes`
 
 - Refused, naming the first such key, both values and the fix (set it back, or start a fresh
   run in a new run dir): what the weights, the optimizer state or the checkpoint's place in the
-  data belong to. model.*, dataset.* (but dataset.download/cache/cache_dir: how the data is
-  fetched, not what it is), loss.*, optimizer.name, optimizer.momentum between zero and non-zero
-  (SGD's momentum buffers), what a step and the data order are made of (loader.batch_size,
-  loader.drop_last, loader.shuffle, trainer.accumulate_grad_batches,
+  data belong to. model.*, dataset.* (but dataset.download/cache/cache_dir/metadata_cache: how
+  the data is fetched, not what it is), loss.*, optimizer.name, optimizer.momentum between zero
+  and non-zero (SGD's momentum buffers), what a step and the data order are made of
+  (loader.batch_size, loader.drop_last, loader.shuffle, trainer.accumulate_grad_batches,
   trainer.limit_train_batches, trainer.seed: the checkpoint's step and batch_in_epoch count
   batches of that size in that order), the validation set the best scores were measured on
   (trainer.limit_val_batches), strategy.name into or out of pipeline (its optimizer layout) and
@@ -51,6 +51,7 @@ RULES: list[tuple[str, str | None]] = [
     ("dataset.download", None),
     ("dataset.cache", None),
     ("dataset.cache_dir", None),
+    ("dataset.metadata_cache", None),  # where video metadata is kept, not what the videos are
     ("dataset.local", None),  # where remote shards are cached, and how much of them
     ("dataset.cache_limit", None),
     ("dataset", "the checkpoint's weights, progress and best scores belong to that data"),
