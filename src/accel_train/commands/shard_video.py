@@ -53,8 +53,8 @@ from accel_train.errors import UserError
 log = logging.getLogger("accel_train")
 
 DEFAULT_CRF = 23  # libx264's own default
-# the key frame interval of re-encoded videos when `gop` is unset: 2 clips of 16 frames (a clip
-# decodes at most 31 frames it does not show), for bigger files than libx264's 250 (module doc)
+# the key frame interval of re-encoded videos when `gop` is unset: a 16-frame clip decodes at most
+# 31 frames it does not show; the bench's clips: 1.8x the bytes, 1.9x the clips/s of libx264's 250
 DEFAULT_GOP = 32
 
 
