@@ -10,8 +10,10 @@ squares (32 x 32 px, 16 frames at 15 fps):
 - `accel-data shard dataset=video_folder` writes the splits `dataset=video_folder` trains on;
   `dataset=streaming_video` draws from them exactly the clips the folder gives (the same pixels,
   training and evaluation views); `fps=` re-encodes at a lower rate, which the index records and
-  the streaming option trains on; clips longer than the stored videos are refused before a
-  chunk is read; a shard set is replaced only with `overwrite=true`, never the videos' folder.
+  the streaming option trains on; `gop=4` re-encodes videos of sparser key frames (at their size
+  and rate) with a key frame every 4 frames, a negative one is refused; clips longer than the
+  stored videos are refused before a chunk is read; a shard set is replaced only with
+  `overwrite=true`, never the videos' folder.
 """
 
 from __future__ import annotations
@@ -97,14 +99,47 @@ def test_the_wrong_kind_of_model_is_refused(videos, run_cli, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def shards(videos, tmp_path_factory, run_cli_in) -> dict[str, Path]:
-    """The videos sharded as they are, and re-encoded at half their frame rate."""
+def shards(videos, tmp_path_factory, run_cli_in) -> dict:
+    """The videos sharded as they are, re-encoded at half their frame rate, and re-encoded with a
+    key frame every 4 frames (mpeg4's own interval, 12, is sparser)."""
     cwd = tmp_path_factory.mktemp("video-shards")
-    made = {"same": cwd / "same", "half": cwd / "half"}
+    made = {"same": cwd / "same", "half": cwd / "half", "dense": cwd / "dense"}
     check_ok(run_cli_in(["shard", *folder(videos), f"out={made['same']}"], cwd, prog="accel-data"))
     half = ["shard", *folder(videos), "fps=7.5", f"out={made['half']}"]
     check_ok(run_cli_in(half, cwd, prog="accel-data"))
-    return made
+    dense = ["shard", *folder(videos), "gop=4", f"out={made['dense']}"]
+    proc = run_cli_in(dense, cwd, prog="accel-data")
+    check_ok(proc)
+    return {**made, "dense_log": proc.stdout}
+
+
+def keyframes(data: bytes) -> tuple[list[int], int]:
+    """The positions of an MP4's key frames (PyAV, presentation order) and its frame count."""
+    import io
+
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        packets = sorted(
+            (p.pts, p.is_keyframe) for p in container.demux(stream) if p.pts is not None
+        )
+    return [i for i, (_, key) in enumerate(packets) if key], len(packets)
+
+
+def test_gop_puts_a_key_frame_every_n_frames(videos, shards, run_cli):
+    from litdata import StreamingDataset
+
+    index = json.loads((shards["dense"] / "accel_train.index.json").read_text())
+    total = sum(info["samples"] for info in index["splits"].values())
+    assert index["gop"] == 4 and f"({total} re-encoded)" in shards["dense_log"], shards["dense_log"]
+    for info in index["splits"].values():  # (the same rate and size: only the GOP changed)
+        assert set(info["fps"]) == {15.0} and all(w == [0, 16] for w in info["window"])
+    for name, want in (("dense", [0, 4, 8, 12]), ("same", [0, 12])):
+        item = StreamingDataset(str(shards[name] / "train"))[0]
+        assert keyframes(item["video"]) == (want, 16), name  # "same": the source's own bytes
+    assert json.loads((shards["same"] / "accel_train.index.json").read_text())["gop"] == 32
+    refused(run_cli(["shard", *folder(videos), "gop=-1", "out=x"], prog="accel-data"), "gop=-1")
 
 
 def test_streamed_clips_are_the_folders_clips(videos, shards):

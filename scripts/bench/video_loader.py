@@ -20,12 +20,19 @@ loader workers, batch ``--batch``, no model:
 The videos (default 200 of 10 s, 480x360, 30 fps, H.264 by libx264 at its default GOP, CRF 23;
 a panning textured background, moving shapes and a little grain, so they compress like camera
 footage) are written once under --work-dir (default <temp dir>/accel-bench-video, outside the
-repository) and reused. The variants alternate within each round (the order rotates every
-round); medians of --rounds rounds, in clips/s and frames/s of wall time. Goals: (c) >= 3x (a),
-and (c) per worker >= 0.7x (b).
+repository) and reused. ``--gop N`` writes them with a key frame at least every N frames
+(libx264's ``g``; 0, the default: its own 250, i.e. one every 8.3 s at 30 fps), in a folder of
+their own (``..._gopN``): (b) and (c) decode a clip from the key frame before it, so a short GOP
+is what makes seeking pay, as ``accel-data shard dataset=video_folder gop=N`` writes; the header
+line reports the mean file size, the GOP's cost.
+
+The variants alternate within each round (the order rotates every round); medians of --rounds
+rounds, in clips/s and frames/s of wall time. Goals: (c) >= 3x (a), and (c) per worker >= 0.7x
+(b).
 
     .venv/bin/python scripts/bench/video_loader.py                       # the measurement
     .venv/bin/python scripts/bench/video_loader.py --num-videos 4 --seconds 2 --rounds 1   # smoke
+    .venv/bin/python scripts/bench/video_loader.py --gop 30     # key frames every second
 """
 
 from __future__ import annotations
@@ -55,9 +62,12 @@ SEED = 0
 # ---- the data ---------------------------------------------------------------------------------
 
 
-def write_video(path: Path, seconds: float, width: int, height: int, fps: int, seed: int) -> None:
+def write_video(
+    path: Path, seconds: float, width: int, height: int, fps: int, seed: int, gop: int = 0
+) -> None:
     """One H.264 MP4 through PyAV's libx264 (one encoder thread): a textured background twice
-    the frame's size panned across, three moving rectangles, grain."""
+    the frame's size panned across, three moving rectangles, grain; a key frame at least every
+    ``gop`` frames (0: libx264's default)."""
     import av
     import numpy as np
 
@@ -79,7 +89,7 @@ def write_video(path: Path, seconds: float, width: int, height: int, fps: int, s
     with av.open(str(path), "w") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = {"crf": "23"}
+        stream.options = {"crf": "23", **({"g": str(gop)} if gop > 0 else {})}
         stream.codec_context.thread_count = 1
         for k in range(int(seconds * fps)):
             x0 = int((width / 2 + vx * k) % width)
@@ -101,6 +111,7 @@ def write_data(a: argparse.Namespace) -> Path:
     """<work-dir>/videos_<params>/{train,val}/<class>/*.mp4 (val: one video a class, so that the
     run's layout holds no held-out share of train), unless finished before."""
     name = f"videos_{a.num_videos}x{a.seconds:g}s_{a.width}x{a.height}_{a.fps}fps"
+    name += f"_gop{a.gop}" if a.gop > 0 else ""  # (the default GOP's folder keeps its old name)
     root = a.work_dir / name
     stamp = f"{name}\n"
     tmp = fresh_tree(root, stamp)
@@ -112,7 +123,7 @@ def write_data(a: argparse.Namespace) -> Path:
         folder = tmp / split / f"class{i % CLASSES}"
         folder.mkdir(parents=True, exist_ok=True)
         seed = i if split == "train" else 10_000 + i
-        write_video(folder / f"{i:05d}.mp4", a.seconds, a.width, a.height, a.fps, seed)
+        write_video(folder / f"{i:05d}.mp4", a.seconds, a.width, a.height, a.fps, seed, a.gop)
     finish_tree(tmp, root, stamp)
     print(f"wrote {len(jobs)} videos under {root} in {time.perf_counter() - t0:.0f} s", flush=True)
     return root
@@ -304,6 +315,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument(
+        "--gop", type=int, default=0, help="a key frame at least every N frames (0: libx264's 250)"
+    )
+    p.add_argument(
         "--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "accel-bench-video"
     )
     a = p.parse_args()
@@ -311,9 +325,12 @@ def main() -> None:
 
     torch.set_num_threads(1)  # every variant's main process alike: the workers take the cores
     root = write_data(a)
+    sizes = [f.stat().st_size for f in (root / "train").rglob("*.mp4")]
+    gop = f"GOP {a.gop}" if a.gop > 0 else "libx264's default GOP"
     print(f"# {machine()}\n# load average before: {load_avg()}; {a.num_videos} videos of "
-          f"{a.seconds:g} s, {a.width}x{a.height}, {a.fps} fps, H.264; clips of {a.frames} "
-          f"frames at stride {a.stride}, {a.size} px crops, {a.workers} workers")  # fmt: skip
+          f"{a.seconds:g} s, {a.width}x{a.height}, {a.fps} fps, H.264 ({gop}, mean "
+          f"{sum(sizes) / len(sizes) / 1e6:.2f} MB); clips of {a.frames} frames at stride "
+          f"{a.stride}, {a.size} px crops, {a.workers} workers")  # fmt: skip
     report(a, measure(a, root))
 
 

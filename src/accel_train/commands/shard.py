@@ -48,7 +48,12 @@ from accel_train.commands.outputs import (
     remove_leftovers,
     resolved,
 )
-from accel_train.commands.shard_video import ReadVideo, check_video_options, video_parts
+from accel_train.commands.shard_video import (
+    DEFAULT_GOP,
+    ReadVideo,
+    check_video_options,
+    video_parts,
+)
 from accel_train.data.decode import check_images, unreadable
 from accel_train.data.image_tree import plan_layout
 from accel_train.data.object_store import (
@@ -234,10 +239,11 @@ def _shard_videos(cfg: DictConfig, out: str) -> str:
     """A video folder or list -> one item a video (commands/shard_video.py), for
     `dataset=streaming_video`."""
     root = Path(str(cfg.dataset.root)).expanduser()
-    max_side, fps, crf = check_video_options(cfg, MIN_SIDE)
+    max_side, fps, crf, gop = check_video_options(cfg, MIN_SIDE)
     if not is_s3(out) and root.is_dir():  # before the header check, which can take minutes
         refuse_inside(Path(out), root, "out", "dataset.root")
-    inputs, splits, classes = video_parts(cfg, max_side, fps)
+    inputs, splits, classes = video_parts(cfg, max_side, fps, gop)
+    encode_gop = DEFAULT_GOP if gop is None else gop
     meta = {
         "format": META_FORMAT,
         "kind": "video_folder",
@@ -245,10 +251,11 @@ def _shard_videos(cfg: DictConfig, out: str) -> str:
         "max_side": max_side,
         "fps": fps,
         "crf": crf,
+        "gop": encode_gop,
         "classes": classes,
         "splits": splits,
     }
-    _write(cfg, out, ReadVideo(crf), inputs, meta, None, (root, "dataset.root"))
+    _write(cfg, out, ReadVideo(crf, encode_gop), inputs, meta, None, (root, "dataset.root"))
     counts = ", ".join(f"{len(v):,} {k}" for k, v in inputs.items())
     again = sum(1 for items in inputs.values() for p in items if p["frames"])
     print(f"accel-data: {counts} videos of {len(classes)} classes ({again} re-encoded) -> {out}/")

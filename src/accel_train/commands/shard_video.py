@@ -24,6 +24,15 @@ needs neither (already small and slow enough, and whole) keeps its bytes: no sec
 A kept video's window stays in the item (its bytes are the whole file); a re-encoded one is cut to
 it. torchcodec's encoder takes the whole video at once, so a re-encoded video is held in memory
 at its new size (10 s of 171x128 at 15 fps: 10 MB).
+
+`gop=N` puts a key frame at least every N frames of a re-encoded video, and also re-encodes (at
+its size and rate) a video that would be kept but whose key frames are further apart (its packets
+are read once, by PyAV, no decoding). A clip is decoded from the key frame before its first frame,
+so at libx264's default of 250 frames (8 s at 30 fps) seeking saves little over decoding from the
+start; at 32 a 16-frame clip decodes at most 31 frames more than it shows. The price is size: key
+frames cost several times a predicted frame (scripts/bench/video_loader.py --gop measures it).
+Unset, re-encoded videos get DEFAULT_GOP and kept ones keep their bytes; `gop=0` keeps libx264's
+default and every kept video's bytes.
 """
 
 from __future__ import annotations
@@ -44,12 +53,16 @@ from accel_train.errors import UserError
 log = logging.getLogger("accel_train")
 
 DEFAULT_CRF = 23  # libx264's own default
+# the key frame interval of re-encoded videos when `gop` is unset: a 16-frame clip decodes at most
+# 31 frames it does not show; the bench's clips: 1.8x the bytes, 1.9x the clips/s of libx264's 250
+DEFAULT_GOP = 32
 
 
-def plan(entry: tuple, max_side: int, fps: float) -> dict:
+def plan(entry: tuple, max_side: int, fps: float, gop: int | None = None, gap: int = 0) -> dict:
     """What is stored of one video: ``entry`` is (index, path, label, first, last, fps, height,
-    width) as dataset=video_folder reads it; the result names the source frames to re-encode
-    (``frames``, empty: the bytes as they are) and the stored video's shape."""
+    width) as dataset=video_folder reads it, ``gap`` the most frames between its key frames
+    (read only when ``gop`` > 0); the result names the source frames to re-encode (``frames``,
+    empty: the bytes as they are) and the stored video's shape."""
     index, path, label, first, last, rate, height, width = entry
     size = (height, width)
     if max_side > 0 and max(height, width) > max_side:
@@ -57,7 +70,8 @@ def plan(entry: tuple, max_side: int, fps: float) -> dict:
         size = (max(2, round(height * scale / 2) * 2), max(2, round(width * scale / 2) * 2))
     faster = bool(fps) and rate > fps + 1e-6
     out = {"index": int(index), "path": path, "label": int(label), "frames": []}
-    if size == (height, width) and not faster:
+    sparse = bool(gop) and gap > gop  # (gop None or 0: never re-encoded for it)
+    if size == (height, width) and not faster and not sparse:
         return {
             **out,
             "fps": float(rate),
@@ -78,8 +92,8 @@ class ReadVideo:
     """One shard item from its :func:`plan` (LitData's optimize calls it in its writer
     processes): the fields of the module docstring."""
 
-    def __init__(self, crf: int = DEFAULT_CRF):
-        self.crf = crf
+    def __init__(self, crf: int = DEFAULT_CRF, gop: int = DEFAULT_GOP):
+        self.crf, self.gop = crf, gop  # (gop 0: libx264's default)
 
     def __call__(self, planned: dict) -> dict:
         path, frames = planned["path"], planned["frames"]
@@ -102,7 +116,7 @@ class ReadVideo:
             resize_frames(decode_clip(path, frames[k : k + 64]), h, w)
             for k in range(0, len(frames), 64)
         ]
-        data = _encode(torch.cat(chunks), planned["fps"], self.crf, path)
+        data = _encode(torch.cat(chunks), planned["fps"], self.crf, self.gop, path)
         got = video_metadata(data)
         if (got.num_frames, got.height, got.width) != (len(frames), h, w):
             raise UserError(
@@ -113,13 +127,15 @@ class ReadVideo:
         return data
 
 
-def _encode(frames, rate: float, crf: int, path: str) -> bytes:
-    """uint8 (T, C, H, W) -> the bytes of an H.264 MP4 (torchcodec's encoder)."""
+def _encode(frames, rate: float, crf: int, gop: int, path: str) -> bytes:
+    """uint8 (T, C, H, W) -> the bytes of an H.264 MP4 (torchcodec's encoder), a key frame at
+    least every ``gop`` frames (FFmpeg's ``g``; 0: libx264's default)."""
     from torchcodec.encoders import VideoEncoder
 
+    extra = {"g": str(gop)} if gop > 0 else None
     try:
         encoded = VideoEncoder(frames, frame_rate=rate).to_tensor(
-            "mp4", codec="libx264", pixel_format="yuv420p", crf=crf
+            "mp4", codec="libx264", pixel_format="yuv420p", crf=crf, extra_options=extra
         )
     except (RuntimeError, ValueError) as err:
         raise UserError(
@@ -130,9 +146,10 @@ def _encode(frames, rate: float, crf: int, path: str) -> bytes:
     return encoded.numpy().tobytes()
 
 
-def check_video_options(cfg: DictConfig, min_side: int) -> tuple[int, float, int]:
-    """(max_side, fps, crf), every problem in one paragraph."""
+def check_video_options(cfg: DictConfig, min_side: int) -> tuple[int, float, int, int | None]:
+    """(max_side, fps, crf, gop), every problem in one paragraph."""
     max_side, fps, crf = int(cfg.max_side), float(cfg.get("fps") or 0), int(cfg.get("crf", 23))
+    gop = None if cfg.get("gop") is None else int(cfg.gop)
     problems = []
     if max_side < 0 or 0 < max_side < min_side:
         problems.append(
@@ -143,12 +160,33 @@ def check_video_options(cfg: DictConfig, min_side: int) -> tuple[int, float, int
         problems.append(f"fps={fps:g}: the frame rate to keep, > 0 (0 keeps every frame)")
     if not 0 <= crf <= 51:
         problems.append(f"crf={crf}: libx264's constant rate factor, 0-51 (23: its default)")
+    if gop is not None and gop < 0:
+        problems.append(
+            f"gop={gop}: the most frames between key frames, > 0 (0: libx264's default), e.g. "
+            "`gop=32`"
+        )
     if problems:
         raise UserError(f"accel-data shard dataset=video_folder: {'; '.join(problems)}.")
-    return max_side, fps, crf
+    return max_side, fps, crf, gop
 
 
-def video_parts(cfg: DictConfig, max_side: int, fps: float) -> tuple[dict, dict, list[str]]:
+def keyframe_gap(path: str) -> int:
+    """The most frames from one key frame to the next (or to the end) in ``path``'s video
+    stream: its packets read by PyAV, none decoded."""
+    import av
+
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        packets = [(p.pts, p.is_keyframe) for p in container.demux(stream) if p.pts is not None]
+    keys = [i for i, (_, key) in enumerate(sorted(packets)) if key]  # (presentation order)
+    if not keys:
+        return len(packets)
+    return max(b - a for a, b in zip(keys, [*keys[1:], len(packets)]))
+
+
+def video_parts(
+    cfg: DictConfig, max_side: int, fps: float, gop: int | None = None
+) -> tuple[dict, dict, list[str]]:
     """The splits dataset=video_folder trains on, as shard inputs: (split -> the items' plans,
     split -> its entry of accel_train.index.json, the class names)."""
     splits = build_splits(cfg.dataset, ".")  # the folder's rules and its header check
@@ -163,7 +201,8 @@ def video_parts(cfg: DictConfig, max_side: int, fps: float) -> tuple[dict, dict,
             height, width = (int(v) for v in split.shape[i])
             entry = (i, split.path(i), int(split.labels[i]), first, last, float(split.fps[i]),
                      height, width)  # fmt: skip
-            plans.append(plan(entry, max_side, fps))
+            gap = keyframe_gap(split.path(i)) if gop else 0
+            plans.append(plan(entry, max_side, fps, gop, gap))
         inputs[name] = plans
         info[name] = {
             "samples": len(plans),

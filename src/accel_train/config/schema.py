@@ -961,6 +961,7 @@ class ShardConfig:
     jpeg_quality: int = 90  # the JPEG quality of those re-encoded images
     fps: float = 0.0  # video folders: keep at most this frame rate (0: every frame)
     crf: int = 23  # video folders: libx264's quality of the re-encoded videos
+    gop: int | None = None  # video folders: most frames between key frames (None: 32 if re-encoded)
 
 
 # group -> option name -> schema. The option names are the YAML files' `name:` values; an
