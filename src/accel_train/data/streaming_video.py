@@ -18,7 +18,6 @@ the samples. ``decode=gpu`` is refused: the bytes are decoded in the loader work
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +28,7 @@ from accel_train.data.shard_reader import StreamingEvalSplit, StreamingSource, S
 from accel_train.data.shard_set import SPLITS, check_shards, open_shard_set
 from accel_train.data.splits import Splits
 from accel_train.data.video_clips import Timing
-from accel_train.data.video_folder import ClipPlan, _check_options
+from accel_train.data.video_folder import ClipPlan, _check_options, draw_clips
 from accel_train.errors import UserError
 
 SHOWN = 5  # samples named in a refusal
@@ -58,17 +57,8 @@ class ClipDecoder:
     def __call__(self, item: dict, epoch: int) -> tuple[torch.Tensor, int]:
         i, fps = int(item["index"]), float(item["fps"])
         first, last = int(item["first"]), int(item["last"])
-        draw = f"{self.seed}/{epoch}/{i}" if self.crop is not None else f"{self.seed}/eval/{i}"
-        if self.crop is not None:
-            rng = random.Random(draw)
-            clips = [self.timing.train_clip(first, last, fps, rng)]
-            top, left, h, w = self.crop.box(int(item["height"]), int(item["width"]), rng)
-            box = [top, left, h, w, int(self.crop.hflip and rng.random() < 0.5)]
-        else:
-            clips, box = self.timing.eval_clips(first, last, fps, self.clips), None
-        if self.shuffle_frames:  # the ablation: each clip's frames in a random order
-            order = random.Random(f"{draw}/order")
-            clips = [order.sample(c, len(c)) for c in clips]
+        height, width = int(item["height"]), int(item["width"])
+        clips, box = draw_clips(self, i, epoch, first, last, fps, height, width)
         plan = ClipPlan(bytes(item["video"]), clips, box, self.size, self.resize_to, self.crops,
                         self.threads)  # fmt: skip
         return plan.decode_on(torch.device("cpu")), int(item["label"])

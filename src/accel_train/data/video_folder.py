@@ -427,19 +427,8 @@ class VideoClipSplit(Dataset):
         """The item, its randomness drawn from ``random.Random(seed/epoch/i)`` (training) or
         none (evaluation; the shuffle ablation's order from seed/eval/i)."""
         first, last = (int(b) for b in self.bounds[i])
-        fps = float(self.fps[i])
-        draw = f"{self.seed}/{epoch}/{i}" if self.crop is not None else f"{self.seed}/eval/{i}"
-        if self.crop is not None:
-            rng = random.Random(draw)
-            clips = [self.timing.train_clip(first, last, fps, rng)]
-            height, width = (int(v) for v in self.shape[i])
-            top, left, h, w = self.crop.box(height, width, rng)
-            box = [top, left, h, w, int(self.crop.hflip and rng.random() < 0.5)]
-        else:
-            clips, box = self.timing.eval_clips(first, last, fps, self.clips), None
-        if self.shuffle_frames:  # the ablation: each clip's frames in a random order
-            order = random.Random(f"{draw}/order")
-            clips = [order.sample(c, len(c)) for c in clips]
+        height, width = (int(v) for v in self.shape[i])
+        clips, box = draw_clips(self, i, epoch, first, last, float(self.fps[i]), height, width)
         plan = ClipPlan(self.path(i), clips, box, self.size, self.resize_to, self.crops,
                         self.threads)  # fmt: skip
         if self.decode == "gpu":
@@ -449,6 +438,26 @@ class VideoClipSplit(Dataset):
     def __repr__(self) -> str:
         kind = "training clips" if self.crop is not None else f"{self.clips}x{self.crops} views"
         return f"{type(self).__name__}({len(self)} videos, {kind})"
+
+
+def draw_clips(split, i: int, epoch: int, first: int, last: int, fps: float, height: int,
+               width: int) -> tuple[list[list[int]], list[int] | None]:  # fmt: skip
+    """The frames of item ``i``'s clips and its training box ``[top, left, h, w, flip]`` (None:
+    the evaluation views), drawn from ``random.Random(seed/epoch/i)`` (training; ``split.crop``
+    given) or fixed (evaluation; the shuffle ablation's order from seed/eval/i). ``split``: a
+    VideoClipSplit or streaming_video's item maker (timing, seed, crop, clips, shuffle_frames)."""
+    draw = f"{split.seed}/{epoch}/{i}" if split.crop is not None else f"{split.seed}/eval/{i}"
+    if split.crop is not None:
+        rng = random.Random(draw)
+        clips = [split.timing.train_clip(first, last, fps, rng)]
+        top, left, h, w = split.crop.box(height, width, rng)
+        box = [top, left, h, w, int(split.crop.hflip and rng.random() < 0.5)]
+    else:
+        clips, box = split.timing.eval_clips(first, last, fps, split.clips), None
+    if split.shuffle_frames:  # the ablation: each clip's frames in a random order
+        order = random.Random(f"{draw}/order")
+        clips = [order.sample(c, len(c)) for c in clips]
+    return clips, box
 
 
 @dataclass
