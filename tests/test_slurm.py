@@ -362,6 +362,22 @@ def test_shipped_single_node_script_survives_preemption(tmp_path):
     assert [r.get("event") for r in read_jsonl(run_dir / "metrics.jsonl")].count("resume") >= 1
 
 
+@pytest.mark.parametrize(("nodes", "endpoint"), [("1", "localhost:0"), ("2", "n0:20130")])
+def test_an_srun_step_never_picks_an_ephemeral_port(monkeypatch, nodes, endpoint):
+    """One node binds a port the OS picks; several share a fixed one below Linux's ephemeral
+    range (32768-60999), where another job's outgoing sockets could hold it (CI saw that)."""
+    from accel_train.launchers import slurm_job
+
+    monkeypatch.setattr(slurm_job, "head_node", lambda: "n0")
+    env = {"SLURM_JOB_NUM_NODES": nodes, "SLURM_NTASKS": nodes, "SLURM_NODEID": "0"}
+    for key, value in {**env, "SLURM_JOB_ID": "13", "SLURM_STEP_ID": "0"}.items():
+        monkeypatch.setenv(key, value)
+    cfg = OmegaConf.create({"launcher": {"nnodes": "1", "node_rank": 0, "rdzv_endpoint": ""}})
+    slurm_job.adopt_srun_task(cfg)
+    assert cfg.launcher.rdzv_endpoint == endpoint and cfg.launcher.nnodes == nodes
+    assert max(slurm_job.step_port(j, 9) for j in range(100_000)) < 32768
+
+
 def test_requeue_stops_after_max_requeues(monkeypatch, tmp_path):
     from accel_train.errors import UserError
     from accel_train.launchers.slurm_job import requeue_or_stop

@@ -33,14 +33,17 @@ from accel_train.train.signals import submitit_preempt_signal, submitit_signal_r
 
 log = logging.getLogger("accel_train")
 
-BASE_PORT = (
-    29500  # submit.sbatch's rendezvous port: BASE_PORT + job id % 10000, stable across requeues
-)
+# Several nodes need a rendezvous port they can all compute, stable across requeues. Both
+# ranges stay below Linux's ephemeral ports (32768-60999): there any outgoing connection on
+# the node (another job's gloo or NCCL sockets) may hold the port by chance. One node needs
+# no agreed port at all: it binds port 0 and the OS picks a free one.
+BASE_PORT = 29500  # submit.sbatch's rendezvous port: BASE_PORT + job id % 3000
+STEP_BASE_PORT = 20000  # `srun accel-train` in a user's allocation: a range of its own
 
 
 def step_port(job_id: str | int, step_id: str | int) -> int:
-    """The rendezvous port of `srun accel-train` in a user's allocation: a range of its own."""
-    return 40000 + int(job_id) % 2000 * 10 + int(step_id) % 10
+    """The rendezvous port of `srun accel-train` in a user's allocation (several nodes)."""
+    return STEP_BASE_PORT + int(job_id) % 900 * 10 + int(step_id) % 10
 
 
 def head_node() -> str:
@@ -63,7 +66,7 @@ def adopt_srun_task(cfg: DictConfig) -> None:
     if ntasks == nodes:
         lc = cfg.launcher
         lc.nnodes, lc.node_rank = str(nodes), int(env["SLURM_NODEID"])
-        lc.rdzv_endpoint = f"{head}:{port}"
+        lc.rdzv_endpoint = f"{head}:{port}" if nodes > 1 else "localhost:0"
         lc.rdzv_id = f"{env['SLURM_JOB_ID']}_{env['SLURM_STEP_ID']}"
         return
     env.update(
@@ -126,7 +129,8 @@ def render_sbatch(cfg: DictConfig, config_path: Path) -> str:
         # sed reads every line: `head -n 1` exits early and, under pipefail, scontrol's
         # SIGPIPE (exit 141) would fail the job.
         'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
-        f"RDZV_PORT=$(( {BASE_PORT} + SLURM_JOB_ID % 10000 ))",
+        # One node: port 0, a free port the OS picks (see BASE_PORT).
+        f"RDZV_PORT=$(( SLURM_JOB_NUM_NODES > 1 ? {BASE_PORT} + SLURM_JOB_ID % 3000 : 0 ))",
         'echo "accel-train: job $SLURM_JOB_ID (requeue ${SLURM_RESTART_COUNT:-0}) on '
         '$SLURM_JOB_NODELIST, rendezvous $HEAD_NODE:$RDZV_PORT"',
         # bash -c so that each node's own shell expands the escaped variables.
