@@ -353,7 +353,10 @@ def dry_results(workspace, mnist_dir, tmp_path_factory, data_results) -> dict[st
         cwd=workspace,
         capture_output=True,
         text=True,
-        timeout=600,
+        # One process runs every line in turn while the suite's other processes share the
+        # cores: ~5 min on a quiet 2-core machine, more than twice that on a loaded one whose
+        # CPU lacks native bf16 (the recipes' bf16 lines).
+        timeout=1800,
         env={**_env(workspace)},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -70,6 +70,13 @@ def resolve_precision(name: str, device: torch.device, tf32: bool = True) -> Pre
             "precision=fp16 on the CPU: fp16 autocast has few fast CPU kernels and runs several "
             "times slower than fp32. `precision=amp` picks bf16 on the CPU."
         )
+    if name in ("bf16", "bf16_true") and dev == "cpu" and not cpu_has_fast_bf16():
+        log.warning(
+            "precision=%s on a CPU without bf16 instructions (AVX512-BF16 or AMX): bf16 is "
+            "emulated there, several to tens of times slower than fp32 (convolutions most). "
+            "`precision=amp` picks bf16 only where the CPU has it, fp32 elsewhere.",
+            name,
+        )
     if name == "fp32":
         return Precision(name, dev, None, torch.float32, False)
     if name == "fp16":
