@@ -16,6 +16,7 @@ from helpers import FAST, check_ok, read_jsonl, run_cli, slurm_job_field, wait_f
 from omegaconf import OmegaConf
 
 from accel_train.config.run_config import load_run_config, typed
+from accel_train.launchers import slurm_job
 from accel_train.launchers.slurm_job import render_sbatch
 
 # One test process for all of them: they share the local cluster's queue (pytest-xdist).
@@ -366,8 +367,6 @@ def test_shipped_single_node_script_survives_preemption(tmp_path):
 def test_an_srun_step_never_picks_an_ephemeral_port(monkeypatch, nodes, endpoint):
     """One node binds a port the OS picks; several share a fixed one below Linux's ephemeral
     range (32768-60999), where another job's outgoing sockets could hold it (CI saw that)."""
-    from accel_train.launchers import slurm_job
-
     monkeypatch.setattr(slurm_job, "head_node", lambda: "n0")
     env = {"SLURM_JOB_NUM_NODES": nodes, "SLURM_NTASKS": nodes, "SLURM_NODEID": "0"}
     for key, value in {**env, "SLURM_JOB_ID": "13", "SLURM_STEP_ID": "0"}.items():
