@@ -227,8 +227,8 @@ def test_compile_channels_last_accumulation_clipping(run_cli, tmp_path):
 
 
 def test_the_fast_exit_stops_idle_thread_pools():
-    """accel-train ends without the interpreter's teardown (cli._exit_without_teardown). An idle
-    concurrent.futures pool (Inductor's compile workers after trainer.compile=true on a GPT)
+    """accel-train ends without the interpreter's teardown (environment.exit_without_teardown).
+    An idle concurrent.futures pool (Inductor's compile workers after trainer.compile=true on a GPT)
     kept it waiting forever: its workers stop only when the threading module's exit hooks run,
     which the normal exit runs before it joins the threads."""
     import subprocess
@@ -236,11 +236,11 @@ def test_the_fast_exit_stops_idle_thread_pools():
 
     code = (
         "from concurrent.futures import ThreadPoolExecutor\n"
-        "from accel_train.cli import _exit_without_teardown\n"
+        "from accel_train.environment import exit_without_teardown\n"
         "pool = ThreadPoolExecutor(2)\n"
         "assert pool.submit(lambda: 7).result() == 7\n"
         "print('done', flush=True)\n"
-        "_exit_without_teardown(0)\n"
+        "exit_without_teardown(0)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -10,12 +10,9 @@ cli.
 
 from __future__ import annotations
 
-import atexit
-import os
 import shutil
 import string
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +36,7 @@ from accel_train.config.schema import (
     TokenizeConfig,
     register_configs,
 )
-from accel_train.environment import register_resolvers
+from accel_train.environment import exit_without_teardown, register_resolvers
 from accel_train.errors import UserError, report_user_errors
 from accel_train.written import remove_empty, unwritable
 
@@ -280,36 +277,24 @@ def debug_last(argv: list[str]) -> list[str]:
 
 def main() -> None:
     """The `accel-train` console script: `train()`, then, when it returned, the process ends
-    without the interpreter's teardown, which frees torch's and Hydra's modules object by
-    object: ~1.3 s of CPU after a fast_dev_run on a 2-core machine (BENCHMARKS.md section 9),
-    more than its training steps. What must happen at exit happens first: threads that are not
-    daemons are joined, the atexit handlers run (logging's flush of train.log, trackers'
-    finish, weakref finalizers, DataLoader workers' clean-up) and stdout and stderr are flushed.
-    Errors and interrupts (sys.exit) end the usual way; `train()` itself, called in-process
-    (tests, scripts), returns as before."""
+    without the interpreter's teardown (environment.exit_without_teardown: ~1.3 s of CPU after
+    a fast_dev_run on a 2-core machine, BENCHMARKS.md section 9). Errors and interrupts
+    (sys.exit) end the usual way; `train()` itself, called in-process (tests, scripts),
+    returns as before. The other console scripts end the same way."""
     train()
-    _exit_without_teardown(0)
-
-
-def _exit_without_teardown(code: int) -> None:
-    # What the interpreter's exit does first: the threading module's exit hooks (they tell
-    # concurrent.futures' pools, e.g. Inductor's compile workers, to stop; joined before them,
-    # an idle pool's workers would wait forever), then every non-daemon thread joined.
-    threading._shutdown()  # noqa: SLF001
-    atexit._run_exitfuncs()  # noqa: SLF001 - the handlers a normal exit runs, in its order
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_teardown(0)
 
 
 def _run_entry(task_function, config_file: str) -> None:
-    """A plain entry point: the config dir checked, our own --help, else the Hydra task."""
+    """A plain entry point: the config dir checked, our own --help, else the Hydra task, and
+    once it returned, the process ends without the interpreter's teardown (see main)."""
     _check_config_dir()
     report_user_errors(plugins.load_plugins)()  # a checkpoint may name a plugin's strategy
     if _wants_help(sys.argv[1:]):
         _print_help(config_file)
         return
     task_function()
+    exit_without_teardown(0)
 
 
 def evaluate() -> None:

@@ -1,10 +1,11 @@
 """Where this process runs (a torchrun worker? a SLURM job or srun step?), read from environment
-variables only, the config resolvers that depend on it, and a worker's tie to the process that
-launched it. Imports no torch: the CLI loads this before Hydra composes, so a typo in an
-override fails in well under a second."""
+variables only, the config resolvers that depend on it, a worker's tie to the process that
+launched it, and how a finished command's process ends. Imports no torch: the CLI loads this
+before Hydra composes, so a typo in an override fails in well under a second."""
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import signal
@@ -107,3 +108,21 @@ def _watch_parent(launcher: int) -> None:
     while os.getppid() == launcher:
         time.sleep(0.5)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def exit_without_teardown(code: int = 0) -> None:
+    """End a finished command's process (accel-train, its torchrun workers, accel-eval,
+    -export, -sample, -data) without the interpreter's teardown, which frees torch's, sympy's
+    and Hydra's modules object by object: 1-2 s of CPU after a run (BENCHMARKS.md section 9),
+    more than a short run's steps, and, in a worker, a teardown of gloo's or NCCL's objects in
+    no safe order. What must happen at exit happens first, in the order a normal exit has it:
+    the threading module's exit hooks (they tell concurrent.futures' pools, e.g. Inductor's
+    compile workers, to stop; joined before them, an idle pool's workers would wait forever),
+    every thread that is not a daemon joined (an async checkpoint save), the atexit handlers
+    (logging's flush of train.log, trackers' finish, weakref finalizers, DataLoader workers'
+    clean-up), stdout and stderr flushed. Errors and interrupts end the usual way."""
+    threading._shutdown()  # noqa: SLF001
+    atexit._run_exitfuncs()  # noqa: SLF001 - the handlers a normal exit runs, in its order
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
