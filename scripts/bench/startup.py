@@ -11,7 +11,11 @@ startup_phases.py (not counted in the ratio) and the median of each phase is pri
 `--compare SRC` adds the same command run from another checkout's `src` (PYTHONPATH=SRC, e.g.
 a `git worktree` of the commit before) to the alternation: before and after in the same rounds.
 
-python scripts/bench/startup.py --rounds 7 [--compare /tmp/before/src]
+`--extra ARGS` appends overrides to the command, e.g. `--extra "launcher.nproc_per_node=2"`: a
+2-process DDP smoke run through torchrun, whose workers (`python -m accel_train.worker`) inherit
+PYTHONPATH, so `--compare` times the other checkout's workers too.
+
+python scripts/bench/startup.py --rounds 7 [--compare /tmp/before/src] [--extra "k=v k2=v2"]
 
 Byte-compile an editable install first (`python -m compileall -q src`), as `pip install .` does at
 install time and CI does: with PYTHONDONTWRITEBYTECODE set, every run otherwise compiles
@@ -56,20 +60,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--compare", help="another checkout's src dir, run the same way")
     parser.add_argument("--no-phases", action="store_true", help="skip startup_phases.py")
+    parser.add_argument("--extra", default="", help="overrides appended to the command")
     a = parser.parse_args()
+    run = [*RUN, *a.extra.split()]
     work = tempfile.mkdtemp(prefix="accel_bench_startup_")
     script = console_script("accel-train")
     variants: dict[str, tuple[list[str], dict | None]] = {
         "import torch": ([sys.executable, "-c", "import torch"], None),
         "import torch + an optimizer": ([sys.executable, "-c", OPTIMIZER], None),
-        "accel-train " + " ".join(RUN): ([sys.executable, script, *RUN], None),
+        "accel-train " + " ".join(run): ([sys.executable, script, *run], None),
     }
     if a.compare:
         other = dict(os.environ, PYTHONPATH=str(Path(a.compare).resolve()))
         # That checkout's console script: cli.main where it has one, else cli.train (older).
         entry = "import accel_train.cli as c; sys.exit((getattr(c, 'main', None) or c.train)())"
         cmd = [sys.executable, "-c", f"import sys; sys.argv[0] = 'accel-train'; {entry}"]
-        variants[f"the same from {a.compare}"] = ([*cmd, *RUN], other)
+        variants[f"the same from {a.compare}"] = ([*cmd, *run], other)
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
     phases: list[dict[str, list[float]]] = []
     loads = [load_avg()]
@@ -79,8 +85,8 @@ def main() -> None:
         if not a.no_phases:
             out = Path(work) / f"phases{r}.json"
             env = dict(os.environ, ACCEL_PHASES_JSON=str(out))
-            run = [sys.executable, PHASES, *RUN, f"hydra.run.dir={work}/phases{r}"]
-            wall, cpu = measure(run, work, env)
+            phased = [sys.executable, PHASES, *run, f"hydra.run.dir={work}/phases{r}"]
+            wall, cpu = measure(phased, work, env)
             got = json.loads(out.read_text())
             # The child's whole life less what its timer saw: the interpreter's start and its
             # teardown (startup_phases.py calls cli.train, which tears down as usual).
@@ -105,7 +111,7 @@ def main() -> None:
     print(f"medians of {a.rounds} alternating rounds (cwd {work})")
     print(table(["command", "wall s", "CPU s", "wall / torch", "CPU / torch"], rows))
     if phases:
-        print(f"\nphases of `{' '.join(RUN)}` under startup_phases.py (medians of {len(phases)}):")
+        print(f"\nphases of `{' '.join(run)}` under startup_phases.py (medians of {len(phases)}):")
         prows = []
         for label in phases[-1]:
             got = [p[label] for p in phases if label in p]
