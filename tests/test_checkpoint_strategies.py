@@ -135,22 +135,28 @@ def test_a_mid_epoch_tp_checkpoint_is_refused_naming_its_data_parallel_ranks(roo
     assert "Traceback" not in proc.stderr and not (root / "mid_ddp").exists()
 
 
+SAMPLE = ["prompt=def", "max_new_tokens=12", "temperature=0"]
+
+
+@pytest.fixture(scope="module")
+def single_sample(root, run_cli_in) -> str:
+    """accel-sample's greedy text from the single-process source (sampled once for both
+    sharded kinds)."""
+    one = root / "src_single" / "checkpoints" / "last.pt"
+    sample = run_cli_in([f"ckpt_path={one}", *SAMPLE], root, prog="accel-sample")
+    check_ok(sample)
+    return sample.stdout
+
+
 @pytest.mark.parametrize("source", ["tp", "fsdp"])
-def test_sample_and_export_read_sharded_checkpoints(source, root, run_cli_in):
+def test_sample_and_export_read_sharded_checkpoints(source, root, single_sample, run_cli_in):
     """accel-sample and accel-export consolidate a sharded checkpoint into one process: greedy
     samples equal to those of the single-process checkpoint of the same trajectory, and an
     exported model that matches its PyTorch model."""
     ckpt = root / f"src_{source}" / "checkpoints" / "last.dcp"
-    one = root / "src_single" / "checkpoints" / "last.pt"
-    texts = []
-    for path in (ckpt, one):
-        sample = run_cli_in(
-            [f"ckpt_path={path}", "prompt=def", "max_new_tokens=12", "temperature=0"],
-            root,
-            prog="accel-sample",
-        )
-        check_ok(sample)
-        texts.append(sample.stdout)
+    sample = run_cli_in([f"ckpt_path={ckpt}", *SAMPLE], root, prog="accel-sample")
+    check_ok(sample)
+    texts = [sample.stdout, single_sample]
     assert texts[0] == texts[1] and "def" in texts[0]
     out = root / f"{source}.pt2"
     export = run_cli_in(

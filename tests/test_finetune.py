@@ -180,26 +180,29 @@ def _val_loss(run_dir: Path) -> float:
     return [m["val/loss"] for m in read_jsonl(run_dir / "metrics.jsonl") if "val/loss" in m][-1]
 
 
-def test_packed_and_unpacked_rows_score_the_same(folders, run_cli, tmp_path):
+# Nearly untrained (lr 1e-9, one step): the validation loss depends on the rows alone.
+UNTRAINED = ["optimizer.lr=1e-9", "trainer.max_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def unpacked_untrained(folders, run_cli_in):
+    """The records file, unpacked rows, nearly untrained: what packed rows (below) and the
+    streamed shards of the same records must score the same as (trained once for both)."""
+    run_dir = folders["root"] / "unpacked_untrained"
+    args = [*_sft(folders, *UNTRAINED, "dataset.pack=false"), f"hydra.run.dir={run_dir}"]
+    check_ok(run_cli_in(args, folders["root"]))
+    return run_dir
+
+
+def test_packed_and_unpacked_rows_score_the_same(folders, unpacked_untrained, run_cli, tmp_path):
     """Nearly untrained (lr 1e-9), the same validation records: packing changes no token's
     loss."""
-    runs = {}
-    for pack in ("true", "false"):
-        runs[pack] = tmp_path / pack
-        proc = run_cli(
-            [
-                *_sft(folders),
-                f"dataset.pack={pack}",
-                "optimizer.lr=1e-9",
-                "trainer.max_steps=1",
-                f"hydra.run.dir={runs[pack]}",
-            ]
-        )
-        check_ok(proc)
-    assert abs(_val_loss(runs["true"]) - _val_loss(runs["false"])) < 1e-5
+    packed = tmp_path / "true"
+    check_ok(run_cli([*_sft(folders, *UNTRAINED, "dataset.pack=true"), f"hydra.run.dir={packed}"]))
+    assert abs(_val_loss(packed) - _val_loss(unpacked_untrained)) < 1e-5
 
 
-def test_sharded_records_stream_like_the_file(folders, run_cli, tmp_path):
+def test_sharded_records_stream_like_the_file(folders, unpacked_untrained, run_cli, tmp_path):
     """`accel-data shard dataset=sft` writes the rows dataset=sft builds; dataset=streaming_sft
     scores them the same (the same validation rows), resumes exactly mid-epoch, and refuses a
     model folder whose tokenizer differs from the one the rows were made with."""
@@ -216,9 +219,9 @@ def test_sharded_records_stream_like_the_file(folders, run_cli, tmp_path):
     check_ok(run_cli(shard, prog="accel-data"))
     stream = [*SFT, f"model.path={folders['model']}", "dataset=streaming_sft"]
     stream.append(f"dataset.remote={shards}")
-    untrained = ["optimizer.lr=1e-9", "trainer.max_steps=1", "dataset.pack=false"]
-    runs = {kind: tmp_path / kind for kind in ("file", "stream", "whole", "resumed")}
-    check_ok(run_cli([*_sft(folders, *untrained), f"hydra.run.dir={runs['file']}"]))
+    untrained = [*UNTRAINED, "dataset.pack=false"]
+    runs = {kind: tmp_path / kind for kind in ("stream", "whole", "resumed")}
+    runs["file"] = unpacked_untrained  # the records file, the same overrides
     check_ok(run_cli([*stream, *untrained, f"hydra.run.dir={runs['stream']}"]))
     assert abs(_val_loss(runs["file"]) - _val_loss(runs["stream"])) < 1e-5
 
@@ -498,11 +501,14 @@ def test_bad_inputs_are_one_paragraph(case, folders, run_cli, tmp_path):
     assert expect in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
-def _tiny_gpt_on_code(run_cli, tmp_path) -> list[str]:
-    """A token folder of small Python functions in tmp_path, and a one-layer GPT's overrides."""
+@pytest.fixture(scope="module")
+def tiny_gpt(tmp_path_factory, run_cli_in) -> list[str]:
+    """A token folder of small Python functions (tokenized once for the module), and a
+    one-layer GPT's overrides."""
+    root = tmp_path_factory.mktemp("gpt_code")
     text = "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(200))
-    (tmp_path / "input.txt").write_text(text)
-    check_ok(run_cli(["tokenize", "input=input.txt", "out=tokens"], prog="accel-data"))
+    (root / "input.txt").write_text(text)
+    check_ok(run_cli_in(["tokenize", "input=input.txt", "out=tokens"], root, prog="accel-data"))
     return [
         "task=language_model",
         "model=gpt",
@@ -511,7 +517,7 @@ def _tiny_gpt_on_code(run_cli, tmp_path) -> list[str]:
         "model.n_embd=32",
         "model.block_size=32",
         "dataset=tokens",
-        f"dataset.path={tmp_path / 'tokens'}",
+        f"dataset.path={root / 'tokens'}",
         "dataset.windows_per_epoch=32",
         "dataset.eval_windows=8",
         "loader.batch_size=8",
@@ -521,10 +527,10 @@ def _tiny_gpt_on_code(run_cli, tmp_path) -> list[str]:
     ]
 
 
-def test_lora_on_the_builtin_gpt_from_its_own_checkpoint(run_cli, tmp_path):
+def test_lora_on_the_builtin_gpt_from_its_own_checkpoint(tiny_gpt, run_cli, tmp_path):
     """Pretrain a tiny GPT, then adapt it with model.weights + lora.rank: the adapters alone are
     checkpointed (every Linear but the output head adapted), and accel-sample reads them."""
-    gpt = _tiny_gpt_on_code(run_cli, tmp_path)
+    gpt = tiny_gpt
     check_ok(run_cli([*gpt, f"hydra.run.dir={tmp_path / 'base'}"]))
     base = tmp_path / "base" / "checkpoints" / "last.pt"
     proc = run_cli(
@@ -550,19 +556,21 @@ def test_lora_on_the_builtin_gpt_from_its_own_checkpoint(run_cli, tmp_path):
     assert any(line.startswith("def") for line in sample.stdout.splitlines())
 
 
+@pytest.fixture(scope="module")
+def lora_gpt_ckpt(tiny_gpt, tmp_path_factory, run_cli_in) -> Path:
+    """A LoRA run on a fresh tiny GPT (trained once for both export formats): its last.pt."""
+    root = tmp_path_factory.mktemp("lora_gpt")
+    check_ok(run_cli_in([*tiny_gpt, "lora.rank=2", f"hydra.run.dir={root / 'run'}"], root))
+    return root / "run" / "checkpoints" / "last.pt"
+
+
 @pytest.mark.parametrize("fmt", ["torch_export", "onnx"])
-def test_a_lora_run_exports_with_its_adapters_merged(fmt, run_cli, tmp_path):
+def test_a_lora_run_exports_with_its_adapters_merged(fmt, lora_gpt_ckpt, run_cli, tmp_path):
     """accel-export opens a checkpoint as every tool does (run_checkpoint.py): a LoRA run's
     adapters are attached, loaded and merged before the export, and the artifact is verified
     against the adapted model (the export once built the model without its adapters and
     refused the weights)."""
-    gpt = [
-        *_tiny_gpt_on_code(run_cli, tmp_path),
-        "lora.rank=2",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    ]
-    check_ok(run_cli(gpt))
-    ckpt = tmp_path / "run" / "checkpoints" / "last.pt"
+    ckpt = lora_gpt_ckpt
     assert any(".lora_" in k for k in load_checkpoint(ckpt)["model"])  # a LoRA checkpoint
     out = tmp_path / f"model.{fmt}"
     proc = run_cli([f"ckpt_path={ckpt}", f"format={fmt}", f"out_path={out}"], prog="accel-export")

@@ -54,10 +54,16 @@ def assert_same_trajectory(a: dict[int, float], b: dict[int, float]) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, run_cli_in):
+def root(tmp_path_factory, run_cli_in):
+    """A folder holding `tokens` (tokenized once for the module's runs)."""
     root = tmp_path_factory.mktemp("tp")
     (root / "input.txt").write_text(TEXT)
     check_ok(run_cli_in(["tokenize", "input=input.txt", "out=tokens"], root, prog="accel-data"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def runs(root):
     work = root / "work"
     procs = {
         "one": Proc([*COMMON, "loader.batch_size=8", "hydra.run.dir=one"], work, "one"),
@@ -110,16 +116,14 @@ def test_fsdp_times_tp_matches_one_process(runs):
     assert_same_trajectory(train_losses(work / "one"), train_losses(work / "fsdp_tp"))
 
 
-def test_sequence_parallel_and_the_working_techniques_train(tmp_path, run_cli):
+def test_sequence_parallel_and_the_working_techniques_train(root, tmp_path, run_cli):
     """Sequence parallelism, activation checkpointing, EMA, accumulation and bf16 autocast
     together under TP: the run trains and its loss falls."""
-    (tmp_path / "input.txt").write_text(TEXT)
-    check_ok(run_cli(["tokenize", "input=input.txt", "out=tokens"], prog="accel-data"))
     args = [a for a in COMMON if a != "dataset.path=../tokens" and not a.startswith("precision")]
     proc = run_cli(
         [
             *args,
-            "dataset.path=tokens",
+            f"dataset.path={root / 'tokens'}",
             "strategy=tp",
             "strategy.sequence_parallel=true",
             "launcher.nproc_per_node=2",
