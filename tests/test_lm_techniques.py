@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,21 @@ def lm_dir(tmp_path_factory, run_cli_in):
 
 def _gpt(cwd: Path) -> list[str]:
     return [*GPT, f"dataset.path={cwd / 'tokens'}"]
+
+
+# Clipped: the norm is over the whole model's gradients (the pipeline counts its tied embedding
+# once, though two stages hold it), in every run compared with the one-process run.
+CLIP = "trainer.gradient_clip_val=0.5"
+
+
+@pytest.fixture(scope="module")
+def single(lm_dir, run_cli_in) -> Path:
+    """One process, batch 8, clipped: the reference of the accumulation, activation
+    checkpointing, DDP, FSDP and pipeline runs, and the checkpoint exported to ONNX (one run,
+    not one per test: each CLI run costs seconds of start-up)."""
+    run = lm_dir / "single"
+    check_ok(run_cli_in([*_gpt(lm_dir), CLIP, f"hydra.run.dir={run}"], lm_dir))
+    return run
 
 
 def _train_losses(run_dir: Path) -> dict[int, float]:
@@ -86,18 +102,19 @@ def test_every_precision_and_ema_train_a_gpt(lm_dir, run_cli_in):
 
 
 def test_accumulation_equals_one_batch_and_checkpointing_per_block_changes_nothing(
-    lm_dir, run_cli_in
+    lm_dir, run_cli_in, single
 ):
     """batch 8 (the summed loss divided before backward) = 2 x 4 accumulated (the normaliser
-    divides the gradients once); activation checkpointing wraps each GPT block."""
-    one = lm_dir / "accum_1"
+    divides the gradients once, before clipping); activation checkpointing wraps each GPT
+    block."""
+    one = single
     two = lm_dir / "accum_2"
     ac = lm_dir / "ac_full"
-    check_ok(run_cli_in([*_gpt(lm_dir), f"hydra.run.dir={one}"], lm_dir))
     check_ok(
         run_cli_in(
             [
                 *_gpt(lm_dir),
+                CLIP,
                 "loader.batch_size=4",
                 "trainer.accumulate_grad_batches=2",
                 f"hydra.run.dir={two}",
@@ -106,7 +123,8 @@ def test_accumulation_equals_one_batch_and_checkpointing_per_block_changes_nothi
         )
     )
     proc = run_cli_in(
-        [*_gpt(lm_dir), "activation_checkpointing.mode=full", f"hydra.run.dir={ac}"], lm_dir
+        [*_gpt(lm_dir), CLIP, "activation_checkpointing.mode=full", f"hydra.run.dir={ac}"],
+        lm_dir,
     )
     check_ok(proc)
     assert "activation checkpointing (full): 2 of 2 blocks (Block)" in proc.stdout + proc.stderr
@@ -117,12 +135,8 @@ def test_accumulation_equals_one_batch_and_checkpointing_per_block_changes_nothi
         assert a[step] == pytest.approx(c[step], abs=1e-6), (step, a, c)
 
 
-def test_ddp_matches_one_process_and_fsdp_and_pipeline_train(lm_dir, run_cli_in):
-    # Clipped in every run: the norm is over the whole model's gradients (the pipeline counts its
-    # tied embedding once, though two stages hold it).
-    gpt = [*_gpt(lm_dir), "trainer.gradient_clip_val=0.5"]
-    single = lm_dir / "single"
-    check_ok(run_cli_in([*gpt, f"hydra.run.dir={single}"], lm_dir))
+def test_ddp_matches_one_process_and_fsdp_and_pipeline_train(lm_dir, run_cli_in, single):
+    gpt = [*_gpt(lm_dir), CLIP]  # clipped in every run, as `single` (see CLIP)
     two = ["launcher.nproc_per_node=2", "loader.batch_size=4"]
     ref = _train_losses(single)
     for strategy in ("ddp", "fsdp"):
@@ -255,9 +269,9 @@ def test_a_sweep_report_and_compile_on_a_gpt(lm_dir, run_cli_in):
     assert (out / "baseline" / "r0" / "batch_size_probe.csv").is_file()
 
 
-def test_onnx_export_with_a_dynamic_sequence_length(lm_dir, run_cli_in):
-    run = lm_dir / "export_src"
-    check_ok(run_cli_in([*_gpt(lm_dir), f"hydra.run.dir={run}"], lm_dir))
+def test_onnx_export_with_a_dynamic_sequence_length(lm_dir, run_cli_in, single):
+    # A copy of the shared one-process run: the export writes beside the checkpoint.
+    run = Path(shutil.copytree(single, lm_dir / "export_src"))
     ckpt = run / "checkpoints" / "last.pt"
     proc = run_cli_in([f"ckpt_path={ckpt}", "format=onnx"], lm_dir, prog="accel-export")
     check_ok(proc)

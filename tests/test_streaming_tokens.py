@@ -102,14 +102,12 @@ def test_shard_writes_litdata_token_chunks_and_an_index(data, run_cli):
     assert index["config"]["data_format"] == ["no_header_numpy:5"]  # LitData's token format
     assert sum(c["dim"] for c in index["chunks"]) == train_tokens
     assert len(index["chunks"]) >= 4
-    # An existing shard set is not replaced by accident; overwrite=true replaces it.
+    # An existing shard set is not replaced by accident (overwrite=true replaces it:
+    # test_overwrite_replaces_only_a_shard_set_never_the_source_or_other_files).
     args = ["shard", "dataset=tokens", f"dataset.path={data['root'] / 'tokens'}", f"out={shards}"]
     _refused(run_cli(args, prog="accel-data"), "overwrite=true")
-    copy = Path(shutil.copytree(shards, data["root"] / "shards-copy"))
-    check_ok(run_cli([*args[:-1], f"out={copy}", "overwrite=true"], prog="accel-data"))
-    assert json.loads((copy / "train" / "index.json").read_text())["chunks"][0]["dim"] > 0
     # A token folder that is not there: one paragraph naming the key.
-    missing = ["shard", "dataset=tokens", "dataset.path=nowhere", f"out={copy}-2"]
+    missing = ["shard", "dataset=tokens", "dataset.path=nowhere", f"out={shards}-2"]
     _refused(run_cli(missing, prog="accel-data"), "dataset.path=nowhere")
 
 
@@ -128,17 +126,27 @@ def test_windows_are_the_token_folders_tokens_in_order(data):
 # ---- training: local and S3 through a small cache ------------------------------------------------
 
 
-def test_local_and_s3_train_identically_through_a_cache_smaller_than_the_data(
-    data, endpoint, run_cli, tmp_path
-):
-    env = s3_env(endpoint)
-    cache = tmp_path / "cache"
-    runs = {}
+@pytest.fixture(scope="module")
+def trained(data, endpoint, tmp_path_factory, run_cli_in):
+    """An epoch from the local shards and one from the bucket, through one cache smaller than
+    the data, each sampling a line at validation (task.sample_lines: decoded with the index's
+    tokenizer); {"local"|"s3": (run dir, output), "cache": the cache}."""
+    root = tmp_path_factory.mktemp("trained")
+    cache = root / "cache"
+    runs = {"cache": cache}
     for name, remote in (("local", data["local"]), ("s3", data["s3"])):
-        runs[name] = tmp_path / name
-        args = [*LM, f"dataset.remote={remote}", "trainer.max_epochs=1"]
+        args = [*LM, f"dataset.remote={remote}", "trainer.max_epochs=1", "task.sample_lines=1"]
         args += [f"dataset.local={cache}", f"dataset.cache_limit={SMALL_CACHE}"]
-        check_ok(run_cli([*args, f"hydra.run.dir={runs[name]}"], env=env))
+        run_dir = root / name
+        proc = run_cli_in([*args, f"hydra.run.dir={run_dir}"], root, env=s3_env(endpoint))
+        check_ok(proc)
+        runs[name] = (run_dir, proc.stdout + proc.stderr)
+    return runs
+
+
+def test_local_and_s3_train_identically_through_a_cache_smaller_than_the_data(data, trained):
+    cache = trained["cache"]
+    runs = {name: trained[name][0] for name in ("local", "s3")}
     assert len(losses(runs["s3"])) > 50  # every window of the epoch, in batches of 8
     assert losses(runs["s3"]) == losses(runs["local"])
     train_cache = next(cache.glob("text-*")) / "train"
@@ -218,13 +226,10 @@ def test_ddp_with_two_processes_trains(data, run_cli, tmp_path):
 # ---- accel-sample, the tokenizer from the index ------------------------------------------------
 
 
-def test_sampling_a_streamed_run_needs_no_token_folder(data, run_cli, tmp_path):
-    run_dir = tmp_path / "run"
-    args = [*LM, f"dataset.remote={data['local']}", "trainer.max_steps=20"]
+def test_sampling_a_streamed_run_needs_no_token_folder(trained, run_cli, tmp_path):
+    run_dir, output = trained["local"]
     # task.sample_lines decodes its samples at validation with the index's tokenizer too.
-    proc = run_cli([*args, "task.sample_lines=1", f"hydra.run.dir={run_dir}"])
-    check_ok(proc)
-    assert "sample 1: '" in proc.stdout + proc.stderr
+    assert "sample 1: '" in output
     # Another directory, no data dir: the tokenizer can only come from the shard index.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -258,11 +263,14 @@ def test_each_streaming_option_refuses_the_other_kind_of_shards(data, run_cli):
     _refused(run_cli(images), "dataset.remote=", "holds token shards", "dataset=streaming_tokens")
 
 
-def test_overwrite_replaces_only_a_shard_set_never_the_source_or_other_files(run_cli, tmp_path):
+def test_overwrite_replaces_only_a_shard_set_never_the_source_or_other_files(
+    data, run_cli, tmp_path
+):
     """`overwrite=true` removed whatever `out` held: a folder of the user's files, or the very
     token folder being sharded (issue 32)."""
     (tmp_path / "input.txt").write_text(TEXT[:3000])
-    check_ok(run_cli(["tokenize", "input=input.txt", "out=tok"], prog="accel-data"))
+    # The module's token folder (accel-data tokenize's, as the `data` fixture made it), copied.
+    shutil.copytree(data["root"] / "tokens", tmp_path / "tok")
 
     def files(folder: Path) -> dict:
         return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
@@ -278,4 +286,6 @@ def test_overwrite_replaces_only_a_shard_set_never_the_source_or_other_files(run
     check_ok(run_cli([*args, "out=shards"], prog="accel-data"))
     check_ok(run_cli([*args, "out=shards"], prog="accel-data"))  # a shard set: replaced
     assert (tmp_path / "shards" / META).is_file()
+    index = json.loads((tmp_path / "shards" / "train" / "index.json").read_text())
+    assert index["chunks"][0]["dim"] > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["input.txt", "mine", "shards", "tok"]
