@@ -13,10 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import BIN, free_port, write_mnist
+from helpers import BASE_ENV, BIN, WARM, _base_env, free_port, write_mnist
 from helpers import run_cli as _run_cli
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from warm_cli import CHILD_CPU_S
 
 from accel_train.config import CONFIG_DIR
 from accel_train.config.schema import register_configs
@@ -32,6 +33,23 @@ def pytest_configure(config):
     # compile workers (each of which imports torch again: seconds of CPU a run, for a
     # handful of tiny kernels); the kernels are the same.
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+
+def pytest_sessionstart(session):
+    # The warm CLI's parent (tests/warm_cli.py) gets the session's environment as it starts,
+    # before any test changes os.environ.
+    BASE_ENV.update(_base_env())
+
+
+_WARM_BY_DEFAULT = WARM["enabled"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before the test's fixtures (module-scoped ones included) start any CLI run: a test marked
+    `fresh` (start-up, signals, torchrun, SLURM, Ray, installation) runs its CLI in a new
+    interpreter; every other test forks it from the warm parent (ACCEL_TEST_WARM=0: never)."""
+    WARM["enabled"] = _WARM_BY_DEFAULT and item.get_closest_marker("fresh") is None
 
 
 # The modules whose tests take longest (multi-process runs, SLURM jobs, chains of CLI runs), in
@@ -83,7 +101,8 @@ def _cpu_s() -> float:
     a test starts, with their own children: torchrun workers, loader workers, ...)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    warm = CHILD_CPU_S[0]  # the CLI runs forked from the warm parent (tests/warm_cli.py)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + warm
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from warm_cli import WarmServer, warm_env_ok
 
 BIN = Path(sys.executable).parent
 
@@ -45,9 +47,11 @@ def run_cli(
     timeout: float = 180,
     env: dict[str, str] | None = None,
     input: str | None = None,
+    warm: bool | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run a console script in a subprocess, the way a user would, and capture its output
-    (`input`: its standard input)."""
+    """Run a console script the way a user would and capture its output (`input`: its standard
+    input): in a process forked from the warm parent (tests/warm_cli.py) where the test and the
+    environment allow it, else in a new interpreter. `warm=False` / `True` forces one way."""
     full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     # Never fall back to ./data or the shared data set: a test that needs data says where.
     full_env["ACCEL_TRAIN_DATA_DIR"] = str(Path(cwd) / "no-data-here")
@@ -57,6 +61,10 @@ def run_cli(
     if prog == "accel-train" and not any("plot_curves" in a or a == "--help" for a in args):
         # matplotlib's import and a plot cost ~1 CPU s a run: only the tests of curves.png plot.
         args.append("trainer.plot_curves=false")
+    if warm if warm is not None else warm_allowed(prog, full_env):
+        return _warm_server().run(
+            [str(BIN / prog), *args], cwd=Path(cwd), env=full_env, timeout=timeout, input=input
+        )
     return subprocess.run(
         [str(BIN / prog), *args],
         cwd=cwd,
@@ -66,6 +74,51 @@ def run_cli(
         timeout=timeout,
         input=input,
     )
+
+
+# ---- the warm CLI (tests/warm_cli.py) ----------------------------------------------------------
+
+# The console scripts a warm parent can run; anything else (torchrun, moto_server) starts fresh.
+WARM_PROGS = {
+    "accel-train",
+    "accel-eval",
+    "accel-export",
+    "accel-data",
+    "accel-sample",
+    "accel-report",
+}
+# Set by conftest.py for each test: False while a test marked `fresh` runs (start-up, signals,
+# torchrun, SLURM, Ray, installation), whose CLI runs keep a new interpreter each.
+WARM = {"enabled": os.environ.get("ACCEL_TEST_WARM", "1") != "0"}
+_server: list[WarmServer] = []
+
+
+def _base_env() -> dict[str, str]:
+    """The environment every CLI run starts from (run_cli's, before a test's own `env`)."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+# The warm parent's environment: the pytest process's at the start of the session
+# (conftest.py), before any test changed os.environ.
+BASE_ENV: dict[str, str] = {}
+
+
+def warm_allowed(prog: str, env: dict[str, str]) -> bool:
+    """Whether this run may fork from the warm parent: a console script of ours, a test not
+    marked `fresh`, and an environment that differs from the parent's only in variables read
+    at run time."""
+    if not BASE_ENV:
+        BASE_ENV.update(_base_env())
+    return WARM["enabled"] and prog in WARM_PROGS and warm_env_ok(env, BASE_ENV)
+
+
+def _warm_server() -> WarmServer:
+    if not _server or not _server[0].alive():
+        _server[:] = [WarmServer(BASE_ENV)]
+        atexit.register(_server[0].stop)
+    return _server[0]
 
 
 def check_ok(proc: subprocess.CompletedProcess) -> None:

@@ -35,6 +35,10 @@ from accel_train.errors import UserError
 from accel_train.launchers.rendezvous import check_rendezvous
 from accel_train.launchers.world import check_strategy
 
+# About torchrun: its CLI runs start a new interpreter, never the warm parent
+# (tests/warm_cli.py).
+pytestmark = pytest.mark.fresh
+
 BIN = Path(sys.executable).parent
 TIMEOUT = 360  # seconds for one run while a dozen others share the two cores
 

@@ -11,10 +11,15 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
 from helpers import FAST, check_ok
 from omegaconf import OmegaConf
 
 from accel_train.config import CONFIG_DIR
+
+# About installation: its CLI runs start a new interpreter, never the warm parent
+# (tests/warm_cli.py).
+pytestmark = pytest.mark.fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,6 +15,10 @@ from pathlib import Path
 import pytest
 from helpers import BIN, check_ok, run_cli
 
+# About interrupts: its CLI runs start a new interpreter, never the warm parent
+# (tests/warm_cli.py).
+pytestmark = pytest.mark.fresh
+
 # A text whose char encoding takes a moment (~48 MB: the encoding pass lasts ~1.5 s, long
 # enough for the signal to land inside it on a loaded machine; 0.5 s was not, under the suite).
 LINE = "def f(x):\n    return x * 2 + 1  # some code\n"

@@ -26,6 +26,10 @@ import torch
 from helpers import BIN, free_port, read_jsonl
 from ray_head import Head
 
+# About Ray: its CLI runs start a new interpreter, never the warm parent
+# (tests/warm_cli.py).
+pytestmark = pytest.mark.fresh
+
 TIMEOUT = 300  # seconds for one Ray run on two shared cores (Ray's own start-up is ~20 s)
 
 # Tiny and deterministic: 8 steps of 2 x 16 (the same numbers under torchrun and Ray).

@@ -144,6 +144,10 @@ import threading
 import torch
 from torch.utils.data import Dataset
 
+# About Ray: its CLI runs start a new interpreter, never the warm parent
+# (tests/warm_cli.py).
+pytestmark = pytest.mark.fresh
+
 
 class Locked(Dataset):
     def __init__(self, n):

@@ -35,6 +35,10 @@ SLOW_HOOK = """
 import time
 from accel_train.techniques import Technique
 
+# About signals: its CLI runs start a new interpreter, never the warm parent
+# (tests/warm_cli.py).
+pytestmark = pytest.mark.fresh
+
 class Slow(Technique):
     def __init__(self, seconds=1.0):
         self.seconds = seconds

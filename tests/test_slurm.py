@@ -20,7 +20,9 @@ from accel_train.launchers import slurm_job
 from accel_train.launchers.slurm_job import render_sbatch
 
 # One test process for all of them: they share the local cluster's queue (pytest-xdist).
-pytestmark = pytest.mark.xdist_group("slurm")
+# About SLURM: its CLI runs start a new interpreter, never the warm parent
+# (tests/warm_cli.py).
+pytestmark = [pytest.mark.xdist_group("slurm"), pytest.mark.fresh]
 
 
 def _cfg(tmp_path: Path, **launcher) -> OmegaConf:

@@ -32,7 +32,9 @@ from accel_train.launchers.slurm_job import requeue_or_stop  # noqa: E402
 from accel_train.train.signals import StopRequest  # noqa: E402
 
 # One test process for all SLURM tests: they share the local cluster's queue (pytest-xdist).
-pytestmark = pytest.mark.xdist_group("slurm")
+# About SLURM: its CLI runs start a new interpreter, never the warm parent
+# (tests/warm_cli.py).
+pytestmark = [pytest.mark.xdist_group("slurm"), pytest.mark.fresh]
 
 # Tiny jobs: the sweeps run on two shared cores.
 TINY = [

@@ -17,7 +17,12 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from helpers import run_cli
+
+# About how a process ends: its CLI runs start a new interpreter, never the warm parent
+# (tests/warm_cli.py).
+pytestmark = pytest.mark.fresh
 
 SHORT = [
     "dataset=synthetic",
