@@ -111,7 +111,9 @@ def warm_allowed(prog: str, env: dict[str, str]) -> bool:
     at run time."""
     if not BASE_ENV:
         BASE_ENV.update(_base_env())
-    return WARM["enabled"] and prog in WARM_PROGS and warm_env_ok(env, BASE_ENV)
+    if not (WARM["enabled"] and prog in WARM_PROGS):
+        return False
+    return warm_env_ok(env, BASE_ENV, _warm_server().imported)
 
 
 def _warm_server() -> WarmServer:

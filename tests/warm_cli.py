@@ -48,6 +48,7 @@ RUNTIME_ENV = {
     "WANDB_SILENT",
     "MLFLOW_TRACKING_URI",
     "ACCEL_TEST_CPU_LOG",
+    "WANDB_API_KEY",
 }
 # What the server imports: what a training run, an evaluation, an export and a sample import
 # on their way (torch._dynamo: torch imports it at the first optimizer step, ~1.7 CPU s).
@@ -70,10 +71,30 @@ PRELOAD = (
 )
 
 
-def warm_env_ok(env: dict[str, str], server_env: dict[str, str]) -> bool:
-    """True when `env` differs from the server's only in variables read at run time."""
+def warm_env_ok(env: dict[str, str], server_env: dict[str, str], imported: set[str]) -> bool:
+    """True when `env` differs from the server's only in variables read at run time, and in a
+    PYTHONPATH that puts folders before the server's (a test's user code) holding no module the
+    server has imported (`imported`: its top-level names), which they would shadow."""
     keys = set(env) | set(server_env)
-    return all(env.get(k) == server_env.get(k) or k in RUNTIME_ENV for k in keys)
+    differ = {k for k in keys if env.get(k) != server_env.get(k)} - RUNTIME_ENV
+    if differ - {"PYTHONPATH"}:
+        return False
+    return not differ or _added_path(env, server_env, imported) is not None
+
+
+def _added_path(env: dict[str, str], server_env: dict[str, str], imported: set[str]):
+    """The folders env's PYTHONPATH adds before the server's, or None where it changes more or
+    they hold a module the server imported."""
+    ours = [p for p in server_env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    theirs = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if len(theirs) < len(ours) or theirs[len(theirs) - len(ours) :] != ours:
+        return None
+    added = theirs[: len(theirs) - len(ours)]
+    for folder in added:
+        names = os.listdir(folder) if os.path.isdir(folder) else []
+        if {n.split(".")[0] for n in names} & imported:
+            return None
+    return added
 
 
 # ---- the client (in the pytest process) -------------------------------------------------------
@@ -105,6 +126,8 @@ class WarmServer:
                     f"the warm CLI server did not start: {(self.dir / 'server.log').read_text()}"
                 )
             time.sleep(0.05)
+        # The top-level names of the modules the server imported (warm_env_ok).
+        self.imported = set(json.loads(Path(self.socket_path + ".modules.json").read_text()))
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -128,7 +151,8 @@ class WarmServer:
         with tempfile.TemporaryDirectory(prefix="accel-warm-run-") as tmp:
             files = {name: os.path.join(tmp, name) for name in ("stdin", "stdout", "stderr")}
             Path(files["stdin"]).write_text(input or "")
-            request = {"argv": argv, "cwd": str(cwd), "env": env, **files}
+            added = _added_path(env, self.env, self.imported) or []
+            request = {"argv": argv, "cwd": str(cwd), "env": env, "path": added, **files}
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(self.socket_path)
             with sock, sock.makefile("rwb") as stream:
@@ -166,6 +190,8 @@ def _serve(socket_path: str, bin_dir: str) -> None:
     threads = os.listdir("/proc/self/task")
     if len(threads) != 1:
         raise SystemExit(f"warm CLI server: {len(threads)} threads after the imports")
+    imported = sorted({name.split(".")[0] for name in sys.modules})
+    Path(socket_path + ".modules.json").write_text(json.dumps(imported))
     parent = os.getppid()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -234,7 +260,8 @@ def _child(request: dict, bin_dir: str, server_fds: list[int]) -> None:
         os.environ.update(request["env"])
         argv = request["argv"]
         sys.argv = list(argv)
-        sys.path[0] = os.path.dirname(argv[0])  # a console script's sys.path[0]: its folder
+        # A console script's sys.path: its folder first, then PYTHONPATH's folders.
+        sys.path[0:1] = [os.path.dirname(argv[0]), *request["path"]]
         if "numpy" in sys.modules:  # a new interpreter seeds numpy's global RNG afresh
             sys.modules["numpy"].random.seed()
         code = _call_script(os.path.basename(argv[0]))
