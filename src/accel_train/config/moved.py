@@ -1,0 +1,46 @@
+"""Where the modules a saved config names have moved to (issue 59): the one mapping from an
+old dotted path to its new one, applied wherever a config written by an earlier version is read
+back (a run dir's config.yaml, a checkpoint's stored config) and to the user's own overrides
+(`dataset._target_=accel_train.data.image_folder.build_image_folder`), so that runs written
+before a move still resume (`resume=auto`, `resume=<path>`) and evaluate (`accel-eval
+ckpt_path=...`), and an old command line still means what it meant.
+
+`MOVED` maps a module (or one object of it, e.g. a class that changed module) to where it is
+now; the longest key that prefixes a dotted path wins. Only dotted paths under a key are
+rewritten: `accel_train.data.streaming` renames `accel_train.data.streaming.build_streaming`,
+never `accel_train.data.streaming_tokens...`. Add a line here with every module that moves.
+Imports nothing of accel_train: the config layer's lowest step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# old dotted path -> new dotted path (a module, or one object of a module)
+MOVED: dict[str, str] = {}
+
+
+def moved(path: str) -> str:
+    """`path` (a dotted path, e.g. a `_target_`) as it is named now; itself when nothing it
+    names has moved."""
+    if not path.startswith("accel_train."):
+        return path
+    best = ""
+    for old in MOVED:
+        if (path == old or path.startswith(old + ".")) and len(old) > len(best):
+            best = old
+    return MOVED[best] + path[len(best) :] if best else path
+
+
+def renamed(tree: Any) -> Any:
+    """A plain config tree (dicts, lists, values) with every string that is a moved dotted path
+    renamed (a `_target_`, or any value naming a module of accel_train); the tree itself when
+    nothing in it moved, so an unchanged config is the very same object."""
+    if isinstance(tree, str):
+        return moved(tree)
+    if isinstance(tree, dict):
+        new = {k: renamed(v) for k, v in tree.items()}
+        return tree if all(new[k] is tree[k] for k in tree) else new
+    if isinstance(tree, list):
+        items = [renamed(v) for v in tree]
+        return tree if all(a is b for a, b in zip(items, tree)) else items
+    return tree
