@@ -1,5 +1,5 @@
 """`accel-data shard`: an image, video or token folder -> a LitData shard set in a local
-folder or an S3 bucket, the layout `dataset=streaming` (images, data/streaming.py) or
+folder or an S3 bucket, the layout `dataset=streaming` (images, data/images/streaming.py) or
 `dataset=streaming_tokens` (tokens, data/streaming_tokens.py) trains from (docs/streaming.md).
 
 Each item is the image file's bytes as they are (JPEG/PNG, not decoded: shards stay the size of
@@ -7,11 +7,11 @@ the data set and the image size is chosen at training time), its label and its i
 `max_side=N` (FFCV's max_resolution) an image whose longer side is above N is re-encoded as a
 JPEG (`jpeg_quality`) with that side N: smaller shards and cheaper decoding, for sets that are
 trained at a known resolution; `dataset=streaming` crops them as `dataset=image_folder` crops
-the originals (data/decode.py). Every file's header is checked first, as training checks it. The val
-split is held out from the training folder exactly as `dataset=image_folder` does (stratified,
-seeded by dataset.seed), so both options train on the same samples. LitData's `optimize`
-writes the chunks and their index.json; accel_train.index.json (the classes and labels) is
-written last, so a shard set without it is incomplete and is refused by `dataset=streaming`.
+the originals (data/images/decode.py). Every file's header is checked first, as training checks it.
+The val split is held out from the training folder exactly as `dataset=image_folder` does
+(stratified, seeded by dataset.seed), so both options train on the same samples. LitData's
+`optimize` writes the chunks and their index.json; accel_train.index.json (the classes and labels)
+is written last, so a shard set without it is incomplete and is refused by `dataset=streaming`.
 A local `out` is written under a temporary name and moved into place (commands/outputs.py);
 `overwrite=true` replaces only the files of a shard set that this command listed there
 (written.py), never a folder of other files, a file the user added to a shard set, nor the data
@@ -54,8 +54,8 @@ from accel_train.commands.shard_video import (
     check_video_options,
     video_parts,
 )
-from accel_train.data.decode import check_images, unreadable
-from accel_train.data.image_tree import plan_layout
+from accel_train.data.folder_tree import plan_layout
+from accel_train.data.images.decode import check_images, unreadable
 from accel_train.data.object_store import (
     allow_plain_http,
     check_url,

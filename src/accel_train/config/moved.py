@@ -16,7 +16,16 @@ from __future__ import annotations
 from typing import Any
 
 # old dotted path -> new dotted path (a module, or one object of a module)
-MOVED: dict[str, str] = {}
+MOVED: dict[str, str] = {
+    "accel_train.data.image_folder": "accel_train.data.images.folder",
+    "accel_train.data.decode": "accel_train.data.images.decode",
+    "accel_train.data.photos": "accel_train.data.images.photos",
+    "accel_train.data.recipe": "accel_train.data.images.recipe",
+    "accel_train.data.batch_mix": "accel_train.data.images.batch_mix",
+    "accel_train.data.streaming": "accel_train.data.images.streaming",
+    "accel_train.data.image_crops": "accel_train.data.crops",
+    "accel_train.data.image_tree": "accel_train.data.folder_tree",
+}
 
 
 def moved(path: str) -> str:

@@ -181,8 +181,9 @@ class PromptsDatasetConfig(DatasetConfig):
     accumulate_grad_batches: int = 1
 
 
-# The recipe switches of issue 38 (timm's spellings; data/recipe.py, data/batch_mix.py): keys
-# accel-train consumes itself, never passed to the dataset's factory.
+# The recipe switches of issue 38 (timm's spellings; data/images/recipe.py,
+# data/images/batch_mix.py): keys accel-train consumes itself, never passed to the dataset's
+# factory.
 @dataclass
 class RecipeDatasetConfig:
     auto_augment: str | None = None
@@ -203,7 +204,7 @@ DATASET_RECIPE_KEYS = tuple(f.name for f in fields(RecipeDatasetConfig))
 class ImageFolderDatasetConfig(RecipeDatasetConfig, DatasetConfig):
     root: str = MISSING
     train_split: str = "train"
-    # Which folder is which split: data/image_tree.py (issue 47).
+    # Which folder is which split: data/folder_tree.py (issue 47).
     val_split: str | None = "val"
     test_split: str | None = "test"
     holdout: bool = False
@@ -656,7 +657,8 @@ class QatConfig(QuantConfig):
 
 @dataclass
 class ProgressiveResizeConfig:
-    """trainer.progressive_resize: FFCV's schedule of training image sizes (data/recipe.py)."""
+    """trainer.progressive_resize: FFCV's schedule of training image sizes
+    (data/images/recipe.py)."""
 
     start_size: int = 160
     end_size: int = 192

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from accel_train.data.image_crops import RandomResizedCrop
+from accel_train.data.crops import RandomResizedCrop
 from accel_train.data.shard_reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
 from accel_train.data.shard_set import SPLITS, check_shards, open_shard_set
 from accel_train.data.splits import Splits

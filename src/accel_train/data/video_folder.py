@@ -2,7 +2,7 @@
 
     <root>/<train_split>/<class>/*.mp4|webm|mkv|avi   training videos
     <root>/<val_split>/<class>/...     validation videos; absent: held out of train (image_folder's
-    <root>/<test_split>/<class>/...    rule, data/image_tree.py)  optional test split
+    <root>/<test_split>/<class>/...    rule, data/folder_tree.py)  optional test split
 
 or ``list_file`` (and ``val_list_file``, ``test_list_file``): CSV rows ``path,label[,start,end]``
 (a first row ``path,label,...`` is a header) or JSONL objects with those keys; paths relative to
@@ -46,8 +46,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from accel_train.data.image_crops import RandomResizedCrop
-from accel_train.data.image_tree import FileKind, plan_layout
+from accel_train.data.crops import RandomResizedCrop
+from accel_train.data.folder_tree import FileKind, plan_layout
 from accel_train.data.splits import Splits, held_out_indices
 from accel_train.data.video_clips import Timing, eval_views, train_view
 from accel_train.data.video_decode import VideoMeta, VideoReadError, decode_clip, video_metadata

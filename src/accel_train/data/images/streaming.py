@@ -16,9 +16,9 @@ an epoch is the loop's `batch_in_epoch`; data/shard_reader.py's StreamingLoader 
 the state LitData resumes from, so a resumed run reads exactly the samples the epoch had left.
 Validation and test (small) are read by index in order, through the usual torch loader.
 
-Images are decoded and cropped by data/decode.py's code at full size (or, with augment=device,
-into data/image_folder.py's base images), so `dataset=streaming` and `dataset=image_folder` of
-the same files give the same pixels.
+Images are decoded and cropped by data/images/decode.py's code at full size (or, with
+augment=device, into data/images/folder.py's base images), so `dataset=streaming` and
+`dataset=image_folder` of the same files give the same pixels.
 
 This module holds only what is particular to images (the decoder and the splits' options). The
 shard set's index and checks are in data/shard_set.py, the S3 access in data/object_store.py,
@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from accel_train.data.decode import decode_eval, decode_train
-from accel_train.data.image_crops import DeviceRandomResizedCrop, RandomResizedCrop, eval_resize_to
-from accel_train.data.image_folder import _check_options, decode_base_image
+from accel_train.data.crops import DeviceRandomResizedCrop, RandomResizedCrop, eval_resize_to
+from accel_train.data.images.decode import decode_eval, decode_train
+from accel_train.data.images.folder import _check_options, decode_base_image
 from accel_train.data.shard_reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
 from accel_train.data.shard_set import SPLITS, check_shards, open_shard_set
 from accel_train.data.splits import Splits
