@@ -25,6 +25,11 @@ MOVED: dict[str, str] = {
     "accel_train.data.streaming": "accel_train.data.images.streaming",
     "accel_train.data.image_crops": "accel_train.data.crops",
     "accel_train.data.image_tree": "accel_train.data.folder_tree",
+    "accel_train.data.video_folder": "accel_train.data.video.folder",
+    "accel_train.data.video_decode": "accel_train.data.video.decode",
+    "accel_train.data.video_clips": "accel_train.data.video.clips",
+    "accel_train.data.video_metadata_cache": "accel_train.data.video.metadata_cache",
+    "accel_train.data.streaming_video": "accel_train.data.video.streaming",
 }
 
 

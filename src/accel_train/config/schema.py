@@ -224,7 +224,7 @@ class ImageFolderDatasetConfig(RecipeDatasetConfig, DatasetConfig):
 
 @dataclass
 class VideoFolderDatasetConfig(DatasetConfig):
-    # data/video_folder.py (issue 49); the defaults are configs/dataset/video_folder.yaml's.
+    # data/video/folder.py (issue 49); the defaults are configs/dataset/video_folder.yaml's.
     root: str = MISSING
     list_file: str | None = None
     val_list_file: str | None = None
@@ -250,7 +250,7 @@ class VideoFolderDatasetConfig(DatasetConfig):
 
 @dataclass
 class StreamingVideoDatasetConfig(DatasetConfig):
-    # data/streaming_video.py: video shards, clips drawn as dataset=video_folder draws them.
+    # data/video/streaming.py: video shards, clips drawn as dataset=video_folder draws them.
     remote: str = MISSING
     local: str | None = None
     cache_limit: str = "20gb"

@@ -10,9 +10,9 @@ or ``list_file`` (and ``val_list_file``, ``test_list_file``): CSV rows ``path,la
 themselves), ``start``/``end`` in seconds (the annotated segment; empty: the whole video).
 
 Every file's metadata (frames, fps, duration, size) is read once, in the launching process, by
-torchcodec's exact scan (data/video_decode.py), and kept in the splits (which the loader workers
+torchcodec's exact scan (data/video/decode.py), and kept in the splits (which the loader workers
 and Ray actors receive). Between runs it is kept in ``dataset.metadata_cache``, outside the data
-folder (data/video_metadata_cache.py): a later run reads only the files added or changed since,
+folder (data/video/metadata_cache.py): a later run reads only the files added or changed since,
 and nothing is ever written into the data folder. That read is the header check: empty,
 unreadable, audio-only and too-short files (fewer frames than a clip spans, unless
 ``pad_short``) are refused together, in one paragraph naming them, before anything is trained or
@@ -22,7 +22,7 @@ Items are uint8 and stay so until the device (data/transform.py normalises them)
 ``(C, T, S, S)``, a random clip with one random resized crop and flip for all its frames, drawn
 from ``random.Random(seed/epoch/index)`` like the image folders' crops, so the batches do not
 depend on the number of workers or on a resume. Evaluation: ``(V, C, T, S, S)`` with
-``V = eval_clips * eval_crops`` views (data/video_clips.py); the classification task averages
+``V = eval_clips * eval_crops`` views (data/video/clips.py); the classification task averages
 the views' scores per video (video accuracy). ``shuffle_frames`` is an ablation: it permutes
 each clip's frames, so only what single frames show is left to learn.
 
@@ -49,9 +49,9 @@ from torch.utils.data import Dataset
 from accel_train.data.crops import RandomResizedCrop
 from accel_train.data.folder_tree import FileKind, plan_layout
 from accel_train.data.splits import Splits, held_out_indices
-from accel_train.data.video_clips import Timing, eval_views, train_view
-from accel_train.data.video_decode import VideoMeta, VideoReadError, decode_clip, video_metadata
-from accel_train.data.video_metadata_cache import MetadataCache, cache_file
+from accel_train.data.video.clips import Timing, eval_views, train_view
+from accel_train.data.video.decode import VideoMeta, VideoReadError, decode_clip, video_metadata
+from accel_train.data.video.metadata_cache import MetadataCache, cache_file
 from accel_train.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The geometry of a video clip, in time and space: which frames a clip takes, and how its frames
-are cropped. Pure tensor code, no files (data/video_folder.py reads them): the same on the CPU
+are cropped. Pure tensor code, no files (data/video/folder.py reads them): the same on the CPU
 in the loader workers and on the device (``dataset.decode=gpu``).
 
 Time. A clip is ``frames`` frames ``step`` source frames apart (``frame_stride``, or the source

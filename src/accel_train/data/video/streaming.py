@@ -5,10 +5,10 @@ training loader with its exact mid-epoch resume).
 
 Each item holds one video's bytes, its label, its frame rate and size and its clip window, so a
 clip is drawn and decoded exactly as `dataset=video_folder` draws it from the file
-(data/video_folder.py: ``random.Random(seed/epoch/index)`` for the window, the crop box and
+(data/video/folder.py: ``random.Random(seed/epoch/index)`` for the window, the crop box and
 the flip; ``eval_clips`` x ``eval_crops`` views at evaluation, their scores averaged per
 video), decoding only the clip's frames from the bytes with torchcodec
-(data/video_decode.py). Shards of videos kept as they are give the same clips as the folder,
+(data/video/decode.py). Shards of videos kept as they are give the same clips as the folder,
 sample for sample; re-encoded ones (`max_side`, `fps`) the same windows of the new frames.
 
 The shard set's index lists every video's rate and window, so clips that do not fit (fewer
@@ -27,8 +27,8 @@ from accel_train.data.crops import RandomResizedCrop
 from accel_train.data.shard_reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
 from accel_train.data.shard_set import SPLITS, check_shards, open_shard_set
 from accel_train.data.splits import Splits
-from accel_train.data.video_clips import Timing
-from accel_train.data.video_folder import ClipPlan, _check_options, draw_clips
+from accel_train.data.video.clips import Timing
+from accel_train.data.video.folder import ClipPlan, _check_options, draw_clips
 from accel_train.errors import UserError
 
 SHOWN = 5  # samples named in a refusal
@@ -36,7 +36,7 @@ SHOWN = 5  # samples named in a refusal
 
 class ClipDecoder:
     """A shard item -> (uint8 clip (C, T, S, S) or views (V, C, T, S, S), label), drawn as
-    data/video_folder.py's VideoClipSplit.getitem draws it (``crop`` given: training)."""
+    data/video/folder.py's VideoClipSplit.getitem draws it (``crop`` given: training)."""
 
     def __init__(
         self,
