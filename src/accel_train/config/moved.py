@@ -30,6 +30,16 @@ MOVED: dict[str, str] = {
     "accel_train.data.video_clips": "accel_train.data.video.clips",
     "accel_train.data.video_metadata_cache": "accel_train.data.video.metadata_cache",
     "accel_train.data.streaming_video": "accel_train.data.video.streaming",
+    "accel_train.data.tokens": "accel_train.data.text.tokens",
+    "accel_train.data.tokenizer": "accel_train.data.text.tokenizer",
+    "accel_train.data.data_tokenizer": "accel_train.data.text.data_tokenizer",
+    "accel_train.data.sft": "accel_train.data.text.sft",
+    "accel_train.data.records": "accel_train.data.text.records",
+    "accel_train.data.preference": "accel_train.data.text.preference",
+    "accel_train.data.prompts": "accel_train.data.text.prompts",
+    "accel_train.data.streaming_tokens": "accel_train.data.text.streaming_tokens",
+    "accel_train.data.streaming_sft": "accel_train.data.text.streaming_sft",
+    "accel_train.data.streaming_preference": "accel_train.data.text.streaming_preference",
 }
 
 

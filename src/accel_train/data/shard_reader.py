@@ -1,7 +1,8 @@
 """Reading a shard set with LitData, whatever its items: the source that opens one split in
 any process, the splits read by index (validation, test) and the training loader with its
-exact mid-epoch resume. The options (data/images/streaming.py, streaming_tokens.py,
-streaming_sft.py) differ only in the decoder they hand to :class:`StreamingSource`.
+exact mid-epoch resume. The options (data/images/streaming.py, data/video/streaming.py,
+data/text/streaming_tokens.py, streaming_sft.py, streaming_preference.py) differ only in the
+decoder they hand to :class:`StreamingSource`.
 """
 
 from __future__ import annotations

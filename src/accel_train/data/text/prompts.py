@@ -25,9 +25,9 @@ import torch
 from torch.utils.data import Dataset
 
 from accel_train.data.loaders import ShardedOrder, TorchLoader
-from accel_train.data.records import as_chat
-from accel_train.data.sft import read_records, split_files
 from accel_train.data.splits import Splits
+from accel_train.data.text.records import as_chat
+from accel_train.data.text.sft import read_records, split_files
 from accel_train.errors import UserError
 from accel_train.models.hf import load_tokenizer
 
