@@ -56,7 +56,7 @@ from accel_train.commands.shard_video import (
 )
 from accel_train.data.folder_tree import plan_layout
 from accel_train.data.images.decode import check_images, unreadable
-from accel_train.data.object_store import (
+from accel_train.data.shards.object_store import (
     allow_plain_http,
     check_url,
     is_s3,
@@ -65,7 +65,7 @@ from accel_train.data.object_store import (
     split_url,
     storage_options,
 )
-from accel_train.data.shard_set import META, META_FORMAT, SPLITS, parse_size, require_litdata
+from accel_train.data.shards.shard_set import META, META_FORMAT, SPLITS, parse_size, require_litdata
 from accel_train.data.text.preference import preference_splits
 from accel_train.data.text.sft import encode_rows, tokenizer_fingerprint
 from accel_train.data.text.streaming_preference import pair_item

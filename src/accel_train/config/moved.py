@@ -40,6 +40,9 @@ MOVED: dict[str, str] = {
     "accel_train.data.streaming_tokens": "accel_train.data.text.streaming_tokens",
     "accel_train.data.streaming_sft": "accel_train.data.text.streaming_sft",
     "accel_train.data.streaming_preference": "accel_train.data.text.streaming_preference",
+    "accel_train.data.shard_reader": "accel_train.data.shards.reader",
+    "accel_train.data.shard_set": "accel_train.data.shards.shard_set",
+    "accel_train.data.object_store": "accel_train.data.shards.object_store",
 }
 
 

@@ -1,6 +1,6 @@
 """`dataset=streaming_video`: video shards written by `accel-data shard dataset=video_folder`
 (commands/shard_video.py), read through LitData from a local folder or an object store, as
-`dataset=streaming` reads image shards (data/shard_reader.py: the source, the splits, the
+`dataset=streaming` reads image shards (data/shards/reader.py: the source, the splits, the
 training loader with its exact mid-epoch resume).
 
 Each item holds one video's bytes, its label, its frame rate and size and its clip window, so a
@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from accel_train.data.crops import RandomResizedCrop
-from accel_train.data.shard_reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
-from accel_train.data.shard_set import SPLITS, check_shards, open_shard_set
+from accel_train.data.shards.reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
+from accel_train.data.shards.shard_set import SPLITS, check_shards, open_shard_set
 from accel_train.data.splits import Splits
 from accel_train.data.video.clips import Timing
 from accel_train.data.video.folder import ClipPlan, _check_options, draw_clips

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 from accel_train.config.facts import limited_batches
 from accel_train.data.batch import to_device
 from accel_train.data.loaders import _CheckedCollate, ignore_stop_signals
-from accel_train.data.object_store import allow_plain_http, is_s3, s3_error, storage_options
+from accel_train.data.shards.object_store import allow_plain_http, is_s3, s3_error, storage_options
 from accel_train.errors import UserError
 
 
