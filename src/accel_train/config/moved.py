@@ -43,6 +43,8 @@ MOVED: dict[str, str] = {
     "accel_train.data.shard_reader": "accel_train.data.shards.reader",
     "accel_train.data.shard_set": "accel_train.data.shards.shard_set",
     "accel_train.data.object_store": "accel_train.data.shards.object_store",
+    "accel_train.data.ray_loader": "accel_train.data.remote.ray_loader",
+    "accel_train.data.ray_pool": "accel_train.data.remote.ray_pool",
 }
 
 

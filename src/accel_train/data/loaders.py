@@ -6,7 +6,7 @@ device, where it is cheap.
 - ``loader=torch``: torch's DataLoader over any map-style split (workers, pinned memory, ...).
 - ``loader=device``: the whole split as one tensor on the device; a batch is one index_select.
 - ``loader=ray``: the same items and collate as ``loader=torch``, run by Ray actors on a
-  cluster's CPU nodes (data/ray_loader.py): for inputs one node's CPUs cannot keep up with.
+  cluster's CPU nodes (data/remote/ray_loader.py): for inputs one node's CPUs cannot keep up with.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from accel_train.config.facts import limited_batches
 from accel_train.data.batch import to_device
 from accel_train.data.build import check_labels
-from accel_train.data.ray_loader import RayLoader
+from accel_train.data.remote.ray_loader import RayLoader
 from accel_train.data.splits import ImageSet
 from accel_train.errors import UserError
 

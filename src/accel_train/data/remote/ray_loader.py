@@ -2,7 +2,7 @@
 
 The training process decides the order exactly as `loader=torch` does (:class:`ShardedOrder`:
 same seed, same indices, same per-sample draws); Ray actors on any node of the cluster hold the
-split and turn each list of keys into a finished batch (data/ray_pool.py). The batches come
+split and turn each list of keys into a finished batch (data/remote/ray_pool.py). The batches come
 back through Ray's object store in order, at most `loader.prefetch` in flight, and go to the
 device as the other loaders' do. Because the order and the random draws are fixed here, a
 killed worker's batches are simply made again elsewhere, and a mid-epoch resume is the same as
@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from accel_train import ray_cluster
 from accel_train.data.batch import to_device
-from accel_train.data.ray_pool import PoolSettings, RayPool, Recipe
+from accel_train.data.remote.ray_pool import PoolSettings, RayPool, Recipe
 from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
