@@ -37,6 +37,8 @@ MOVED: dict[str, str] = {
     "accel_train.data.records": "accel_train.data.text.records",
     "accel_train.data.preference": "accel_train.data.text.preference",
     "accel_train.data.prompts": "accel_train.data.text.prompts",
+    "accel_train.data.prompts.RepeatedOrder": "accel_train.data.orders.RepeatedOrder",
+    "accel_train.data.loaders.ShardedOrder": "accel_train.data.orders.ShardedOrder",
     "accel_train.data.streaming_tokens": "accel_train.data.text.streaming_tokens",
     "accel_train.data.streaming_sft": "accel_train.data.text.streaming_sft",
     "accel_train.data.streaming_preference": "accel_train.data.text.streaming_preference",
