@@ -52,11 +52,12 @@ class _Items(Dataset):
         return x, int(y)
 
 
-class _CheckedCollate:
+class CheckedCollate:
     """The split's collate (default_collate unless it has a ``collate``), then the training
     labels checked on the host (in the worker, before any transfer): a label outside
     [0, num_classes) stops the run with a clear error instead of an index error (or a
-    device-side assert on CUDA) inside the loss."""
+    device-side assert on CUDA) inside the loss. The shard reader (data/shards/reader.py) checks
+    its batches with it too."""
 
     def __init__(self, num_classes: int, collate=default_collate):
         self.num_classes, self.collate = num_classes, collate
@@ -99,7 +100,7 @@ class TorchLoader:
         # A split whose items do not stack (dataset.decode=gpu: encoded bytes) brings its own.
         collate = getattr(split, "collate", None) or default_collate
         if order.train and labelled:
-            collate = _CheckedCollate(num_classes, collate)
+            collate = CheckedCollate(num_classes, collate)
         self.loader = DataLoader(
             _Items(split, labelled),
             batch_sampler=order,
@@ -177,7 +178,7 @@ def ray_loader(split, order, loader_cfg, device, rank, num_classes, labelled):
     """loader=ray: the same items and collate as TorchLoader's, made by Ray actors."""
     collate = getattr(split, "collate", None) or default_collate
     if order.train and labelled:
-        collate = _CheckedCollate(num_classes, collate)
+        collate = CheckedCollate(num_classes, collate)
     return RayLoader(split, _Items(split, labelled), collate, order, loader_cfg, device, rank)
 
 

@@ -111,7 +111,7 @@ def build_image_folder(
     the ``val_split`` folder, or a stratified, seeded ``val_fraction`` of the train folder
     without one or with ``holdout`` (data/folder_tree.py's rule); test the ``test_split``
     folder (None when it is null or absent)."""
-    scale = _check_options(
+    scale = check_options(
         image_size, resize_size, augment, cache, val_fraction, crop_scale,
         eval_image_size=eval_image_size, crop_pct=crop_pct, interpolation=interpolation,
         decode=decode,
@@ -202,11 +202,12 @@ def _base_splits(size, eval_size, resize_to, scale, hflip, augment, seed, mode, 
     return make
 
 
-def _check_options(
+def check_options(
     image_size, resize_size, augment, cache, val_fraction, crop_scale, *,
     eval_image_size=None, crop_pct=0.875, interpolation="bilinear", decode="cpu",
 ):  # fmt: skip
-    """The crop scale range as two floats, after checking every option a user can get wrong."""
+    """The crop scale range as two floats, after checking every option a user can get wrong:
+    one check for `dataset=image_folder` and `dataset=streaming` (data/images/streaming.py)."""
     if image_size < 1 or (eval_image_size is not None and eval_image_size < 1):
         key, value = (
             ("image_size", image_size) if image_size < 1 else ("eval_image_size", eval_image_size)

@@ -37,7 +37,7 @@ import torch
 
 from accel_train.data.crops import DeviceRandomResizedCrop, RandomResizedCrop, eval_resize_to
 from accel_train.data.images.decode import decode_eval, decode_train
-from accel_train.data.images.folder import _check_options, decode_base_image
+from accel_train.data.images.folder import check_options, decode_base_image
 from accel_train.data.shards.reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
 from accel_train.data.shards.shard_set import SPLITS, check_shards, open_shard_set
 from accel_train.data.splits import Splits
@@ -86,7 +86,7 @@ def build_streaming(
     **_,
 ) -> Splits:
     """The `dataset=streaming` splits (see the module docstring)."""
-    scale = _check_options(
+    scale = check_options(
         image_size, resize_size, augment, "none", 0.0, crop_scale,
         eval_image_size=eval_image_size, crop_pct=crop_pct, interpolation=interpolation,
     )  # fmt: skip

@@ -106,7 +106,7 @@ def build_video_folder(
     metadata_cache: str | None = None,
 ) -> Splits:
     """Train / val / test splits of a video folder or list (see the module docstring)."""
-    scale = _check_options(frames, frame_stride, fps, image_size, resize_size, crop_scale,
+    scale = check_options(frames, frame_stride, fps, image_size, resize_size, crop_scale,
                            eval_clips, eval_crops, decode_threads, decode)  # fmt: skip
     root_dir = Path(root).expanduser()
     if not root_dir.is_dir():
@@ -156,8 +156,10 @@ def _splits(train, val, test, metas, val_fraction, seed, crop, common, views) ->
     return VideoClipSplit(train, metas, train_idx, crop=crop, **common), held, whole(test)
 
 
-def _check_options(frames, stride, fps, size, resize_size, crop_scale, clips, crops, threads,
+def check_options(frames, stride, fps, size, resize_size, crop_scale, clips, crops, threads,
                    decode):  # fmt: skip
+    """The crop scale range, after checking the options a user can get wrong: one check for
+    `dataset=video_folder` and `dataset=streaming_video` (data/video/streaming.py)."""
     for key, value, low in (
         ("frames", frames, 1), ("frame_stride", stride, 1), ("image_size", size, 1),
         ("eval_clips", clips, 1), ("eval_crops", crops, 1), ("decode_threads", threads, 0),
@@ -200,7 +202,7 @@ def _sources(root, list_file, val_list, test_list, train_split, val_split, test_
     """(train, val or None = held out of train, test or None, class names)."""
     if list_file:
         rows = read_list(list_file, "dataset.list_file")
-        classes = _classes(rows)
+        classes = list_classes(rows)
         train = _as_list(rows, classes, root, "dataset.list_file")
         val = test = None
         if val_list and not holdout:
@@ -252,7 +254,9 @@ def read_list(path: str, key: str) -> list[dict]:
     return rows
 
 
-def _classes(rows: list[dict]) -> list[str]:
+def list_classes(rows: list[dict]) -> list[str]:
+    """The class names of a list file's rows (read_list): sorted, or the indices themselves when
+    every label is an integer; `accel-data shard` names a shard set's classes with it too."""
     labels = {str(r["label"]) for r in rows}
     if all(lab.isdigit() for lab in labels):  # class indices already
         return [str(i) for i in range(max(int(lab) for lab in labels) + 1)]

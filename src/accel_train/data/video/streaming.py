@@ -28,7 +28,7 @@ from accel_train.data.shards.reader import StreamingEvalSplit, StreamingSource, 
 from accel_train.data.shards.shard_set import SPLITS, check_shards, open_shard_set
 from accel_train.data.splits import Splits
 from accel_train.data.video.clips import Timing
-from accel_train.data.video.folder import ClipPlan, _check_options, draw_clips
+from accel_train.data.video.folder import ClipPlan, check_options, draw_clips
 from accel_train.errors import UserError
 
 SHOWN = 5  # samples named in a refusal
@@ -107,7 +107,7 @@ def build_streaming_video(
     **_,
 ) -> Splits:
     """The `dataset=streaming_video` splits (see the module docstring)."""
-    scale = _check_options(frames, frame_stride, fps, image_size, resize_size, crop_scale,
+    scale = check_options(frames, frame_stride, fps, image_size, resize_size, crop_scale,
                            eval_clips, eval_crops, decode_threads, decode)  # fmt: skip
     if decode != "cpu":
         raise UserError(
