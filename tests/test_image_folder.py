@@ -490,8 +490,8 @@ def test_a_corrupt_image_read_in_a_worker_process_is_still_one_paragraph(tree_co
 
 YAML = CONFIG_DIR / "dataset" / "image_folder.yaml"
 # Keys accel-train consumes itself (DATASET_COMMON_KEYS) except random_hflip, which the builder
-# takes as well, and the recipe switches (data/images/recipe.py, data/images/batch_mix.py wire
-# them).
+# takes as well, and the recipe switches (data/images/sample_recipe.py, data/images/batch_mix.py
+# wire them).
 CONSUMED = {"defaults", "_target_", "name", "num_classes", "mean", "std", "random_shift"}
 CONSUMED |= set(DATASET_RECIPE_KEYS)
 

@@ -22,7 +22,7 @@ from accel_train.config.recipe_checks import check_recipe
 from accel_train.data.crops import RandomResizedCrop
 from accel_train.data.images.batch_mix import _ERASE, _MIX, build_batch_mix
 from accel_train.data.images.folder import build_image_folder
-from accel_train.data.images.recipe import AutoAugment, ProgressiveSizes, auto_augment
+from accel_train.data.images.sample_recipe import AutoAugment, ProgressiveSizes, auto_augment
 from accel_train.data.seeded import derive_seed
 from accel_train.errors import UserError
 from accel_train.optim import build_optimizer, build_scheduler

@@ -7,8 +7,8 @@ variants alternating in each round:
 (a) per sample, in the loader worker: the training path of ``dataset=image_folder`` (header,
     crop box, DCT-scaled decode, resize to 224, flip: data/images/decode.py ``decode_train``) on
     photo-like JPEGs (scripts/bench/image_loader.py's, written under outputs/bench_data/),
-    without a policy and with each ``dataset.auto_augment`` (data/images/recipe.py AutoAugment, the
-    PIL round trip included): images/s of one core;
+    without a policy and with each ``dataset.auto_augment`` (data/images/sample_recipe.py
+    AutoAugment, the PIL round trip included): images/s of one core;
 (b) per batch, on the device (here the CPU): a normalised float batch 64 x 3 x 224 x 224
     through data/images/batch_mix.py's BatchMix with random erasing (0.25, pixel), mixup + cutmix
     (0.8 / 1.0, label smoothing 0.1) and both, against a plain float normalisation of the
@@ -49,7 +49,7 @@ def per_sample(files: list[Path], policy: str) -> float:
     """images/s of one core: decode_train (+ the policy) over the files."""
     from accel_train.data.crops import RandomResizedCrop
     from accel_train.data.images.decode import decode_train
-    from accel_train.data.images.recipe import AutoAugment
+    from accel_train.data.images.sample_recipe import AutoAugment
 
     crop = RandomResizedCrop(224, (0.08, 1.0), True)
     augment = None if policy == "none" else AutoAugment(policy, MEAN, "bilinear")

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train.data.text.data_tokenizer import dataset_tokenizer
+from accel_train.data.text.dataset_tokenizer import dataset_tokenizer
 from accel_train.data.text.tokenizer import CharTokenizer, tokenizer_from_meta
 from accel_train.data.text.tokens import window_splits
 from accel_train.errors import UserError

@@ -181,7 +181,7 @@ class PromptsDatasetConfig(DatasetConfig):
     accumulate_grad_batches: int = 1
 
 
-# The recipe switches of issue 38 (timm's spellings; data/images/recipe.py,
+# The recipe switches of issue 38 (timm's spellings; data/images/sample_recipe.py,
 # data/images/batch_mix.py): keys accel-train consumes itself, never passed to the dataset's
 # factory.
 @dataclass
@@ -658,7 +658,7 @@ class QatConfig(QuantConfig):
 @dataclass
 class ProgressiveResizeConfig:
     """trainer.progressive_resize: FFCV's schedule of training image sizes
-    (data/images/recipe.py)."""
+    (data/images/sample_recipe.py)."""
 
     start_size: int = 160
     end_size: int = 192

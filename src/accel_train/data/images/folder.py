@@ -11,11 +11,11 @@ Every file's header is checked first (``check_images``: unreadable, CMYK, transp
 grayscale files are refused, naming them and the fix, before anything is trained or written).
 
 Without a cache (the default) every sample is decoded from the whole photo, as torchvision and
-timm read ImageNet (data/images/photos.py, data/images/decode.py): training takes a random resized
-crop of the whole image (area share ``crop_scale``, default (0.08, 1)) resized to ``image_size`` and
-a flip, seeded by (seed, index, epoch) so the batches do not depend on the number of workers or
-on a resume; evaluation resizes the shorter side to ``eval_image_size / crop_pct`` and takes
-the center ``eval_image_size`` crop. ``decode=gpu`` hands the JPEG bytes to the device, which
+timm read ImageNet (data/images/folder_uncached.py, data/images/decode.py): training takes a random
+resized crop of the whole image (area share ``crop_scale``, default (0.08, 1)) resized to
+``image_size`` and a flip, seeded by (seed, index, epoch) so the batches do not depend on the number
+of workers or on a resume; evaluation resizes the shorter side to ``eval_image_size / crop_pct`` and
+takes the center ``eval_image_size`` crop. ``decode=gpu`` hands the JPEG bytes to the device, which
 decodes them with nvJPEG and crops there.
 
 ``cache=ram|disk`` (and ``augment=device``) read *base* images instead: each file decoded once,
@@ -59,8 +59,8 @@ from accel_train.data.crops import (
 from accel_train.data.folder_tree import Folder, plan_layout, scan_folder
 from accel_train.data.images.decode import UnreadableImageError, unreadable
 from accel_train.data.images.decode import check_images as check_headers
-from accel_train.data.images.photos import Files, PhotoSplit
-from accel_train.data.images.recipe import hooked_crop
+from accel_train.data.images.folder_uncached import Files, PhotoSplit
+from accel_train.data.images.sample_recipe import hooked_crop
 from accel_train.data.splits import ImageSet, Splits
 from accel_train.errors import UserError
 
@@ -166,7 +166,7 @@ def _layout(root: str, train_split, val_split, test_split, holdout, val_fraction
 
 def _photo_splits(size, eval_size, resize_to, scale, hflip, augment, seed, mode, decode):
     """folder, train indices[, val indices] -> (train split or None, val/test split): the
-    full-size photo splits (data/images/photos.py)."""
+    full-size photo splits (data/images/folder_uncached.py)."""
     crop = RandomResizedCrop(size, scale, hflip, mode) if augment == "cpu" else None
 
     def make(folder: Folder, first: torch.Tensor, held: torch.Tensor | None = None):
@@ -506,8 +506,8 @@ class ImageFolderSplit(Dataset):
         self.bases, self.indices, self.view, self.size = bases, indices, view, size
         self.crop, self.seed = crop, seed
         self.labels = all_labels[indices]  # int64 [N]: the labels without reading any image
-        # data/images/photos.py's per-sample hooks, read with view="random" (data/images/recipe.py
-        # sets them).
+        # data/images/folder_uncached.py's per-sample hooks, read with view="random"
+        # (data/images/sample_recipe.py sets them).
         self.size_at = self.sample_augment = None
 
     def __len__(self) -> int:
