@@ -15,6 +15,7 @@ from helpers import check_ok, read_jsonl
 from test_image_folder import write_image_folder
 
 from accel_train.config.moved import MOVED, moved, renamed
+from accel_train.config.run_config import load_run_config
 
 # torchvision 0.29 deprecates torchvision.io's encoders (for TorchCodec) and warns on every call.
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
@@ -92,6 +93,8 @@ def test_a_run_written_before_the_move_resumes_and_evaluates(run_cli, tmp_path):
     _as_before_the_move(run_dir)
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["dataset"]["_target_"] == OLD_TARGET
+    # What a worker reads (torchrun's restart, a requeued SLURM job): the path as it is now.
+    assert load_run_config(run_dir / "config.yaml").dataset._target_ == NEW_TARGET
 
     # accel-eval rebuilds the data set from the checkpoint's config (the old path).
     scored = run_cli([f"ckpt_path={run_dir / 'checkpoints' / 'last.pt'}"], prog="accel-eval")
