@@ -1,8 +1,8 @@
 """The design rules the code must keep: imports go one way across the whole of src/, the Hydra
 plugins included (each layer is imported in a fresh interpreter and must not load a module above
-it, and the import graph has no cycle), no function-local imports hiding cycles,
-one schema per option (a local run's config has no SLURM keys), and a training step that never
-waits for the device outside the logging step."""
+it, and the import graph has no cycle), inside data/ no modality importing another (issue 59),
+no function-local imports hiding cycles, one schema per option (a local run's config has no
+SLURM keys), and a training step that never waits for the device outside the logging step."""
 
 from __future__ import annotations
 
@@ -136,6 +136,54 @@ def test_accel_train_imports_no_plugin():
         for imported in _imports(path)
         if imported.startswith("hydra_plugins.")
     ]
+    assert not found, "\n".join(found)
+
+
+# data/ (issue 59): what every modality shares at its root (splits, loaders and their orders,
+# batches, the device transform, crops, the class-folder tree), one sub-package per modality, and
+# the sources any modality may read through. A modality imports no other modality (a piece two
+# of them need moves to the root); a source imports no modality and no other source; the root
+# imports no modality. A new modality is a new sub-package, named here.
+DATA = "accel_train.data"
+MODALITIES = ("images", "video", "text")
+SOURCES = ("shards", "remote")  # shard sets (every streaming option), Ray's loader
+
+
+def _data_part(module: str) -> str | None:
+    """ "root", a sub-package's name, or None outside data/."""
+    if module != DATA and not module.startswith(DATA + "."):
+        return None
+    parts = module[len(DATA) + 1 :].split(".")
+    return parts[0] if len(parts) > 1 or (SRC / "data" / parts[0]).is_dir() else "root"
+
+
+def test_data_has_one_sub_package_per_modality():
+    packages = {p.parent.name for p in (SRC / "data").glob("*/__init__.py")}
+    assert packages == {*MODALITIES, *SOURCES}, "name a new sub-package of data/ above"
+    assert _data_part("accel_train.data.images.folder") == "images"
+    assert _data_part("accel_train.data.text") == "text"
+    assert _data_part("accel_train.data.loaders") == "root"
+    assert _data_part("accel_train.models.gpt") is None
+
+
+def test_no_modality_imports_another():
+    found = []
+    for module, path in _files().items():
+        mine = _data_part(module)
+        if mine is None:
+            continue
+        for imported in _imports(path):
+            theirs = _data_part(imported)
+            if theirs in (None, "root", mine):
+                continue
+            if (
+                mine == "root"
+                and theirs in MODALITIES
+                or mine in MODALITIES
+                and theirs in MODALITIES
+                or mine in SOURCES
+            ):
+                found.append(f"{module} ({mine}) imports {imported} ({theirs})")
     assert not found, "\n".join(found)
 
 

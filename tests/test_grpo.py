@@ -17,7 +17,7 @@ import torch
 from helpers import assert_same_weights, check_ok, read_jsonl
 from hf_fixtures import write_tiny_llama
 
-from accel_train.data.prompts import prompt_splits
+from accel_train.data.text.prompts import prompt_splits
 from accel_train.errors import UserError
 from accel_train.rewards import build_rewards
 from accel_train.tasks import grpo_loss as L

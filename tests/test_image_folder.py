@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from accel_train.config import CONFIG_DIR
 from accel_train.config.schema import DATASET_RECIPE_KEYS
-from accel_train.data import image_folder
-from accel_train.data.image_crops import DeviceRandomResizedCrop, RandomResizedCrop
-from accel_train.data.image_folder import (
+from accel_train.data.crops import DeviceRandomResizedCrop, RandomResizedCrop
+from accel_train.data.images import folder as image_folder
+from accel_train.data.images.folder import (
     BaseImages,
     build_image_folder,
     load_base_image,
@@ -36,7 +36,7 @@ from accel_train.errors import UserError
 # torchvision 0.29 deprecates torchvision.io's decoders (for TorchCodec) and warns on every call.
 pytestmark = [
     pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning"),
-    # data/decode.py filters it outside pytest (which resets the filters per test)
+    # data/images/decode.py filters it outside pytest (which resets the filters per test)
     pytest.mark.filterwarnings("ignore:The given NumPy array is not writable"),
 ]
 
@@ -490,14 +490,15 @@ def test_a_corrupt_image_read_in_a_worker_process_is_still_one_paragraph(tree_co
 
 YAML = CONFIG_DIR / "dataset" / "image_folder.yaml"
 # Keys accel-train consumes itself (DATASET_COMMON_KEYS) except random_hflip, which the builder
-# takes as well, and the recipe switches (data/recipe.py, data/batch_mix.py wire them).
+# takes as well, and the recipe switches (data/images/sample_recipe.py, data/images/batch_mix.py
+# wire them).
 CONSUMED = {"defaults", "_target_", "name", "num_classes", "mean", "std", "random_shift"}
 CONSUMED |= set(DATASET_RECIPE_KEYS)
 
 
 def test_the_yaml_keys_are_the_builder_arguments():
     cfg = OmegaConf.load(YAML)
-    assert cfg._target_ == "accel_train.data.image_folder.build_image_folder"
+    assert cfg._target_ == "accel_train.data.images.folder.build_image_folder"
     params = inspect.signature(build_image_folder).parameters
     values = OmegaConf.to_container(cfg)
     assert set(cfg) - CONSUMED == set(params)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import check_ok, read_jsonl, run_cli
 
-from accel_train.data.tokens import token_splits
+from accel_train.data.text.tokens import token_splits
 
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
 # Characters Hydra's override grammar would parse (the prompts of test_the_prompt_is_verbatim).

@@ -177,7 +177,7 @@ def test_rank_windows_are_disjoint_and_cover_the_one_process_batches(lm_dir):
     from omegaconf import OmegaConf
 
     from accel_train.data.loaders import build_loader
-    from accel_train.data.tokens import token_splits
+    from accel_train.data.text.tokens import token_splits
 
     splits = token_splits(str(lm_dir / "tokens"), block_size=16, windows_per_epoch=32, seed=3)
     cfg = OmegaConf.create(

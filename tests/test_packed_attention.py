@@ -17,7 +17,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 
 from accel_train.checkpoint import load_checkpoint
-from accel_train.data.sft import encode_rows
+from accel_train.data.text.sft import encode_rows
 from accel_train.errors import UserError
 from accel_train.models.gpt import GPT
 from accel_train.models.packed_attention import document_ids, documents

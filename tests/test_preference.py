@@ -16,7 +16,7 @@ import torch
 from helpers import check_ok, read_jsonl
 from hf_fixtures import write_preferences, write_tiny_llama
 
-from accel_train.data.preference import (
+from accel_train.data.text.preference import (
     Pair,
     PairEncoder,
     preference_splits,

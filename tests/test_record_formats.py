@@ -10,7 +10,7 @@ import pytest
 from helpers import check_ok
 from hf_fixtures import CHAT_TEMPLATE, QUESTIONS, write_tiny_llama, write_tokenizer
 
-from accel_train.data.sft import encode_rows
+from accel_train.data.text.sft import encode_rows
 from accel_train.errors import UserError
 
 
@@ -101,7 +101,7 @@ def test_preference_pairs_in_alpaca_and_sharegpt_form(folders):
     """dataset=preference reads LLaMA-Factory's Alpaca and ShareGPT pairs as TRL's chat pairs;
     a prompt whose last token merges with the answer's first is split where they diverge
     (TRL's rule), not refused."""
-    from accel_train.data.preference import PairEncoder, record_parts
+    from accel_train.data.text.preference import PairEncoder, record_parts
     from accel_train.models.hf import load_tokenizer
 
     folder = folders / "chat"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from accel_train.data.sft import TrimPadding
-from accel_train.data.tokens import document_positions
+from accel_train.data.text.sft import TrimPadding
+from accel_train.data.text.tokens import document_positions
 from accel_train.models.gpt import GPT
 
 IGNORE = -100

@@ -18,8 +18,8 @@ from helpers import assert_same_weights, check_ok, free_port, read_jsonl
 from omegaconf import OmegaConf
 from test_image_folder import write_image_folder
 
-from accel_train.data import streaming
-from accel_train.data.shard_set import META
+from accel_train.data.images import streaming
+from accel_train.data.shards.shard_set import META
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 

@@ -18,9 +18,9 @@ from omegaconf import OmegaConf
 from test_image_folder import write_image_folder
 from test_streaming import KEY_ID, SECRET, _refused, chunk_bytes, losses, s3_env
 
-from accel_train.data.data_tokenizer import dataset_tokenizer
-from accel_train.data.shard_set import META
-from accel_train.data.streaming_tokens import build_streaming_tokens
+from accel_train.data.shards.shard_set import META
+from accel_train.data.text.dataset_tokenizer import dataset_tokenizer
+from accel_train.data.text.streaming_tokens import build_streaming_tokens
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 

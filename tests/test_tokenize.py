@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import check_ok, run_cli
 
-from accel_train.data.tokenizer import load_tokenizer
+from accel_train.data.text.tokenizer import load_tokenizer
 
 TEXT = "def add(a, b):\n    return a + b\n\n" * 40 + "print(add(1, 2))\n" * 10
 

@@ -211,7 +211,7 @@ def test_the_header_check_names_every_bad_file_at_once(videos, run_cli, tmp_path
 
 
 def test_items_are_uint8_clips_and_views(videos):
-    from accel_train.data.video_folder import build_video_folder
+    from accel_train.data.video.folder import build_video_folder
 
     splits = build_video_folder(root=str(videos), frames=4, frame_stride=2, image_size=24,
                                 resize_size=28, eval_clips=3, eval_crops=3)  # fmt: skip
@@ -247,7 +247,7 @@ def test_the_yaml_keys_are_the_builder_arguments():
     from omegaconf import OmegaConf
 
     from accel_train.config import CONFIG_DIR
-    from accel_train.data.video_folder import build_video_folder
+    from accel_train.data.video.folder import build_video_folder
 
     cfg = OmegaConf.load(CONFIG_DIR / "dataset" / "video_folder.yaml")
     params = inspect.signature(build_video_folder).parameters
@@ -267,7 +267,7 @@ def test_the_yaml_keys_are_the_builder_arguments():
 def test_decode_gpu_items_decode_on_the_device_to_the_cpu_items(videos):
     """decode=gpu's plans (drawn in the workers, decoded by the device transform) give the
     decode=cpu items; on the CPU here, as nvJPEG's path is tested (CUDA decodes with NVDEC)."""
-    from accel_train.data.video_folder import build_video_folder
+    from accel_train.data.video.folder import build_video_folder
 
     def build(decode):
         return build_video_folder(root=str(videos), frames=4, image_size=24, resize_size=28,
@@ -287,7 +287,7 @@ def test_decode_gpu_items_decode_on_the_device_to_the_cpu_items(videos):
 def test_a_list_file_with_segments(videos, tmp_path):
     """CSV rows path,label,start,end (a header first) and JSONL: class names sorted into
     indices, each segment's frames the window clips are drawn from."""
-    from accel_train.data.video_folder import build_video_folder
+    from accel_train.data.video.folder import build_video_folder
 
     rows = ["path,label,start,end", "train/up/000.mp4,up,0.2,0.8", "train/left/000.mp4,left,,"]
     rows += [f"train/{d}/{i:03d}.mp4,{d},," for d in DIRECTIONS for i in (1, 2)]
@@ -331,7 +331,7 @@ def test_clips_on_the_device_transform_and_channels_last_3d():
 def test_without_torchcodec_the_error_says_what_to_install(monkeypatch):
     import sys
 
-    from accel_train.data import video_decode
+    from accel_train.data.video import decode as video_decode
     from accel_train.errors import UserError
 
     monkeypatch.setitem(sys.modules, "torchcodec.decoders", None)  # the import fails
@@ -351,8 +351,8 @@ def test_decode_gpu_is_refused_on_the_cpu(videos, run_cli, tmp_path):
 def test_a_video_broken_after_the_check_fails_in_a_worker_in_one_paragraph(tmp_path):
     from torch.utils.data import DataLoader
 
-    from accel_train.data.video_decode import VideoReadError
-    from accel_train.data.video_folder import build_video_folder
+    from accel_train.data.video.decode import VideoReadError
+    from accel_train.data.video.folder import build_video_folder
 
     root = write_tree(tmp_path / "data", {"train": 2})
     splits = build_video_folder(root=str(root), frames=4, image_size=24, resize_size=28)

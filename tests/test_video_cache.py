@@ -1,4 +1,4 @@
-"""dataset.metadata_cache (data/video_metadata_cache.py, issue 49): the videos' metadata read once
+"""dataset.metadata_cache (data/video/metadata_cache.py, issue 49): the videos' metadata read once
 and kept between runs, outside the data folder, through the real CLI.
 
 - The first run reads every file and writes the cache under $XDG_CACHE_HOME (the default), not
@@ -113,10 +113,10 @@ def test_writers_merge_and_a_foreign_file_is_left_alone(tmp_path):
     header check's refusals are not stored; a file that is not a cache is not replaced."""
     import torch
 
-    from accel_train.data.video_clips import Timing
-    from accel_train.data.video_decode import video_metadata
-    from accel_train.data.video_folder import VideoList, read_metadata
-    from accel_train.data.video_metadata_cache import MetadataCache, cache_file
+    from accel_train.data.video.clips import Timing
+    from accel_train.data.video.decode import video_metadata
+    from accel_train.data.video.folder import VideoList, read_metadata
+    from accel_train.data.video.metadata_cache import MetadataCache, cache_file
     from accel_train.errors import UserError
 
     root = write_tree(tmp_path / "data", {"train": 1})

@@ -145,8 +145,8 @@ def test_gop_puts_a_key_frame_every_n_frames(videos, shards, run_cli):
 def test_streamed_clips_are_the_folders_clips(videos, shards):
     from litdata import StreamingDataset
 
-    from accel_train.data.streaming_video import build_streaming_video
-    from accel_train.data.video_folder import build_video_folder
+    from accel_train.data.video.folder import build_video_folder
+    from accel_train.data.video.streaming import build_streaming_video
 
     keys = dict(frames=8, frame_stride=1, image_size=32, resize_size=32, eval_clips=2, seed=0)
     files = build_video_folder(root=str(videos), val_fraction=0.25, **keys)

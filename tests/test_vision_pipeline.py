@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from accel_train.data.decode import check_images, dct_scale, decode_eval, decode_train
-from accel_train.data.image_crops import RandomResizedCrop, eval_resize_to
-from accel_train.data.image_folder import build_image_folder
+from accel_train.data.crops import RandomResizedCrop, eval_resize_to
+from accel_train.data.images.decode import check_images, dct_scale, decode_eval, decode_train
+from accel_train.data.images.folder import build_image_folder
 from accel_train.errors import UserError
 
 pytestmark = [
@@ -133,11 +133,11 @@ def test_dct_scaled_decoding_is_close_to_a_full_decode(tmp_path):
 
 
 def test_simplejpeg_and_pil_decode_the_same_pixels(tmp_path, monkeypatch):
-    """JPEGs decode through simplejpeg when it is installed (data/decode.py's fast path): a
+    """JPEGs decode through simplejpeg when it is installed (data/images/decode.py's fast path): a
     sample equals PIL's path bit for bit, at full and DCT-reduced scale, 4:2:0 and 4:4:4, from
     a path and from bytes, for training and evaluation; a file it does not take (grayscale,
     CMYK, corrupt, PNG) takes PIL's path and is refused with PIL's path's message."""
-    import accel_train.data.decode as decode
+    import accel_train.data.images.decode as decode
 
     taken = []
     fast_pixels = decode._jpeg_pixels
@@ -288,7 +288,7 @@ def test_a_jpeg_cut_short_is_found_by_its_missing_end_marker(tmp_path, monkeypat
     EOI inside the header change nothing."""
     from PIL import Image
 
-    import accel_train.data.decode as decode
+    import accel_train.data.images.decode as decode
 
     whole = save(tmp_path / "whole.jpg", photo(120, 160), quality=95).read_bytes()
     thumb = io.BytesIO()
@@ -319,7 +319,7 @@ def _app1_with(payload: bytes) -> bytes:
 
 
 def test_a_large_folder_is_checked_by_processes(tmp_path, monkeypatch):
-    import accel_train.data.decode as decode
+    import accel_train.data.images.decode as decode
 
     monkeypatch.setattr(decode, "SCAN_PROCESSES_FROM", 2)
     monkeypatch.setattr(decode, "SCAN_PROCESSES", 2)
@@ -412,7 +412,7 @@ def test_shards_at_max_side_stream_with_the_image_folder_crops(run_cli, tmp_path
     those bytes are the image_folder path's crop of the same bytes, seed for seed."""
     import litdata
 
-    from accel_train.data.streaming import _Decoder
+    from accel_train.data.images.streaming import _Decoder
 
     root = tmp_path / "data"
     for c in ("a", "b"):

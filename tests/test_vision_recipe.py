@@ -19,10 +19,10 @@ from omegaconf import OmegaConf
 from accel_train.checkpoint import load_checkpoint
 from accel_train.config.checks import validate
 from accel_train.config.recipe_checks import check_recipe
-from accel_train.data.batch_mix import _ERASE, _MIX, build_batch_mix
-from accel_train.data.image_crops import RandomResizedCrop
-from accel_train.data.image_folder import build_image_folder
-from accel_train.data.recipe import AutoAugment, ProgressiveSizes, auto_augment
+from accel_train.data.crops import RandomResizedCrop
+from accel_train.data.images.batch_mix import _ERASE, _MIX, build_batch_mix
+from accel_train.data.images.folder import build_image_folder
+from accel_train.data.images.sample_recipe import AutoAugment, ProgressiveSizes, auto_augment
 from accel_train.data.seeded import derive_seed
 from accel_train.errors import UserError
 from accel_train.optim import build_optimizer, build_scheduler

@@ -170,7 +170,7 @@ def hand_worker(a: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
     from accel_train.data.loaders import build_loader
-    from accel_train.data.sft import sft_splits
+    from accel_train.data.text.sft import sft_splits
 
     torch.manual_seed(42)
     model = AutoModelForCausalLM.from_pretrained(
@@ -348,7 +348,7 @@ def packing(a, root: Path, model: Path, train: Path, val: Path) -> None:
 
 def _real_tokens(train: Path, model: Path, max_length: int) -> int:
     """The training records' tokens (padding left out): the same with and without packing."""
-    from accel_train.data.sft import sft_splits
+    from accel_train.data.text.sft import sft_splits
     from accel_train.models.hf import load_tokenizer
 
     pad = load_tokenizer(str(model)).pad_token_id

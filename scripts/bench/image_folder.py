@@ -170,7 +170,7 @@ def ratio_rows(names, walls, cpus, n_samples, base) -> list[list[str]]:
 
 
 def splits_builder(a: argparse.Namespace, root: Path):
-    from accel_train.data.image_folder import build_image_folder
+    from accel_train.data.images.folder import build_image_folder
 
     common = dict(root=str(root), test_split=None, seed=SEED, image_size=a.size)
     return lambda **kw: build_image_folder(**{**common, **kw})

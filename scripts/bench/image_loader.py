@@ -147,7 +147,7 @@ def accel_train_loader(a, root: Path) -> tuple[int, float]:
     import torch
     from omegaconf import OmegaConf
 
-    from accel_train.data.image_folder import build_image_folder
+    from accel_train.data.images.folder import build_image_folder
     from accel_train.data.loaders import build_loader
     from accel_train.data.transform import BatchTransform
 
@@ -205,8 +205,8 @@ def sample_functions() -> dict:
     from PIL import Image
     from torchvision import transforms
 
-    import accel_train.data.decode as decode
-    from accel_train.data.image_crops import RandomResizedCrop
+    import accel_train.data.images.decode as decode
+    from accel_train.data.crops import RandomResizedCrop
 
     tf = transforms.Compose([
         transforms.RandomResizedCrop(SIZE), transforms.RandomHorizontalFlip(),
@@ -254,7 +254,7 @@ def cpu_seconds() -> float:
 def header_check_cost(files: list[Path], rounds: int) -> None:
     """(f): check_images over every file, alternating with and without the EOI read (the
     JPEG-end check replaced by a stub), medians of ``rounds``; one thread pool, as a run's."""
-    import accel_train.data.decode as decode
+    import accel_train.data.images.decode as decode
 
     paths = [str(f) for f in files]
     decode.check_images(paths)  # warm the page cache and the imports

@@ -49,12 +49,12 @@ def child_loader(args: argparse.Namespace) -> None:
     from accel_train.data.loaders import build_loader
 
     if args.variant.startswith("image_folder"):
-        from accel_train.data.image_folder import build_image_folder
+        from accel_train.data.images.folder import build_image_folder
 
         cache = "ram" if args.variant.endswith("ram") else "none"
         splits = build_image_folder(root=args.root, image_size=args.size, cache=cache)
     else:
-        from accel_train.data.streaming import build_streaming
+        from accel_train.data.images.streaming import build_streaming
 
         remote = args.local_shards if "local" in args.variant else f"s3://{BUCKET}/bench"
         splits = build_streaming(

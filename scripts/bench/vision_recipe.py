@@ -5,12 +5,12 @@ Cost, in process, one thread (``torch.set_num_threads(1)``), medians of --rounds
 variants alternating in each round:
 
 (a) per sample, in the loader worker: the training path of ``dataset=image_folder`` (header,
-    crop box, DCT-scaled decode, resize to 224, flip: data/decode.py ``decode_train``) on
+    crop box, DCT-scaled decode, resize to 224, flip: data/images/decode.py ``decode_train``) on
     photo-like JPEGs (scripts/bench/image_loader.py's, written under outputs/bench_data/),
-    without a policy and with each ``dataset.auto_augment`` (data/recipe.py AutoAugment, the
-    PIL round trip included): images/s of one core;
+    without a policy and with each ``dataset.auto_augment`` (data/images/sample_recipe.py
+    AutoAugment, the PIL round trip included): images/s of one core;
 (b) per batch, on the device (here the CPU): a normalised float batch 64 x 3 x 224 x 224
-    through data/batch_mix.py's BatchMix with random erasing (0.25, pixel), mixup + cutmix
+    through data/images/batch_mix.py's BatchMix with random erasing (0.25, pixel), mixup + cutmix
     (0.8 / 1.0, label smoothing 0.1) and both, against a plain float normalisation of the
     same uint8 batch for scale: ms per batch.
 
@@ -47,9 +47,9 @@ POLICIES = ("none", "rand-m9-mstd0.5-inc1", "trivial", "augmix-m5-w3")
 
 def per_sample(files: list[Path], policy: str) -> float:
     """images/s of one core: decode_train (+ the policy) over the files."""
-    from accel_train.data.decode import decode_train
-    from accel_train.data.image_crops import RandomResizedCrop
-    from accel_train.data.recipe import AutoAugment
+    from accel_train.data.crops import RandomResizedCrop
+    from accel_train.data.images.decode import decode_train
+    from accel_train.data.images.sample_recipe import AutoAugment
 
     crop = RandomResizedCrop(224, (0.08, 1.0), True)
     augment = None if policy == "none" else AutoAugment(policy, MEAN, "bilinear")
@@ -65,7 +65,7 @@ def per_sample(files: list[Path], policy: str) -> float:
 def batch_switches() -> dict:
     from omegaconf import OmegaConf
 
-    from accel_train.data.batch_mix import build_batch_mix
+    from accel_train.data.images.batch_mix import build_batch_mix
 
     base = dict(random_erasing=0.0, random_erasing_mode="pixel", random_erasing_count=1,
                 mixup_alpha=0.0, cutmix_alpha=0.0, mixup_prob=1.0, mixup_switch_prob=0.5,

@@ -1,7 +1,7 @@
 """Start or join a Ray cluster: the one place that calls `ray.init`.
 
 Both users of Ray go through here: `launcher=ray` (launchers/ray_train.py: the trainers are Ray
-Train workers) and `loader=ray` (data/ray_loader.py: the input pipeline's workers are Ray
+Train workers) and `loader=ray` (data/remote/ray_loader.py: the input pipeline's workers are Ray
 actors). An address names where:
 
 - unset (null): a local Ray on 127.0.0.1, started for this run and stopped when it ends;

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train.data.data_tokenizer import dataset_tokenizer
-from accel_train.data.tokenizer import CharTokenizer, tokenizer_from_meta
-from accel_train.data.tokens import window_splits
+from accel_train.data.text.dataset_tokenizer import dataset_tokenizer
+from accel_train.data.text.tokenizer import CharTokenizer, tokenizer_from_meta
+from accel_train.data.text.tokens import window_splits
 from accel_train.errors import UserError
 from accel_train.models.generate import generate
 from accel_train.models.hf import load_tokenizer

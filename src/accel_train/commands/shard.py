@@ -1,17 +1,17 @@
 """`accel-data shard`: an image, video or token folder -> a LitData shard set in a local
-folder or an S3 bucket, the layout `dataset=streaming` (images, data/streaming.py) or
-`dataset=streaming_tokens` (tokens, data/streaming_tokens.py) trains from (docs/streaming.md).
+folder or an S3 bucket, the layout `dataset=streaming` (images, data/images/streaming.py) or
+`dataset=streaming_tokens` (tokens, data/text/streaming_tokens.py) trains from (docs/streaming.md).
 
 Each item is the image file's bytes as they are (JPEG/PNG, not decoded: shards stay the size of
 the data set and the image size is chosen at training time), its label and its index. With
 `max_side=N` (FFCV's max_resolution) an image whose longer side is above N is re-encoded as a
 JPEG (`jpeg_quality`) with that side N: smaller shards and cheaper decoding, for sets that are
 trained at a known resolution; `dataset=streaming` crops them as `dataset=image_folder` crops
-the originals (data/decode.py). Every file's header is checked first, as training checks it. The val
-split is held out from the training folder exactly as `dataset=image_folder` does (stratified,
-seeded by dataset.seed), so both options train on the same samples. LitData's `optimize`
-writes the chunks and their index.json; accel_train.index.json (the classes and labels) is
-written last, so a shard set without it is incomplete and is refused by `dataset=streaming`.
+the originals (data/images/decode.py). Every file's header is checked first, as training checks it.
+The val split is held out from the training folder exactly as `dataset=image_folder` does
+(stratified, seeded by dataset.seed), so both options train on the same samples. LitData's
+`optimize` writes the chunks and their index.json; accel_train.index.json (the classes and labels)
+is written last, so a shard set without it is incomplete and is refused by `dataset=streaming`.
 A local `out` is written under a temporary name and moved into place (commands/outputs.py);
 `overwrite=true` replaces only the files of a shard set that this command listed there
 (written.py), never a folder of other files, a file the user added to a shard set, nor the data
@@ -54,9 +54,9 @@ from accel_train.commands.shard_video import (
     check_video_options,
     video_parts,
 )
-from accel_train.data.decode import check_images, unreadable
-from accel_train.data.image_tree import plan_layout
-from accel_train.data.object_store import (
+from accel_train.data.folder_tree import plan_layout
+from accel_train.data.images.decode import check_images, unreadable
+from accel_train.data.shards.object_store import (
     allow_plain_http,
     check_url,
     is_s3,
@@ -65,14 +65,14 @@ from accel_train.data.object_store import (
     split_url,
     storage_options,
 )
-from accel_train.data.preference import preference_splits
-from accel_train.data.sft import encode_rows, tokenizer_fingerprint
-from accel_train.data.shard_set import META, META_FORMAT, SPLITS, parse_size, require_litdata
-from accel_train.data.streaming_preference import pair_item
-from accel_train.data.streaming_sft import row_item
-from accel_train.data.tokenizer import TOKENIZER_FILE
-from accel_train.data.tokenizer import read_meta as read_token_meta
-from accel_train.data.tokens import token_count, token_folder
+from accel_train.data.shards.shard_set import META, META_FORMAT, SPLITS, parse_size, require_litdata
+from accel_train.data.text.preference import preference_splits
+from accel_train.data.text.sft import encode_rows, tokenizer_fingerprint
+from accel_train.data.text.streaming_preference import pair_item
+from accel_train.data.text.streaming_sft import row_item
+from accel_train.data.text.tokenizer import TOKENIZER_FILE
+from accel_train.data.text.tokenizer import read_meta as read_token_meta
+from accel_train.data.text.tokens import token_count, token_folder
 from accel_train.errors import UserError
 from accel_train.models.hf import load_tokenizer
 from accel_train.written import check_out_folder, install, names
@@ -312,7 +312,7 @@ def _shard_tokens(cfg: DictConfig, out: str) -> str:
 
 def _shard_sft(cfg: DictConfig, out: str) -> str:
     """Instruction records -> the rows `dataset=sft` would train on (tokenized, masked, cut and
-    packed by data/sft.py), one shard item a row, for `dataset=streaming_sft`."""
+    packed by data/text/sft.py), one shard item a row, for `dataset=streaming_sft`."""
     ds = cfg.dataset
     # Training resolves these from trainer.seed and the task; a shard config has neither.
     seed = OmegaConf.select(ds, "seed", default=0, throw_on_resolution_failure=False)
@@ -355,7 +355,8 @@ def _shard_sft(cfg: DictConfig, out: str) -> str:
 
 def _shard_preference(cfg: DictConfig, out: str) -> str:
     """Preference pairs -> the items `dataset=preference` would train on (rendered, cut and
-    numbered by data/preference.py), one shard item a pair, for `dataset=streaming_preference`."""
+    numbered by data/text/preference.py), one shard item a pair, for
+    `dataset=streaming_preference`."""
     ds = cfg.dataset
     # Training resolves these from trainer.seed and the task; a shard config has neither.
     seed = OmegaConf.select(ds, "seed", default=0, throw_on_resolution_failure=False)

@@ -1,5 +1,5 @@
 """`accel-data shard dataset=video_folder`: a video folder (or list) -> a LitData shard set that
-`dataset=streaming_video` trains from (data/streaming_video.py), written by commands/shard.py's
+`dataset=streaming_video` trains from (data/video/streaming.py), written by commands/shard.py's
 writer, with its `overwrite` rules (nothing but a shard set this command wrote is replaced).
 
 The splits are the ones `dataset=video_folder` would train on, built by it: the same files,
@@ -45,9 +45,9 @@ import torch
 from omegaconf import DictConfig
 
 from accel_train.data.build import build_splits
-from accel_train.data.video_clips import resize_frames
-from accel_train.data.video_decode import decode_clip, video_metadata
-from accel_train.data.video_folder import _classes, read_list
+from accel_train.data.video.clips import resize_frames
+from accel_train.data.video.decode import decode_clip, video_metadata
+from accel_train.data.video.folder import list_classes, read_list
 from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
@@ -220,7 +220,7 @@ def _class_names(cfg: DictConfig, n: int) -> list[str]:
     labels (names, or indices already)."""
     ds = cfg.dataset
     if ds.get("list_file"):
-        names = _classes(read_list(str(ds.list_file), "dataset.list_file"))
+        names = list_classes(read_list(str(ds.list_file), "dataset.list_file"))
     else:
         folder = Path(str(ds.root)).expanduser() / str(ds.get("train_split") or "train")
         names = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []

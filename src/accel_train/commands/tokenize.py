@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from accel_train.commands.outputs import partial_path, remove_leftovers, resolved
-from accel_train.data.tokenizer import (
+from accel_train.data.text.tokenizer import (
     META,
     BpeTokenizer,
     CharTokenizer,

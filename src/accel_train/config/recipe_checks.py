@@ -2,7 +2,7 @@
 process starts: the dataset's batch switches (random erasing, mixup/cutmix), the task they need,
 optimizer.layer_decay and trainer.progressive_resize. Each refusal names the key and the fix.
 (What needs the built model or data, a timm model's layer groups or a split that crops each
-sample, is checked where they are built: optim.py, data/recipe.py.)"""
+sample, is checked where they are built: optim.py, data/images/sample_recipe.py.)"""
 
 from __future__ import annotations
 

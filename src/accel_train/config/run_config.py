@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.tree import Tree
 
 from accel_train.config import CONFIG_DIR
+from accel_train.config.moved import renamed
 from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS, TrainConfig
 from accel_train.errors import UserError
 from accel_train.plugins import BASES, load_plugins
@@ -63,7 +64,10 @@ def typed(tree: dict[str, Any], *, resolved: bool = True) -> DictConfig:
     option of the user's own (their YAML with `_target_` and its arguments, no `name` and no
     schema in its defaults, as in lightning-hydra-template) is typed by the group's `custom`
     schema, so it gets that schema's defaults (dataset.val_fraction, ...). `resolved=False`:
-    a tree whose interpolations are still to resolve (to check its keys and types only)."""
+    a tree whose interpolations are still to resolve (to check its keys and types only).
+    A module path that has moved since the tree was written (a run dir's config.yaml, a
+    checkpoint's config, an old override) is named as it is now (config/moved.py)."""
+    tree = renamed(tree)
     if resolved:
         tree = escape_interpolations(tree)
     if "task" not in tree:  # written before tasks existed: every such run classified

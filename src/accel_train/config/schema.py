@@ -181,8 +181,9 @@ class PromptsDatasetConfig(DatasetConfig):
     accumulate_grad_batches: int = 1
 
 
-# The recipe switches of issue 38 (timm's spellings; data/recipe.py, data/batch_mix.py): keys
-# accel-train consumes itself, never passed to the dataset's factory.
+# The recipe switches of issue 38 (timm's spellings; data/images/sample_recipe.py,
+# data/images/batch_mix.py): keys accel-train consumes itself, never passed to the dataset's
+# factory.
 @dataclass
 class RecipeDatasetConfig:
     auto_augment: str | None = None
@@ -203,7 +204,7 @@ DATASET_RECIPE_KEYS = tuple(f.name for f in fields(RecipeDatasetConfig))
 class ImageFolderDatasetConfig(RecipeDatasetConfig, DatasetConfig):
     root: str = MISSING
     train_split: str = "train"
-    # Which folder is which split: data/image_tree.py (issue 47).
+    # Which folder is which split: data/folder_tree.py (issue 47).
     val_split: str | None = "val"
     test_split: str | None = "test"
     holdout: bool = False
@@ -223,7 +224,7 @@ class ImageFolderDatasetConfig(RecipeDatasetConfig, DatasetConfig):
 
 @dataclass
 class VideoFolderDatasetConfig(DatasetConfig):
-    # data/video_folder.py (issue 49); the defaults are configs/dataset/video_folder.yaml's.
+    # data/video/folder.py (issue 49); the defaults are configs/dataset/video_folder.yaml's.
     root: str = MISSING
     list_file: str | None = None
     val_list_file: str | None = None
@@ -249,7 +250,7 @@ class VideoFolderDatasetConfig(DatasetConfig):
 
 @dataclass
 class StreamingVideoDatasetConfig(DatasetConfig):
-    # data/streaming_video.py: video shards, clips drawn as dataset=video_folder draws them.
+    # data/video/streaming.py: video shards, clips drawn as dataset=video_folder draws them.
     remote: str = MISSING
     local: str | None = None
     cache_limit: str = "20gb"
@@ -656,7 +657,8 @@ class QatConfig(QuantConfig):
 
 @dataclass
 class ProgressiveResizeConfig:
-    """trainer.progressive_resize: FFCV's schedule of training image sizes (data/recipe.py)."""
+    """trainer.progressive_resize: FFCV's schedule of training image sizes
+    (data/images/sample_recipe.py)."""
 
     start_size: int = 160
     end_size: int = 192

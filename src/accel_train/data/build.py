@@ -35,7 +35,8 @@ def build_splits(
     own = (*DATASET_COMMON_KEYS, "val_fraction", "seed")  # passed when the target names them
     # ...and set: a key left null (num_classes) leaves the target's own default in place
     given = {k: ds[k] for k in own if ds.get(k) is not None}
-    # The recipe switches are applied around the factory's splits (data/recipe.py), not by it.
+    # The recipe switches are applied around the factory's splits (data/images/sample_recipe.py),
+    # not by it.
     exclude = (*own, *DATASET_RECIPE_KEYS)
     made = build(ds, "dataset", optional={"data_dir": data_dir, **given}, exclude=exclude)
     if isinstance(made, Splits):

@@ -1,12 +1,12 @@
-"""The loaders. All draw their order from :class:`ShardedOrder`, so for the same seed they
-give the same batches, and all hand over the split's raw inputs (uint8 images for the built-in
-sets); :class:`~accel_train.data.transform.BatchTransform` augments and normalises them on the
-device, where it is cheap.
+"""The loaders. All draw their order from :class:`ShardedOrder` (data/orders.py), so for the
+same seed they give the same batches, and all hand over the split's raw inputs (uint8 images for
+the built-in sets); :class:`~accel_train.data.transform.BatchTransform` augments and normalises them
+on the device, where it is cheap.
 
 - ``loader=torch``: torch's DataLoader over any map-style split (workers, pinned memory, ...).
 - ``loader=device``: the whole split as one tensor on the device; a batch is one index_select.
 - ``loader=ray``: the same items and collate as ``loader=torch``, run by Ray actors on a
-  cluster's CPU nodes (data/ray_loader.py): for inputs one node's CPUs cannot keep up with.
+  cluster's CPU nodes (data/remote/ray_loader.py): for inputs one node's CPUs cannot keep up with.
 """
 
 from __future__ import annotations
@@ -18,75 +18,16 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
-from accel_train.config.facts import limited_batches
 from accel_train.data.batch import to_device
 from accel_train.data.build import check_labels
-from accel_train.data.ray_loader import RayLoader
+from accel_train.data.orders import ShardedOrder
+from accel_train.data.remote.ray_loader import RayLoader
 from accel_train.data.splits import ImageSet
 from accel_train.errors import UserError
 
 # The label of padding samples in sharded evaluation: every rank runs the same number of
 # batches (FSDP's forward is a collective), and the padding is sliced off before scoring.
 IGNORE_INDEX = -100
-
-
-class ShardedOrder:
-    """Which sample indices this rank sees, batch by batch, in a given epoch.
-
-    Training: a permutation seeded by ``seed + epoch`` (like DistributedSampler), truncated to a
-    multiple of the world size and strided by rank, so the union of the ranks' k-th batches is the
-    k-th batch of the single-process run. Evaluation: all indices in order, padded with -1 to a
-    multiple of the world size; the padding is at the end of each rank's list.
-    """
-
-    def __init__(self, n, batch_size, *, train, shuffle, seed, rank, world, drop_last, limit):
-        self.n, self.batch_size, self.train, self.shuffle = n, batch_size, train, shuffle
-        self.seed, self.rank, self.world, self.drop_last = seed, rank, world, drop_last
-        self.per_rank = (n // world) if train else -(-n // world)
-        self.real_per_rank = len(range(rank, n, world)) if not train else self.per_rank
-        full, rest = divmod(self.per_rank, batch_size)
-        self.num_batches = full + (1 if rest and not (train and drop_last) else 0)
-        self.num_batches = limited_batches(limit, self.num_batches)
-        self.epoch, self.start_batch = 0, 0
-
-    def batch_len(self, b: int) -> int:
-        """Samples in this rank's batch b (the last batch of an epoch may be short)."""
-        return max(0, min(self.batch_size, self.per_rank - b * self.batch_size))
-
-    def valid_len(self, b: int) -> int:
-        """Samples of evaluation batch b that are real (not padding): a prefix of the batch."""
-        return max(0, min(self.batch_size, self.real_per_rank - b * self.batch_size))
-
-    def window_len(self, b: int, accum: int) -> int:
-        """Samples in the accumulation window (optimizer step) that batch b belongs to."""
-        first = b - b % accum
-        return sum(self.batch_len(i) for i in range(first, min(first + accum, self.num_batches)))
-
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        self.epoch, self.start_batch = epoch, start_batch
-
-    def indices(self) -> torch.Tensor:
-        if self.train:
-            if self.shuffle:
-                gen = torch.Generator().manual_seed(self.seed + self.epoch)
-                order = torch.randperm(self.n, generator=gen)
-            else:
-                order = torch.arange(self.n)
-            order = order[: self.n - self.n % self.world]
-        else:
-            padded = -(-self.n // self.world) * self.world
-            order = torch.cat([torch.arange(self.n), torch.full((padded - self.n,), -1)])
-        return order[self.rank :: self.world]
-
-    def __len__(self) -> int:
-        return self.num_batches - self.start_batch
-
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        """Batches of (epoch, index) keys: the epoch lets a split seed per-sample augmentation."""
-        mine = self.indices().tolist()  # host indices, once per epoch
-        bs, epoch = self.batch_size, self.epoch
-        for b in range(self.start_batch, self.num_batches):
-            yield [(epoch, i) for i in mine[b * bs : (b + 1) * bs]]
 
 
 class _Items(Dataset):
@@ -111,11 +52,12 @@ class _Items(Dataset):
         return x, int(y)
 
 
-class _CheckedCollate:
+class CheckedCollate:
     """The split's collate (default_collate unless it has a ``collate``), then the training
     labels checked on the host (in the worker, before any transfer): a label outside
     [0, num_classes) stops the run with a clear error instead of an index error (or a
-    device-side assert on CUDA) inside the loss."""
+    device-side assert on CUDA) inside the loss. The shard reader (data/shards/reader.py) checks
+    its batches with it too."""
 
     def __init__(self, num_classes: int, collate=default_collate):
         self.num_classes, self.collate = num_classes, collate
@@ -158,7 +100,7 @@ class TorchLoader:
         # A split whose items do not stack (dataset.decode=gpu: encoded bytes) brings its own.
         collate = getattr(split, "collate", None) or default_collate
         if order.train and labelled:
-            collate = _CheckedCollate(num_classes, collate)
+            collate = CheckedCollate(num_classes, collate)
         self.loader = DataLoader(
             _Items(split, labelled),
             batch_sampler=order,
@@ -236,7 +178,7 @@ def ray_loader(split, order, loader_cfg, device, rank, num_classes, labelled):
     """loader=ray: the same items and collate as TorchLoader's, made by Ray actors."""
     collate = getattr(split, "collate", None) or default_collate
     if order.train and labelled:
-        collate = _CheckedCollate(num_classes, collate)
+        collate = CheckedCollate(num_classes, collate)
     return RayLoader(split, _Items(split, labelled), collate, order, loader_cfg, device, rank)
 
 

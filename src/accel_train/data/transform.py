@@ -5,7 +5,7 @@ move) and are normalised here (one multiply, one add, in place); encoded JPEGs
 (``dataset.decode=gpu``, an object with ``decode_on(device)``) are decoded and cropped on the
 device first.
 Video clips are (N, C, T, H, W), normalised the same way; evaluation items of several views
-(data/video_folder.py: clips x crops per video) are (N, V, C, T, H, W) and leave here as N * V
+(data/video/folder.py: clips x crops per video) are (N, V, C, T, H, W) and leave here as N * V
 clips in a row, which the task scores and averages per video. channels_last means
 channels_last_3d for 5-D clips.
 Float inputs (a user's dataset that normalises itself) are only cast to the compute dtype and

@@ -132,7 +132,9 @@ class Task:
     class_logits = False
     labelled_data = False
     pipeline = False
-    soft_targets = False  # takes data/batch_mix.py's (x, soft targets, labels) training batches
+    soft_targets = (
+        False  # takes data/images/batch_mix.py's (x, soft targets, labels) training batches
+    )
     generates_text = False  # accel-sample may sample it: token ids in, next-token logits out
     table_names: tuple[str, ...] = ()  # tables() kept in <name>.jsonl in the run dir
 

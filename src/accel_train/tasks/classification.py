@@ -3,8 +3,8 @@ is the `loss` group's module (cross-entropy by default) on the labels; logs loss
 (top-1 as `acc`; `acc_top5` too by default with 10 classes or more, as timm logs it;
 `task.top_k=[1]` or `[1,3]` chooses).
 
-Soft targets (issue 38): with the dataset's batch switches (data/batch_mix.py) a training batch
-is (x, soft targets float [B, C], labels), and the loss is the `loss` module on the soft
+Soft targets (issue 38): with the dataset's batch switches (data/images/batch_mix.py) a training
+batch is (x, soft targets float [B, C], labels), and the loss is the `loss` module on the soft
 targets: torch's CrossEntropyLoss takes class probabilities, which is timm's
 SoftTargetCrossEntropy (-sum p log softmax, the batch mean). The loss's label_smoothing is
 folded into mixup's targets (timm's Mixup label_smoothing), so the loss itself is built without
@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from accel_train.config.schema import ClassificationTaskConfig
-from accel_train.data.batch_mix import BatchMix, build_batch_mix, mixing_on
+from accel_train.data.images.batch_mix import BatchMix, build_batch_mix, mixing_on
 from accel_train.errors import UserError
 from accel_train.losses import build_loss
 from accel_train.models import check_output

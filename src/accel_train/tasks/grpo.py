@@ -14,7 +14,7 @@ across processes):
 4. returns the clipped policy-gradient loss of the completion tokens (`loss_type`).
 
 `num_iterations` (TRL's mu) > 1: the loader gives each optimizer step's window of batches mu
-times in a row (data/prompts.py, RepeatedOrder); the first time the task samples and keeps the
+times in a row (data/text/prompts.py, RepeatedOrder); the first time the task samples and keeps the
 completions with their log-probs under the sampling policy (old log-probs), the next mu - 1 times
 it trains on what it kept. What it keeps is in the checkpoint (`state_dict`), so a run resumed
 inside such a window trains on the same completions.

@@ -28,8 +28,8 @@ from omegaconf import DictConfig
 from torch import nn
 
 from accel_train.config.schema import LanguageModelTaskConfig
-from accel_train.data.data_tokenizer import dataset_tokenizer, tokenizer_data
-from accel_train.data.tokenizer import tokenizer_from_meta
+from accel_train.data.text.dataset_tokenizer import dataset_tokenizer, tokenizer_data
+from accel_train.data.text.tokenizer import tokenizer_from_meta
 from accel_train.errors import UserError
 from accel_train.losses import TokenLoss, liger_available
 from accel_train.models.generate import generate

@@ -2,9 +2,9 @@
 ``get_resolution``): small training images in the first epochs, growing to the final size.
 
 The sizes themselves are drawn in the loader workers: the training split's ``size_at`` hook
-(data/recipe.py :class:`ProgressiveSizes`, set when the data is built) gives each sample its
-epoch's side, and the batches of one epoch all share it. The crops stay seeded by (seed, epoch,
-index), so a mid-epoch resume gives the same images. Evaluation keeps its own size. This
+(data/images/sample_recipe.py :class:`ProgressiveSizes`, set when the data is built) gives each
+sample its epoch's side, and the batches of one epoch all share it. The crops stay seeded by (seed,
+epoch, index), so a mid-epoch resume gives the same images. Evaluation keeps its own size. This
 technique says in the log which size each epoch trains at (host ints, no device read), and
 that the schedule, not ``dataset.image_size``, sets the training size. Before training it runs
 the model once at every size the schedule will use (two real samples, resized; no gradient),
@@ -30,7 +30,8 @@ class ProgressiveResize(Technique):
     order = PREPARE  # the probe runs on the bare model, before any wrapper or compile
 
     def __init__(self, sizes, image_size: int | None = None, max_epochs: int = 1):
-        self.sizes = sizes  # epoch -> training image side (data/recipe.py ProgressiveSizes)
+        # epoch -> training image side (data/images/sample_recipe.py ProgressiveSizes)
+        self.sizes = sizes
         self.image_size = image_size  # dataset.image_size, which the schedule overrides
         self.max_epochs = max_epochs
         self.logged: int | None = None  # the epoch last announced

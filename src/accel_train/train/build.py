@@ -16,8 +16,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from accel_train.data.build import build_splits
+from accel_train.data.images.sample_recipe import apply_sample_recipe, progressive_sizes
 from accel_train.data.loaders import build_loader
-from accel_train.data.recipe import apply_sample_recipe, progressive_sizes
 from accel_train.data.splits import ImageSet, Splits
 from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from accel_train.checkpoint_formats import CHECKPOINT_FORMATS, format_of
+from accel_train.config.moved import renamed
 
 
 def find_checkpoint(wanted: str | None, ckpt_dir: Path, suffix: str) -> Path | None:
@@ -53,6 +54,8 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     if key is not None and key in _read:
         return _read[key]
     state = fmt.read(path, key="resume")
+    if isinstance(state.get("config"), dict):  # paths that moved since: named as they are now
+        state["config"] = renamed(state["config"])
     if key is not None:
         _read.clear()
         _read[key] = state

@@ -2,7 +2,7 @@
 
 The training process decides the order exactly as `loader=torch` does (:class:`ShardedOrder`:
 same seed, same indices, same per-sample draws); Ray actors on any node of the cluster hold the
-split and turn each list of keys into a finished batch (data/ray_pool.py). The batches come
+split and turn each list of keys into a finished batch (data/remote/ray_pool.py). The batches come
 back through Ray's object store in order, at most `loader.prefetch` in flight, and go to the
 device as the other loaders' do. Because the order and the random draws are fixed here, a
 killed worker's batches are simply made again elsewhere, and a mid-epoch resume is the same as
@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from accel_train import ray_cluster
 from accel_train.data.batch import to_device
-from accel_train.data.ray_pool import PoolSettings, RayPool, Recipe
+from accel_train.data.remote.ray_pool import BatchMaker, PoolSettings, RayPool
 from accel_train.errors import UserError
 
 log = logging.getLogger("accel_train")
@@ -97,12 +97,12 @@ def close_pool() -> None:
 atexit.register(close_pool)
 
 
-def check_travels(split, recipe: Recipe) -> None:
+def check_travels(split, maker: BatchMaker) -> None:
     """The split pickled, or one paragraph naming it: a split that cannot travel to the Ray
     workers (an open file or lock, a generator, a lambda pickle cannot follow)."""
     ray = ray_cluster.import_ray("loader=ray")
     try:
-        ray.cloudpickle.dumps(recipe)
+        ray.cloudpickle.dumps(maker)
     except (pickle.PicklingError, TypeError, AttributeError, ValueError) as err:
         raise UserError(
             f"loader=ray sends the data set to Ray workers on other processes and nodes, and "
@@ -119,11 +119,11 @@ class RayLoader:
     def __init__(self, split, items, collate, order, loader_cfg: DictConfig, device, rank: int):
         self.order, self.device = order, device
         self.pin = bool(loader_cfg.pin_memory) and device.type == "cuda"
-        recipe = Recipe(items, collate)
-        check_travels(split, recipe)
+        maker = BatchMaker(items, collate)
+        check_travels(split, maker)
         self.pool = pool_for(loader_cfg, rank)
         # The split goes into the object store once; every worker fetches it once.
-        self.recipe_ref = self.pool.ray.put(recipe)
+        self.maker_ref = self.pool.ray.put(maker)
 
     def __len__(self) -> int:
         return len(self.order)
@@ -136,7 +136,7 @@ class RayLoader:
 
     def epoch(self, epoch: int, start_batch: int = 0) -> Iterator:
         self.order.set_epoch(epoch, start_batch)
-        for batch in self.pool.ordered(self.recipe_ref, iter(self.order)):
+        for batch in self.pool.ordered(self.maker_ref, iter(self.order)):
             if self.pin:
                 batch = _pinned(batch)
             yield to_device(batch, self.device)  # pinned memory: asynchronous copies

@@ -2,7 +2,7 @@
 with LitData from a local folder or an object store through dataset=streaming's bounded cache.
 
 The records are tokenized once, when the shard set is written (with the model folder's
-tokenizer and chat template, masked, cut and packed by data/sft.py exactly as `dataset=sft`
+tokenizer and chat template, masked, cut and packed by data/text/sft.py exactly as `dataset=sft`
 does), so no training process reads the JSON, tokenizes, or holds the whole set: each streams
 its share of the rows. A shard item is one row (`input_ids`, `labels`, and `position_ids` when
 packed), int32. The order, the split between ranks and workers, the cache and the exact
@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from accel_train.data.sft import tokenizer_fingerprint
-from accel_train.data.shard_reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
-from accel_train.data.shard_set import check_shards, open_shard_set
+from accel_train.data.shards.reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
+from accel_train.data.shards.shard_set import check_shards, open_shard_set
 from accel_train.data.splits import Splits
-from accel_train.data.tokens import check_token_ids, window_splits
+from accel_train.data.text.sft import tokenizer_fingerprint
+from accel_train.data.text.tokens import check_token_ids, window_splits
 from accel_train.errors import UserError
 from accel_train.models.hf import load_tokenizer
 

@@ -7,7 +7,7 @@ Records (JSON Lines, a JSON list, or Parquet), one of two forms:
   a Jinja file, for a folder without one);
 - `{"prompt": "...", "completion": "..."}`: a user and an assistant turn through the chat
   template, or, for a tokenizer without one, the prompt's tokens then the completion's and EOS;
-or Alpaca's and ShareGPT's records, read as one of those (data/records.py).
+or Alpaca's and ShareGPT's records, read as one of those (data/text/records.py).
 
 Labels are the next token where the assistant wrote it and `ignore_index` everywhere else
 (`train_on=all`: everywhere). The assistant's spans come from the template itself: the tokens
@@ -42,9 +42,9 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from accel_train.data.records import FORMS, as_chat
 from accel_train.data.splits import Splits, held_out_indices
-from accel_train.data.tokens import window_splits
+from accel_train.data.text.records import FORMS, as_chat
+from accel_train.data.text.tokens import window_splits
 from accel_train.errors import UserError
 from accel_train.models.hf import load_tokenizer
 

@@ -12,8 +12,9 @@ records as read: the prompt as given plus the other columns). `index` numbers th
 across the splits (train, then val, then test).
 
 `task.num_iterations > 1` (TRL's mu: several updates on one generated batch) needs each
-optimizer step's window of batches again, mu times, in a row: `RepeatedOrder` gives them, so the
-task finds the same prompts (and its kept completions) at the same place after a resume.
+optimizer step's window of batches again, mu times, in a row: `RepeatedOrder` (data/orders.py) gives
+them, so the task finds the same prompts (and its kept completions) at the same place after a
+resume.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from accel_train.data.loaders import ShardedOrder, TorchLoader
-from accel_train.data.records import as_chat
-from accel_train.data.sft import read_records, split_files
+from accel_train.data.loaders import TorchLoader
+from accel_train.data.orders import RepeatedOrder
 from accel_train.data.splits import Splits
+from accel_train.data.text.records import as_chat
+from accel_train.data.text.sft import read_records, split_files
 from accel_train.errors import UserError
 from accel_train.models.hf import load_tokenizer
 
@@ -155,39 +157,6 @@ class LeftPad:
         index = torch.stack([it["index"] for it in items])
         records = [self.split.record(int(i)) for i in index]
         return {"input_ids": x, "attention_mask": mask, "index": index, "records": records}
-
-
-class RepeatedOrder(ShardedOrder):
-    """ShardedOrder with each window of `accumulate` batches given `mu` times in a row (TRL's
-    RepeatSampler with `repeat_count=num_iterations`): batch j of the epoch is the plain
-    order's batch (j // (accumulate * mu)) * accumulate + j % accumulate."""
-
-    def __init__(self, *args, repeat: tuple[int, int] = (1, 1), **kwargs):
-        self.mu, self.accum = repeat
-        super().__init__(*args, **kwargs)
-        self.plain_batches = self.num_batches
-        if self.mu > 1:
-            full, rest = divmod(self.plain_batches, self.accum)
-            self.num_batches = full * self.accum * self.mu + rest * self.mu
-
-    def plain(self, b: int) -> int:
-        """The plain order's batch that batch b of this order gives again."""
-        window = self.accum * self.mu
-        full = self.plain_batches // self.accum * window
-        if b >= full:  # the short last window: its `rest` batches, mu times
-            rest = self.plain_batches % self.accum
-            return self.plain_batches - rest + (b - full) % rest
-        return (b // window) * self.accum + b % self.accum
-
-    def batch_len(self, b: int) -> int:
-        return super().batch_len(self.plain(b)) if self.mu > 1 else super().batch_len(b)
-
-    def __iter__(self):
-        mine = self.indices().tolist()
-        bs, epoch = self.batch_size, self.epoch
-        for b in range(self.start_batch, self.num_batches):
-            p = self.plain(b) if self.mu > 1 else b
-            yield [(epoch, i) for i in mine[p * bs : (p + 1) * bs]]
 
 
 def _encode_file(file: str, key: str, encoder: PromptEncoder, max_len: int | None) -> list:

@@ -44,7 +44,7 @@ class AccelTrainDataWorker:
 
     def __init__(self, name: str):
         self.name = name
-        self.recipes: dict[str, Any] = {}
+        self.makers: dict[str, Any] = {}
         # Ctrl-C reaches the terminal's whole process group: the trainer checkpoints on it and
         # then ends the pool itself; a worker that died of it would only cost a resubmission.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -52,18 +52,18 @@ class AccelTrainDataWorker:
     def where(self) -> tuple[str, int, str]:
         return self.name, os.getpid(), socket.gethostname()
 
-    def batch(self, recipe_ref: list, keys: list[tuple[int, int]]):
+    def batch(self, maker_ref: list, keys: list[tuple[int, int]]):
         """(the collated batch, seconds of work) or ("error", a UserError's paragraph)."""
         start = time.perf_counter()
-        ref = recipe_ref[0]  # in a list, so Ray passes the reference and not the value
-        recipe = self.recipes.get(ref.hex())
+        ref = maker_ref[0]  # in a list, so Ray passes the reference and not the value
+        maker = self.makers.get(ref.hex())
         try:
-            if recipe is None:  # (ray is importable here: this runs in a Ray worker)
-                recipe = self.recipes[ref.hex()] = importlib.import_module("ray").get(ref)
+            if maker is None:  # (ray is importable here: this runs in a Ray worker)
+                maker = self.makers[ref.hex()] = importlib.import_module("ray").get(ref)
         except Exception as err:  # noqa: BLE001 - said in one paragraph by the trainer
             return "error", cannot_load(self.name, err)
         try:
-            batch = recipe.make(keys)
+            batch = maker.make(keys)
         except UserError as err:  # a bad label, an unreadable image: the trainer says it
             return "error", str(err)
         return batch, time.perf_counter() - start
@@ -81,7 +81,7 @@ def cannot_load(name: str, err: BaseException) -> str:
 
 
 @dataclass
-class Recipe:
+class BatchMaker:
     """What a worker needs to make a batch of one split: the items and the collate."""
 
     items: Any  # loaders._Items over the split
@@ -172,8 +172,8 @@ class RayPool:
         self.resubmitted = 0  # batches sent again after their worker died
         self._mark = (time.perf_counter(), 0, 0.0)
 
-    def put(self, recipe: Recipe):
-        return self.ray.put(recipe)
+    def put(self, maker: BatchMaker):
+        return self.ray.put(maker)
 
     def describe(self) -> str:
         """The workers' names, pids and hosts (waits for them to start: at most timeout_s)."""
@@ -195,23 +195,23 @@ class RayPool:
 
     # ---- batches, in order ------------------------------------------------------------------
 
-    def ordered(self, recipe_ref, key_lists: Iterable[list]) -> Iterator[Any]:
+    def ordered(self, maker_ref, key_lists: Iterable[list]) -> Iterator[Any]:
         """The batches of `key_lists`, in order, at most loader.prefetch in flight."""
         pending: deque[_Job] = deque()
         for keys in key_lists:
             if len(pending) >= self.s.prefetch:
-                yield self._collect(recipe_ref, pending.popleft())
-            pending.append(self._submit(recipe_ref, keys))
+                yield self._collect(maker_ref, pending.popleft())
+            pending.append(self._submit(maker_ref, keys))
         while pending:
-            yield self._collect(recipe_ref, pending.popleft())
+            yield self._collect(maker_ref, pending.popleft())
 
-    def _submit(self, recipe_ref, keys, failures: int = 0) -> _Job:
+    def _submit(self, maker_ref, keys, failures: int = 0) -> _Job:
         i = self.next_worker
         self.next_worker = (i + 1) % len(self.actors)
-        ref = self.actors[i].batch.remote([recipe_ref], keys)
+        ref = self.actors[i].batch.remote([maker_ref], keys)
         return _Job(keys, ref, i, failures)
 
-    def _collect(self, recipe_ref, job: _Job):
+    def _collect(self, maker_ref, job: _Job):
         exceptions = self.ray.exceptions
         lost = (exceptions.RayActorError, exceptions.ObjectLostError)
         while True:
@@ -220,7 +220,7 @@ class RayPool:
             except exceptions.GetTimeoutError:
                 raise DataSourceLost(self._timed_out()) from None
             except lost as err:
-                job = self._resubmit(recipe_ref, job, err)
+                job = self._resubmit(maker_ref, job, err)
                 continue
             break
         batch, busy = out
@@ -230,7 +230,7 @@ class RayPool:
         self.images += len(job.keys)
         return as_tensors(batch)
 
-    def _resubmit(self, recipe_ref, job: _Job, err: BaseException) -> _Job:
+    def _resubmit(self, maker_ref, job: _Job, err: BaseException) -> _Job:
         if job.failures >= self.s.retries:
             raise DataSourceLost(
                 f"loader=ray: a batch failed {job.failures + 1} times, each time because its "
@@ -241,9 +241,9 @@ class RayPool:
             )
         self.resubmitted += 1
         dead = self.s.names[job.worker]
-        new = self._submit(recipe_ref, job.keys, job.failures + 1)
+        new = self._submit(maker_ref, job.keys, job.failures + 1)
         if new.worker == job.worker and len(self.actors) > 1:  # not the same one again
-            new = self._submit(recipe_ref, job.keys, job.failures + 1)
+            new = self._submit(maker_ref, job.keys, job.failures + 1)
         log.warning(
             "loader=ray: data worker %s died (%s); its batch goes to %s",
             dead,

@@ -1,5 +1,5 @@
 """The geometry of a video clip, in time and space: which frames a clip takes, and how its frames
-are cropped. Pure tensor code, no files (data/video_folder.py reads them): the same on the CPU
+are cropped. Pure tensor code, no files (data/video/folder.py reads them): the same on the CPU
 in the loader workers and on the device (``dataset.decode=gpu``).
 
 Time. A clip is ``frames`` frames ``step`` source frames apart (``frame_stride``, or the source
@@ -9,7 +9,7 @@ uniformly; evaluation takes ``clips`` windows spread uniformly from the first po
 the last (torchvision's reference ``clips_per_video``). A window shorter than a clip, allowed
 with ``pad_short``, gives evenly spaced frames of the whole window, some repeated.
 
-Space. Training: one random resized crop box (torchvision's rule, data/image_crops.py) and one
+Space. Training: one random resized crop box (torchvision's rule, data/crops.py) and one
 flip drawn per clip and applied to every frame, so the motion inside the clip is untouched.
 Evaluation: the shorter side resized to ``resize_to``, then ``crops`` crops of ``size`` spread
 along the longer side (1: the center crop; 3: both ends and the center, the multi-view test of
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from accel_train.data.image_crops import eval_geometry
+from accel_train.data.crops import eval_geometry
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def resize_frames(frames: torch.Tensor, h: int, w: int, mode: str = "bilinear") 
 
 def train_view(region: torch.Tensor, size: int, flip: bool) -> torch.Tensor:
     """uint8 (T, C, h, w), every frame cut by the same random resized crop box (drawn by
-    data/image_crops.py's RandomResizedCrop.box, then the flip, as for images) -> (T, C, S, S),
+    data/crops.py's RandomResizedCrop.box, then the flip, as for images) -> (T, C, S, S),
     flipped when ``flip``."""
     out = resize_frames(region, size, size)
     return out.flip(-1) if flip else out

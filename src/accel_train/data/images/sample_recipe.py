@@ -1,5 +1,5 @@
 """The per-sample recipe switches (issue 38), handed to a split that crops each training sample
-itself through its two hooks (data/photos.py's ``sample_augment`` and ``size_at``):
+itself through its two hooks (data/images/folder_uncached.py's ``sample_augment`` and ``size_at``):
 
 - ``dataset.auto_augment``: timm's policies by timm's strings, built by timm's own functions
   with the ``hparams`` timm's ``transforms_factory`` gives them (``translate_const`` = 45 % of
@@ -137,7 +137,8 @@ def progressive_sizes(node) -> ProgressiveSizes:
 def hooked_crop(split, base: torch.Tensor, draw: str, epoch: int) -> torch.Tensor:
     """A cached base image's training crop (image_folder's ImageFolderSplit, view="random")
     with the hooks set: the crop drawn as without them, resized to the epoch's size, then the
-    sample augmentation, all from the sample's seeded draws (as data/photos.py does)."""
+    sample augmentation, all from the sample's seeded draws (as data/images/folder_uncached.py
+    does)."""
     rng = random.Random(draw)
     size = split.size_at(epoch) if split.size_at else split.size
     top, left, h, w = split.crop.box(base.shape[-2], base.shape[-1], rng)

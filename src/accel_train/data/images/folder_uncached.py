@@ -1,5 +1,5 @@
 """Photos at full size: the splits of ``dataset=image_folder`` without a cache, each sample
-decoded from its whole file (data/decode.py), as torchvision's and timm's loaders read them.
+decoded from its whole file (data/images/decode.py), as torchvision's and timm's loaders read them.
 
 Training items are a random resized crop of the whole photo (area share ``crop_scale``,
 aspect ratio 3/4..4/3) resized to the training size, then a random flip, seeded by
@@ -8,15 +8,15 @@ Evaluation items resize the shorter side to ``eval_size / crop_pct`` and take th
 Both are uint8 ``[3, S, S]``; the device normalises them.
 
 Two hooks for the per-sample path: ``size_at`` (epoch -> training size: progressive resizing)
-and ``sample_augment`` (data/decode.py's SampleAugment: RandAugment and the like, after the
+and ``sample_augment`` (data/images/decode.py's SampleAugment: RandAugment and the like, after the
 crop and flip, from the same seeded ``random.Random``). Both must be set before the loader
 starts its workers (they are pickled with the split).
 
 ``decode="gpu"``: items are the file's bytes and the box drawn from its header, exactly as for
-the CPU (data/decode.py header_box); :class:`EncodedCollate` packs a batch into one
+the CPU (data/images/decode.py header_box); :class:`EncodedCollate` packs a batch into one
 :class:`EncodedBatch`, which stays on the host (nvJPEG reads host memory) until the device
 transform calls its ``decode_on``: torchvision's batched ``decode_jpeg(device="cuda")``, then
-the crops and flips (data/image_crops.py crop_resize_each).
+the crops and flips (data/crops.py crop_resize_each).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from accel_train.data.decode import SampleAugment, decode_eval, decode_train, header_box
-from accel_train.data.image_crops import RandomResizedCrop, crop_resize_each
+from accel_train.data.crops import RandomResizedCrop, crop_resize_each
+from accel_train.data.images.decode import SampleAugment, decode_eval, decode_train, header_box
 
 
 class Files:
@@ -108,7 +108,7 @@ class PhotoSplit(Dataset):
 
 class EncodedBatch:
     """A batch of encoded JPEGs (one flat uint8 host tensor and each file's length) and each
-    sample's box [top, left, h, w, flip, resize_h, resize_w] (data/decode.py header_box). Not
+    sample's box [top, left, h, w, flip, resize_h, resize_w] (data/images/decode.py header_box). Not
     a tensor: the loader neither pins it nor moves it (nvJPEG copies the bytes itself;
     pinning hundreds of small buffers costs more than it saves). ``decode_on`` gives the
     uint8 [N, 3, S, S] batch."""

@@ -2,7 +2,7 @@
 
     <root>/<train_split>/<class>/*.mp4|webm|mkv|avi   training videos
     <root>/<val_split>/<class>/...     validation videos; absent: held out of train (image_folder's
-    <root>/<test_split>/<class>/...    rule, data/image_tree.py)  optional test split
+    <root>/<test_split>/<class>/...    rule, data/folder_tree.py)  optional test split
 
 or ``list_file`` (and ``val_list_file``, ``test_list_file``): CSV rows ``path,label[,start,end]``
 (a first row ``path,label,...`` is a header) or JSONL objects with those keys; paths relative to
@@ -10,9 +10,9 @@ or ``list_file`` (and ``val_list_file``, ``test_list_file``): CSV rows ``path,la
 themselves), ``start``/``end`` in seconds (the annotated segment; empty: the whole video).
 
 Every file's metadata (frames, fps, duration, size) is read once, in the launching process, by
-torchcodec's exact scan (data/video_decode.py), and kept in the splits (which the loader workers
+torchcodec's exact scan (data/video/decode.py), and kept in the splits (which the loader workers
 and Ray actors receive). Between runs it is kept in ``dataset.metadata_cache``, outside the data
-folder (data/video_metadata_cache.py): a later run reads only the files added or changed since,
+folder (data/video/metadata_cache.py): a later run reads only the files added or changed since,
 and nothing is ever written into the data folder. That read is the header check: empty,
 unreadable, audio-only and too-short files (fewer frames than a clip spans, unless
 ``pad_short``) are refused together, in one paragraph naming them, before anything is trained or
@@ -22,7 +22,7 @@ Items are uint8 and stay so until the device (data/transform.py normalises them)
 ``(C, T, S, S)``, a random clip with one random resized crop and flip for all its frames, drawn
 from ``random.Random(seed/epoch/index)`` like the image folders' crops, so the batches do not
 depend on the number of workers or on a resume. Evaluation: ``(V, C, T, S, S)`` with
-``V = eval_clips * eval_crops`` views (data/video_clips.py); the classification task averages
+``V = eval_clips * eval_crops`` views (data/video/clips.py); the classification task averages
 the views' scores per video (video accuracy). ``shuffle_frames`` is an ablation: it permutes
 each clip's frames, so only what single frames show is left to learn.
 
@@ -46,12 +46,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from accel_train.data.image_crops import RandomResizedCrop
-from accel_train.data.image_tree import FileKind, plan_layout
+from accel_train.data.crops import RandomResizedCrop
+from accel_train.data.folder_tree import FileKind, plan_layout
 from accel_train.data.splits import Splits, held_out_indices
-from accel_train.data.video_clips import Timing, eval_views, train_view
-from accel_train.data.video_decode import VideoMeta, VideoReadError, decode_clip, video_metadata
-from accel_train.data.video_metadata_cache import MetadataCache, cache_file
+from accel_train.data.video.clips import Timing, eval_views, train_view
+from accel_train.data.video.decode import VideoMeta, VideoReadError, decode_clip, video_metadata
+from accel_train.data.video.metadata_cache import MetadataCache, cache_file
 from accel_train.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def build_video_folder(
     metadata_cache: str | None = None,
 ) -> Splits:
     """Train / val / test splits of a video folder or list (see the module docstring)."""
-    scale = _check_options(frames, frame_stride, fps, image_size, resize_size, crop_scale,
+    scale = check_options(frames, frame_stride, fps, image_size, resize_size, crop_scale,
                            eval_clips, eval_crops, decode_threads, decode)  # fmt: skip
     root_dir = Path(root).expanduser()
     if not root_dir.is_dir():
@@ -156,8 +156,10 @@ def _splits(train, val, test, metas, val_fraction, seed, crop, common, views) ->
     return VideoClipSplit(train, metas, train_idx, crop=crop, **common), held, whole(test)
 
 
-def _check_options(frames, stride, fps, size, resize_size, crop_scale, clips, crops, threads,
+def check_options(frames, stride, fps, size, resize_size, crop_scale, clips, crops, threads,
                    decode):  # fmt: skip
+    """The crop scale range, after checking the options a user can get wrong: one check for
+    `dataset=video_folder` and `dataset=streaming_video` (data/video/streaming.py)."""
     for key, value, low in (
         ("frames", frames, 1), ("frame_stride", stride, 1), ("image_size", size, 1),
         ("eval_clips", clips, 1), ("eval_crops", crops, 1), ("decode_threads", threads, 0),
@@ -200,7 +202,7 @@ def _sources(root, list_file, val_list, test_list, train_split, val_split, test_
     """(train, val or None = held out of train, test or None, class names)."""
     if list_file:
         rows = read_list(list_file, "dataset.list_file")
-        classes = _classes(rows)
+        classes = list_classes(rows)
         train = _as_list(rows, classes, root, "dataset.list_file")
         val = test = None
         if val_list and not holdout:
@@ -252,7 +254,9 @@ def read_list(path: str, key: str) -> list[dict]:
     return rows
 
 
-def _classes(rows: list[dict]) -> list[str]:
+def list_classes(rows: list[dict]) -> list[str]:
+    """The class names of a list file's rows (read_list): sorted, or the indices themselves when
+    every label is an integer; `accel-data shard` names a shard set's classes with it too."""
     labels = {str(r["label"]) for r in rows}
     if all(lab.isdigit() for lab in labels):  # class indices already
         return [str(i) for i in range(max(int(lab) for lab in labels) + 1)]

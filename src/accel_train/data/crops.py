@@ -1,8 +1,8 @@
 """The geometry of the image options: resizing, the center crop, the evaluation resize
 (shorter side to ``eval_size / crop_pct``, then the center crop) and the random resized crop
 with its flip, on the CPU per image or on the device per batch. Pure tensor code, no files:
-`dataset=image_folder` and `dataset=streaming` both crop with it (data/decode.py draws the boxes
-on the whole decoded photo), so the same samples give the same pixels whichever option reads
+`dataset=image_folder` and `dataset=streaming` both crop with it (data/images/decode.py draws the
+boxes on the whole decoded photo), so the same samples give the same pixels whichever option reads
 them.
 """
 
@@ -158,7 +158,7 @@ def crop_resize_each(
     each by its box [top, left, h, w, flip, resize_h, resize_w]: resized whole to (resize_h,
     resize_w) first when resize_h > 0 (evaluation's shorter-side resize), the box cut out and
     resized to ``size`` (antialiased, in float: the device kernels' dtype), flipped where flip
-    is 1. The geometry of the CPU path (data/decode.py), rounded once at the end instead of
+    is 1. The geometry of the CPU path (data/images/decode.py), rounded once at the end instead of
     after each resize. The boxes are host lists (drawn in the loader workers as for the CPU
     path), so nothing here waits for the device."""
     out = torch.empty(len(images), 3, size, size, dtype=torch.uint8, device=images[0].device)

@@ -1,7 +1,8 @@
 """Reading a shard set with LitData, whatever its items: the source that opens one split in
 any process, the splits read by index (validation, test) and the training loader with its
-exact mid-epoch resume. The options (data/streaming.py, streaming_tokens.py,
-streaming_sft.py) differ only in the decoder they hand to :class:`StreamingSource`.
+exact mid-epoch resume. The options (data/images/streaming.py, data/video/streaming.py,
+data/text/streaming_tokens.py, streaming_sft.py, streaming_preference.py) differ only in the
+decoder they hand to :class:`StreamingSource`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from torch.utils.data import Dataset
 
 from accel_train.config.facts import limited_batches
 from accel_train.data.batch import to_device
-from accel_train.data.loaders import _CheckedCollate, ignore_stop_signals
-from accel_train.data.object_store import allow_plain_http, is_s3, s3_error, storage_options
+from accel_train.data.loaders import CheckedCollate, ignore_stop_signals
+from accel_train.data.shards.object_store import allow_plain_http, is_s3, s3_error, storage_options
 from accel_train.errors import UserError
 
 
@@ -189,7 +190,7 @@ class StreamingTrainSplit(StreamingEvalSplit):
     ):
         # Class labels are checked per batch (as the torch loader does); token windows have none.
         # (a split of pairs pads its batches with a collate of its own)
-        collate = _CheckedCollate(num_classes) if labelled else getattr(self, "collate", None)
+        collate = CheckedCollate(num_classes) if labelled else getattr(self, "collate", None)
         return StreamingLoader(self.source, loader_cfg, device, seed, rank, world, limit, collate)
 
 

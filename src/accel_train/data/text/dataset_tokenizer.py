@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from accel_train.data.shard_set import META, read_meta
-from accel_train.data.tokenizer import Tokenizer, tokenizer_description, tokenizer_from_meta
-from accel_train.data.tokens import token_folder
+from accel_train.data.shards.shard_set import META, read_meta
+from accel_train.data.text.tokenizer import Tokenizer, tokenizer_description, tokenizer_from_meta
+from accel_train.data.text.tokens import token_folder
 
 
 def dataset_tokenizer(ds: DictConfig, data_dir: str | None) -> tuple[Tokenizer, str]:

@@ -3,7 +3,7 @@ dataset=preference`, streamed with LitData from a local folder or an object stor
 dataset=streaming's bounded cache (order, rank and worker split, cache, exact mid-epoch resume).
 
 The pairs are tokenized, rendered and cut once, when the shard set is written, by
-data/preference.py exactly as `dataset=preference` does; a shard item is one pair: its chosen
+data/text/preference.py exactly as `dataset=preference` does; a shard item is one pair: its chosen
 and rejected rows (`input_ids`, `labels`: 2 x T, stored flat, int32) and its `index`. The index
 keeps the tokenizer's fingerprint: a model folder whose tokenizer differs is refused before the
 first step. `task.precompute_reference` needs `dataset=preference` (the whole set at hand).
@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from accel_train.data.preference import PadPairs
-from accel_train.data.sft import tokenizer_fingerprint
-from accel_train.data.shard_reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
-from accel_train.data.shard_set import check_shards, open_shard_set
+from accel_train.data.shards.reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
+from accel_train.data.shards.shard_set import check_shards, open_shard_set
 from accel_train.data.splits import Splits
-from accel_train.data.tokens import check_token_ids
+from accel_train.data.text.preference import PadPairs
+from accel_train.data.text.sft import tokenizer_fingerprint
+from accel_train.data.text.tokens import check_token_ids
 from accel_train.errors import UserError
 from accel_train.models.hf import load_tokenizer
 

@@ -19,7 +19,7 @@ JSON, not pickle: loading the cache never runs code, and a foreign or damaged fi
 
 Writes are atomic (a temporary file in the same folder, then a rename) and merged under an
 advisory lock (``<file>.lock``, left in place): two runs on the same data set writing at once
-both keep their entries. Only the launching process reads metadata (data/video_folder.py), so
+both keep their entries. Only the launching process reads metadata (data/video/folder.py), so
 DDP ranks never write it. Entries of files that no longer exist are dropped on the next write.
 """
 
@@ -33,7 +33,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from accel_train.data.video_decode import VideoMeta
+from accel_train.data.video.decode import VideoMeta
 from accel_train.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -1,14 +1,14 @@
 """`dataset=streaming_video`: video shards written by `accel-data shard dataset=video_folder`
 (commands/shard_video.py), read through LitData from a local folder or an object store, as
-`dataset=streaming` reads image shards (data/shard_reader.py: the source, the splits, the
+`dataset=streaming` reads image shards (data/shards/reader.py: the source, the splits, the
 training loader with its exact mid-epoch resume).
 
 Each item holds one video's bytes, its label, its frame rate and size and its clip window, so a
 clip is drawn and decoded exactly as `dataset=video_folder` draws it from the file
-(data/video_folder.py: ``random.Random(seed/epoch/index)`` for the window, the crop box and
+(data/video/folder.py: ``random.Random(seed/epoch/index)`` for the window, the crop box and
 the flip; ``eval_clips`` x ``eval_crops`` views at evaluation, their scores averaged per
 video), decoding only the clip's frames from the bytes with torchcodec
-(data/video_decode.py). Shards of videos kept as they are give the same clips as the folder,
+(data/video/decode.py). Shards of videos kept as they are give the same clips as the folder,
 sample for sample; re-encoded ones (`max_side`, `fps`) the same windows of the new frames.
 
 The shard set's index lists every video's rate and window, so clips that do not fit (fewer
@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
-from accel_train.data.image_crops import RandomResizedCrop
-from accel_train.data.shard_reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
-from accel_train.data.shard_set import SPLITS, check_shards, open_shard_set
+from accel_train.data.crops import RandomResizedCrop
+from accel_train.data.shards.reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
+from accel_train.data.shards.shard_set import SPLITS, check_shards, open_shard_set
 from accel_train.data.splits import Splits
-from accel_train.data.video_clips import Timing
-from accel_train.data.video_folder import ClipPlan, _check_options, draw_clips
+from accel_train.data.video.clips import Timing
+from accel_train.data.video.folder import ClipPlan, check_options, draw_clips
 from accel_train.errors import UserError
 
 SHOWN = 5  # samples named in a refusal
@@ -36,7 +36,7 @@ SHOWN = 5  # samples named in a refusal
 
 class ClipDecoder:
     """A shard item -> (uint8 clip (C, T, S, S) or views (V, C, T, S, S), label), drawn as
-    data/video_folder.py's VideoClipSplit.getitem draws it (``crop`` given: training)."""
+    data/video/folder.py's VideoClipSplit.getitem draws it (``crop`` given: training)."""
 
     def __init__(
         self,
@@ -107,7 +107,7 @@ def build_streaming_video(
     **_,
 ) -> Splits:
     """The `dataset=streaming_video` splits (see the module docstring)."""
-    scale = _check_options(frames, frame_stride, fps, image_size, resize_size, crop_scale,
+    scale = check_options(frames, frame_stride, fps, image_size, resize_size, crop_scale,
                            eval_clips, eval_crops, decode_threads, decode)  # fmt: skip
     if decode != "cpu":
         raise UserError(

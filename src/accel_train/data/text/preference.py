@@ -36,9 +36,9 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from accel_train.data.records import OneFamily, as_preference
-from accel_train.data.sft import read_records, split_files
 from accel_train.data.splits import Splits
+from accel_train.data.text.records import OneFamily, as_preference
+from accel_train.data.text.sft import read_records, split_files
 from accel_train.errors import UserError
 from accel_train.models.hf import load_tokenizer
 

@@ -5,17 +5,17 @@
     <root>/<test_split>/<class>/...    optional test split
 
 Without a val_split folder (or with ``holdout``), validation is a held-out ``val_fraction`` of
-the training folder: data/image_tree.py has the rule and the folder scan.
+the training folder: data/folder_tree.py has the rule and the folder scan.
 
 Every file's header is checked first (``check_images``: unreadable, CMYK, transparent and
 grayscale files are refused, naming them and the fix, before anything is trained or written).
 
 Without a cache (the default) every sample is decoded from the whole photo, as torchvision and
-timm read ImageNet (data/photos.py, data/decode.py): training takes a random resized crop of
-the whole image (area share ``crop_scale``, default (0.08, 1)) resized to ``image_size`` and a
-flip, seeded by (seed, index, epoch) so the batches do not depend on the number of workers or
-on a resume; evaluation resizes the shorter side to ``eval_image_size / crop_pct`` and takes
-the center ``eval_image_size`` crop. ``decode=gpu`` hands the JPEG bytes to the device, which
+timm read ImageNet (data/images/folder_uncached.py, data/images/decode.py): training takes a random
+resized crop of the whole image (area share ``crop_scale``, default (0.08, 1)) resized to
+``image_size`` and a flip, seeded by (seed, index, epoch) so the batches do not depend on the number
+of workers or on a resume; evaluation resizes the shorter side to ``eval_image_size / crop_pct`` and
+takes the center ``eval_image_size`` crop. ``decode=gpu`` hands the JPEG bytes to the device, which
 decodes them with nvJPEG and crops there.
 
 ``cache=ram|disk`` (and ``augment=device``) read *base* images instead: each file decoded once,
@@ -47,9 +47,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from accel_train.data.decode import UnreadableImageError, unreadable
-from accel_train.data.decode import check_images as check_headers
-from accel_train.data.image_crops import (
+from accel_train.data.crops import (
     INTERPOLATIONS,
     DeviceRandomResizedCrop,
     RandomResizedCrop,
@@ -58,9 +56,11 @@ from accel_train.data.image_crops import (
     resize,
     view_of,
 )
-from accel_train.data.image_tree import Folder, plan_layout, scan_folder
-from accel_train.data.photos import Files, PhotoSplit
-from accel_train.data.recipe import hooked_crop
+from accel_train.data.folder_tree import Folder, plan_layout, scan_folder
+from accel_train.data.images.decode import UnreadableImageError, unreadable
+from accel_train.data.images.decode import check_images as check_headers
+from accel_train.data.images.folder_uncached import Files, PhotoSplit
+from accel_train.data.images.sample_recipe import hooked_crop
 from accel_train.data.splits import ImageSet, Splits
 from accel_train.errors import UserError
 
@@ -78,7 +78,7 @@ DECODE_WORKERS = min(4, _CPUS or 1)
 PARALLEL_DECODE_MIN = 512
 DECODE_BATCH = 64
 
-# The error lives in data/decode.py, the folder scan in data/image_tree.py.
+# The error lives in data/images/decode.py, the folder scan in data/folder_tree.py.
 __all__ = ["UnreadableImageError", "build_image_folder", "scan_folder"]
 
 
@@ -109,9 +109,9 @@ def build_image_folder(
 ) -> Splits:
     """Train / val / test splits of an ImageFolder tree (see the module docstring): val is
     the ``val_split`` folder, or a stratified, seeded ``val_fraction`` of the train folder
-    without one or with ``holdout`` (data/image_tree.py's rule); test the ``test_split``
+    without one or with ``holdout`` (data/folder_tree.py's rule); test the ``test_split``
     folder (None when it is null or absent)."""
-    scale = _check_options(
+    scale = check_options(
         image_size, resize_size, augment, cache, val_fraction, crop_scale,
         eval_image_size=eval_image_size, crop_pct=crop_pct, interpolation=interpolation,
         decode=decode,
@@ -153,7 +153,7 @@ def build_image_folder(
 
 
 def _layout(root: str, train_split, val_split, test_split, holdout, val_fraction):
-    """The tree's layout (data/image_tree.py), every folder scanned before anything is decoded:
+    """The tree's layout (data/folder_tree.py), every folder scanned before anything is decoded:
     a layout error should not wait for a cache."""
     root_dir = Path(root).expanduser()
     if not root_dir.is_dir():
@@ -166,7 +166,7 @@ def _layout(root: str, train_split, val_split, test_split, holdout, val_fraction
 
 def _photo_splits(size, eval_size, resize_to, scale, hflip, augment, seed, mode, decode):
     """folder, train indices[, val indices] -> (train split or None, val/test split): the
-    full-size photo splits (data/photos.py)."""
+    full-size photo splits (data/images/folder_uncached.py)."""
     crop = RandomResizedCrop(size, scale, hflip, mode) if augment == "cpu" else None
 
     def make(folder: Folder, first: torch.Tensor, held: torch.Tensor | None = None):
@@ -202,11 +202,12 @@ def _base_splits(size, eval_size, resize_to, scale, hflip, augment, seed, mode, 
     return make
 
 
-def _check_options(
+def check_options(
     image_size, resize_size, augment, cache, val_fraction, crop_scale, *,
     eval_image_size=None, crop_pct=0.875, interpolation="bilinear", decode="cpu",
 ):  # fmt: skip
-    """The crop scale range as two floats, after checking every option a user can get wrong."""
+    """The crop scale range as two floats, after checking every option a user can get wrong:
+    one check for `dataset=image_folder` and `dataset=streaming` (data/images/streaming.py)."""
     if image_size < 1 or (eval_image_size is not None and eval_image_size < 1):
         key, value = (
             ("image_size", image_size) if image_size < 1 else ("eval_image_size", eval_image_size)
@@ -287,7 +288,7 @@ def load_base_image(path: str, size: int) -> torch.Tensor:
 
 def decode_base_image(data: torch.Tensor, size: int, what: str) -> torch.Tensor:
     """:func:`load_base_image` of an encoded file's bytes (uint8 [N]) already in memory, e.g.
-    read from a shard (data/streaming.py); ``what`` names the file in the error."""
+    read from a shard (data/images/streaming.py); ``what`` names the file in the error."""
     from torchvision.io import ImageReadMode, decode_image
 
     try:
@@ -505,7 +506,8 @@ class ImageFolderSplit(Dataset):
         self.bases, self.indices, self.view, self.size = bases, indices, view, size
         self.crop, self.seed = crop, seed
         self.labels = all_labels[indices]  # int64 [N]: the labels without reading any image
-        # data/photos.py's per-sample hooks, read with view="random" (data/recipe.py sets them).
+        # data/images/folder_uncached.py's per-sample hooks, read with view="random"
+        # (data/images/sample_recipe.py sets them).
         self.size_at = self.sample_augment = None
 
     def __len__(self) -> int:

@@ -12,19 +12,19 @@ one small file of ours that lists the classes and labels:
 Training reads the train split with LitData's StreamingDataLoader: LitData shuffles chunks and
 the items inside them by (seed, epoch), gives each rank and each loader worker its own chunks,
 downloads ahead and evicts used chunks once the cache would pass `cache_limit`. The position in
-an epoch is the loop's `batch_in_epoch`; data/shard_reader.py's StreamingLoader turns it into
+an epoch is the loop's `batch_in_epoch`; data/shards/reader.py's StreamingLoader turns it into
 the state LitData resumes from, so a resumed run reads exactly the samples the epoch had left.
 Validation and test (small) are read by index in order, through the usual torch loader.
 
-Images are decoded and cropped by data/decode.py's code at full size (or, with augment=device,
-into data/image_folder.py's base images), so `dataset=streaming` and `dataset=image_folder` of
-the same files give the same pixels.
+Images are decoded and cropped by data/images/decode.py's code at full size (or, with
+augment=device, into data/images/folder.py's base images), so `dataset=streaming` and
+`dataset=image_folder` of the same files give the same pixels.
 
 This module holds only what is particular to images (the decoder and the splits' options). The
-shard set's index and checks are in data/shard_set.py, the S3 access in data/object_store.py,
-and the LitData source, splits and loader in data/shard_reader.py: token shards
-(`dataset=streaming_tokens`) and instruction rows (`dataset=streaming_sft`) use them as well;
-the index's `kind` keeps each option to its own kind of shards.
+shard set's index and checks are in data/shards/shard_set.py, the S3 access in
+data/shards/object_store.py, and the LitData source, splits and loader in data/shards/reader.py:
+token shards (`dataset=streaming_tokens`) and instruction rows (`dataset=streaming_sft`) use them as
+well; the index's `kind` keeps each option to its own kind of shards.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from typing import Any
 
 import torch
 
-from accel_train.data.decode import decode_eval, decode_train
-from accel_train.data.image_crops import DeviceRandomResizedCrop, RandomResizedCrop, eval_resize_to
-from accel_train.data.image_folder import _check_options, decode_base_image
-from accel_train.data.shard_reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
-from accel_train.data.shard_set import SPLITS, check_shards, open_shard_set
+from accel_train.data.crops import DeviceRandomResizedCrop, RandomResizedCrop, eval_resize_to
+from accel_train.data.images.decode import decode_eval, decode_train
+from accel_train.data.images.folder import check_options, decode_base_image
+from accel_train.data.shards.reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
+from accel_train.data.shards.shard_set import SPLITS, check_shards, open_shard_set
 from accel_train.data.splits import Splits
 from accel_train.errors import UserError
 
@@ -86,7 +86,7 @@ def build_streaming(
     **_,
 ) -> Splits:
     """The `dataset=streaming` splits (see the module docstring)."""
-    scale = _check_options(
+    scale = check_options(
         image_size, resize_size, augment, "none", 0.0, crop_scale,
         eval_image_size=eval_image_size, crop_pct=crop_pct, interpolation=interpolation,
     )  # fmt: skip

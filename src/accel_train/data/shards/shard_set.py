@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from accel_train.data.object_store import check_url, is_s3, s3_client, s3_error, split_url
+from accel_train.data.shards.object_store import check_url, is_s3, s3_client, s3_error, split_url
 from accel_train.errors import UserError
 
 META = "accel_train.index.json"  # ends in index.json: LitData fetches such files with boto3

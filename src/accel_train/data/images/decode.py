@@ -2,7 +2,7 @@
 allows; and the check of every file's header before anything is trained or written.
 
 Per sample (``dataset=image_folder`` without a cache, ``dataset=streaming``): the header gives
-the size, the crop box is drawn on the whole image (data/image_crops.py, torchvision's rule),
+the size, the crop box is drawn on the whole image (data/crops.py, torchvision's rule),
 and when the box's shorter side is at least twice the output's, libjpeg-turbo decodes at 1/2,
 1/4 or 1/8 scale in its DCT, with the box scaled alike. The box is then resized to the output
 size by torch's uint8 antialiased kernel on the HWC pixels (its channels-last path: 2-3x
@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from accel_train.data.image_crops import RandomResizedCrop, eval_geometry, resize
+from accel_train.data.crops import RandomResizedCrop, eval_geometry, resize
 from accel_train.errors import UserError
 
 DCT_SCALES = (8, 4, 2)  # the reduced sizes libjpeg decodes to (PIL's draft picks among them)
@@ -448,7 +448,7 @@ def header_box(
 ) -> list[int]:
     """``dataset.decode=gpu``: what the device needs besides the bytes, drawn from the header
     exactly as :func:`decode_train` / :func:`decode_eval` draw it: [top, left, h, w, flip,
-    resize_h, resize_w] (resize_h = 0: no resize before the crop; data/image_crops.py's
+    resize_h, resize_w] (resize_h = 0: no resize before the crop; data/crops.py's
     crop_resize_each)."""
     jpeg = _jpeg(data)  # simplejpeg's header read (C) when it takes the file, else PIL's
     if jpeg is not None:

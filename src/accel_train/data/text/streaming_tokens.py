@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from accel_train.data.shard_reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
-from accel_train.data.shard_set import check_shards, open_shard_set
+from accel_train.data.shards.reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
+from accel_train.data.shards.shard_set import check_shards, open_shard_set
 from accel_train.data.splits import Splits
-from accel_train.data.tokens import check_token_ids, window_splits
+from accel_train.data.text.tokens import check_token_ids, window_splits
 from accel_train.errors import UserError
 
 try:

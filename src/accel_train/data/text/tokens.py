@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from accel_train.data.splits import Splits
-from accel_train.data.tokenizer import read_meta
+from accel_train.data.text.tokenizer import read_meta
 from accel_train.errors import UserError
 
 
