@@ -11,7 +11,7 @@ registered with one decorator, inside accel-train or in a package of the user's 
     class Mine(Strategy): ...
 
 `strategy=mine` then exists: the option is stored in Hydra's ConfigStore (no YAML, no edit to
-config/schema.py), typed by its dataclass (a misspelled key fails when Hydra composes), and
+config/schema/), typed by its dataclass (a misspelled key fails when Hydra composes), and
 `accel-train --help` lists it. The built-in options register the same way, beside their
 commented YAML (configs/<group>/<name>.yaml, which then holds the defaults).
 
