@@ -29,11 +29,15 @@ PACKAGES = [SRC, SRC.parent / "hydra_plugins"]
 OURS = tuple(p.name for p in PACKAGES)
 
 # Lower layers never import higher ones: cli -> hydra_plugins -> commands -> launchers -> train ->
-# techniques -> components -> config -> errors. Components (data, models, ...) sit side by side on
-# one layer. (cli imports no plugin either: Hydra finds the plugins by its own scan.)
+# techniques -> components -> plugins -> config -> errors. Components (data, models, ...) sit side
+# by side on one layer. (cli imports no plugin either: Hydra finds the plugins by its own scan.)
+# The plugin points (accel_train.plugins: the register_* decorators the components use) sit above
+# config, which holds what it needs of them (config/plugin_points.py: the groups' bases and the
+# entry-point scan) and the stores the decorators fill.
 LAYERS = [
     ["accel_train.errors"],
-    ["accel_train.config", "accel_train.environment", "accel_train.written", "accel_train.plugins"],
+    ["accel_train.config", "accel_train.environment", "accel_train.written"],
+    ["accel_train.plugins"],
     [
         "accel_train.targets",
         "accel_train.data",
