@@ -1,8 +1,9 @@
 """The design rules the code must keep: imports go one way across the whole of src/, the Hydra
 plugins included (each layer is imported in a fresh interpreter and must not load a module above
 it, and the import graph has no cycle), inside data/ no modality importing another (issue 59),
-no function-local imports hiding cycles, one schema per option (a local run's config has no
-SLURM keys), and a training step that never waits for the device outside the logging step."""
+no function-local imports hiding cycles, no function over 60 lines without its reason in its
+docstring, one schema per option (a local run's config has no SLURM keys), and a training step
+that never waits for the device outside the logging step."""
 
 from __future__ import annotations
 
@@ -29,11 +30,15 @@ PACKAGES = [SRC, SRC.parent / "hydra_plugins"]
 OURS = tuple(p.name for p in PACKAGES)
 
 # Lower layers never import higher ones: cli -> hydra_plugins -> commands -> launchers -> train ->
-# techniques -> components -> config -> errors. Components (data, models, ...) sit side by side on
-# one layer. (cli imports no plugin either: Hydra finds the plugins by its own scan.)
+# techniques -> components -> plugins -> config -> errors. Components (data, models, ...) sit side
+# by side on one layer. (cli imports no plugin either: Hydra finds the plugins by its own scan.)
+# The plugin points (accel_train.plugins: the register_* decorators the components use) sit above
+# config, which holds what it needs of them (config/plugin_points.py: the groups' bases and the
+# entry-point scan) and the stores the decorators fill.
 LAYERS = [
     ["accel_train.errors"],
-    ["accel_train.config", "accel_train.environment", "accel_train.written", "accel_train.plugins"],
+    ["accel_train.config", "accel_train.environment", "accel_train.written"],
+    ["accel_train.plugins"],
     [
         "accel_train.targets",
         "accel_train.data",
@@ -278,6 +283,34 @@ def test_no_function_local_imports_of_accel_train():
                 ):
                     found.append(f"{path.relative_to(SRC.parent)}:{inner.lineno}")
     assert not found, found
+
+
+# A function longer than this many lines (from its `def` to its last line, docstring included)
+# says why in its docstring, on a line starting LONG_BECAUSE ("Long because it checks the keys
+# one by one, in the order the user reads them."); else it is split by concern.
+LONGEST_FUNCTION = 60
+LONG_BECAUSE = "Long because"
+
+
+def test_a_long_function_says_why():
+    """No function of src/ is over LONGEST_FUNCTION lines without a line of its docstring
+    starting LONG_BECAUSE: a long body is split by concern, or its docstring gives the reason
+    (a linear list of checks, one table of cases, a constructor declaring the state)."""
+    found = []
+    for path in _files().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            lines = node.end_lineno - node.lineno + 1
+            doc = ast.get_docstring(node) or ""
+            reasoned = any(line.strip().startswith(LONG_BECAUSE) for line in doc.splitlines())
+            if lines > LONGEST_FUNCTION and not reasoned:
+                where = f"{path.relative_to(SRC.parent)}:{node.lineno}"
+                found.append(f"{where} {node.name} ({lines} lines)")
+    assert not found, (
+        f"over {LONGEST_FUNCTION} lines: split them by concern, or start a line of the "
+        f"docstring with {LONG_BECAUSE!r} and the reason:\n" + "\n".join(found)
+    )
 
 
 def test_start_up_leaves_the_workers_imports_to_the_workers():

@@ -75,7 +75,7 @@ def test_config_reference_is_up_to_date(tmp_path):
     assert proc.returncode == 0, proc.stderr
     committed = (DOCS / "reference" / "config.md").read_text()
     assert out.read_text() == committed, (
-        "docs/reference/config.md is out of date with configs/ or schema.py: run "
+        "docs/reference/config.md is out of date with configs/ or config/schema/: run "
         "python scripts/docs/config_reference.py"
     )
 

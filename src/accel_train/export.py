@@ -22,6 +22,7 @@ import json
 import logging
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,47 +65,10 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         return export_peft(ecfg, ckpt_path)
     if fmt == "onnx" or quantize == "int8":
         _onnx_modules()  # a missing extra fails before anything is loaded
-    opened = RunCheckpoint(ckpt_path, redo="Export it with the version that wrote it.")
-    cfg = opened.cfg
-    task = task_class(cfg)
-    text = _generates_text(task)
-    quant = cfg.quant if "quant" in cfg and not OmegaConf.is_missing(cfg, "quant") else None
-    is_qat = quant is not None and quant.name == "qat"
-    _refuse_unexportable(cfg, ckpt_path, ecfg, task, is_qat)
-    if ecfg.data_dir:
-        cfg.paths.data_dir = ecfg.data_dir
-    if ecfg.batch_size:
-        cfg.loader.eval_batch_size = ecfg.batch_size
-    with hints_for("accel-export"):  # data errors name `data_dir=`, not paths.data_dir
-        splits = build_splits(cfg.dataset, cfg.paths.data_dir, labelled=not text)
-    # The test split; a set without one (an image folder of train/ and val/, as ImageNet's; a
-    # text set) verifies on validation samples: agreement needs inputs, not labels.
-    verify_split = splits.test if splits.test is not None else splits.val
-    if splits.test is None and verify_split is not None:
-        log.info("accel-export: the data set has no test split: verifying on validation samples")
-    if verify_split is None:
-        raise UserError(
-            f"ckpt_path={ckpt_path}: the checkpoint's data set ({cfg.dataset.get('name')}) has "
-            "no test split to verify the export on. Give it one (for dataset=custom: return "
-            "(train, val, test))."
-        )
-
-    # Artifacts are float32 whatever the training; a .dcp is consolidated into this process.
-    model = opened.model(
-        splits.data_args,
-        torch.float32,
-        CPU,
-        before_load=(lambda m: qat.prepare_qat(m, quant, cfg.model._target_)) if is_qat else None,
-        weights=_permanent_masks,
-    )
-    # A LoRA run: the adapters folded into their base weights, the architecture as it was built
-    # (an artifact has no use for PEFT's layers).
-    model = merge_lora(model)
-    sparsity = _sparsity(model)
-    params = count_parameters(model)
-    if is_qat:
-        qat.convert_qat(model, quant)
-
+    run = _open_run(ecfg, ckpt_path)
+    cfg, text = run.cfg, run.text
+    splits, verify_split = _verify_data(ecfg, cfg, ckpt_path, text)
+    model, sparsity, params = _float_model(run, splits)
     transform = BatchTransform(cfg.dataset, splits, CPU, torch.float32, seed=0, rank=0)
     test = _batches(verify_split, cfg, splits, None if text else transform, ecfg.verify_samples)
     # Two samples: torch.export specialises a dimension whose example size is 0 or 1.
@@ -115,15 +79,93 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     export_s = time.perf_counter() - t0
     check = _verify(model, fmt, artifact, test, example, text, ckpt_path)
     check["passed"] = check["argmax_agreement"] >= ecfg.min_agreement
+    state = run.opened.state
     card = _card(
-        ecfg, cfg, ckpt_path, opened.state, splits, artifact, fmt, params, sparsity, check, export_s
+        ecfg, cfg, ckpt_path, state, splits, artifact, fmt, params, sparsity, check, export_s
     )
     if text:
         card.update(_text_io(splits, example.shape[1]))
     elif example.dim() == 5:  # clips: (batch, channels, frames, height, width)
         card["input"].update(shape=["batch", *example.shape[1:]], layout="NCTHW, contiguous")
-    card["quantization"] = qat.describe(quant) if is_qat else None
+    card["quantization"] = qat.describe(run.quant) if run.is_qat else None
     _write_card(card, artifact)
+    _refuse_disagreement(ecfg, check, artifact)
+    if quantize == "int8":
+        card = _int8(ecfg, cfg, splits, transform, artifact, card, model, test)
+    return card
+
+
+@dataclass
+class _Run:
+    """The checkpoint to export, opened, with what its config says of the export."""
+
+    opened: RunCheckpoint
+    cfg: DictConfig
+    text: bool  # a language model: token ids in, logits over the vocabulary out
+    quant: Any  # its `quant` group (None: a checkpoint written before it)
+    is_qat: bool
+
+
+def _open_run(ecfg: DictConfig, ckpt_path: Path) -> _Run:
+    """The checkpoint opened, refused when no artifact can hold its model; `ecfg`'s data_dir and
+    batch_size replace its paths.data_dir and loader.eval_batch_size."""
+    opened = RunCheckpoint(ckpt_path, redo="Export it with the version that wrote it.")
+    cfg = opened.cfg
+    task = task_class(cfg)
+    quant = cfg.quant if "quant" in cfg and not OmegaConf.is_missing(cfg, "quant") else None
+    is_qat = quant is not None and quant.name == "qat"
+    _refuse_unexportable(cfg, ckpt_path, ecfg, task, is_qat)
+    if ecfg.data_dir:
+        cfg.paths.data_dir = ecfg.data_dir
+    if ecfg.batch_size:
+        cfg.loader.eval_batch_size = ecfg.batch_size
+    return _Run(opened, cfg, _generates_text(task), quant, is_qat)
+
+
+def _verify_data(
+    ecfg: DictConfig, cfg: DictConfig, ckpt_path: Path, text: bool
+) -> tuple[Splits, Any]:
+    """(the splits, the split the export is verified on): the test split; a set without one (an
+    image folder of train/ and val/, as ImageNet's; a text set) verifies on validation samples:
+    agreement needs inputs, not labels."""
+    with hints_for("accel-export"):  # data errors name `data_dir=`, not paths.data_dir
+        splits = build_splits(cfg.dataset, cfg.paths.data_dir, labelled=not text)
+    verify_split = splits.test if splits.test is not None else splits.val
+    if splits.test is None and verify_split is not None:
+        log.info("accel-export: the data set has no test split: verifying on validation samples")
+    if verify_split is None:
+        raise UserError(
+            f"ckpt_path={ckpt_path}: the checkpoint's data set ({cfg.dataset.get('name')}) has "
+            "no test split to verify the export on. Give it one (for dataset=custom: return "
+            "(train, val, test))."
+        )
+    return splits, verify_split
+
+
+def _float_model(run: _Run, splits: Splits) -> tuple[nn.Module, dict[str, Any], int]:
+    """(the model to export, its sparsity, its parameter count): float32 whatever the training,
+    a .dcp consolidated into this process, LoRA adapters folded into their base weights (the
+    architecture as it was built: an artifact has no use for PEFT's layers), a QAT model
+    converted to its int8 Linear weights."""
+    quant = run.quant
+    model = run.opened.model(
+        splits.data_args,
+        torch.float32,
+        CPU,
+        before_load=(
+            (lambda m: qat.prepare_qat(m, quant, run.cfg.model._target_)) if run.is_qat else None
+        ),
+        weights=_permanent_masks,
+    )
+    model = merge_lora(model)
+    sparsity = _sparsity(model)
+    params = count_parameters(model)
+    if run.is_qat:
+        qat.convert_qat(model, quant)
+    return model, sparsity, params
+
+
+def _refuse_disagreement(ecfg: DictConfig, check: dict[str, Any], artifact: Path) -> None:
     if not check["passed"]:
         raise UserError(
             f"the exported {artifact} disagrees with the PyTorch model: argmax agreement "
@@ -132,9 +174,6 @@ def export_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
             f"{check['max_abs_diff']:.3g}). The artifact and its card are kept for inspection; "
             f"try another format (one of {', '.join(FORMATS)})."
         )
-    if quantize == "int8":
-        card = _int8(ecfg, cfg, splits, transform, artifact, card, model, test)
-    return card
 
 
 def _generates_text(task: type | None) -> bool:
@@ -416,44 +455,10 @@ def _compare(model: nn.Module, run, batches) -> dict[str, Any]:
 def _int8(ecfg, cfg, splits, transform, fp32_path: Path, fp32_card, model, test):
     """Calibrate on validation batches, quantize the fp32 ONNX file, verify, card it."""
     _onnx_modules()
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quant_pre_process,
-        quantize_static,
-    )
-
     calib = _batches(splits.val, cfg, splits, transform, 0)[: ecfg.calib_batches]
-    input_name = _session(fp32_path).get_inputs()[0].name
-
-    class ValBatches(CalibrationDataReader):
-        def __init__(self):
-            self.batches = iter(calib)
-
-        def get_next(self):
-            batch = next(self.batches, None)
-            return None if batch is None else {input_name: batch[0].numpy()}
-
     out = fp32_path.with_name(fp32_path.name.removesuffix(".onnx") + ".int8.onnx")
-    pre = out.with_name(f".{out.name}.pre.onnx")
     t0 = time.perf_counter()
-    try:
-        # Shape inference and graph clean-up first, as ONNX Runtime recommends for QDQ.
-        quant_pre_process(str(fp32_path), str(pre), skip_symbolic_shape=True)
-        quantize_static(
-            str(pre),
-            str(out),
-            ValBatches(),
-            quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=CalibrationMethod.MinMax,
-        )
-    finally:
-        pre.unlink(missing_ok=True)
+    _quantize_static(fp32_path, out, calib)
     quantize_s = time.perf_counter() - t0
     session = _session(out)
     name = session.get_inputs()[0].name
@@ -492,6 +497,46 @@ def _int8(ecfg, cfg, splits, transform, fp32_path: Path, fp32_card, model, test)
     }
     _write_card(card, out)
     return card
+
+
+def _quantize_static(fp32_path: Path, out: Path, calib: list) -> None:
+    """ONNX Runtime's static quantization of `fp32_path` into `out` (QDQ, per-channel int8
+    weights, uint8 activations), calibrated with MinMax on the `calib` batches."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quant_pre_process,
+        quantize_static,
+    )
+
+    input_name = _session(fp32_path).get_inputs()[0].name
+
+    class ValBatches(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter(calib)
+
+        def get_next(self):
+            batch = next(self.batches, None)
+            return None if batch is None else {input_name: batch[0].numpy()}
+
+    pre = out.with_name(f".{out.name}.pre.onnx")
+    try:
+        # Shape inference and graph clean-up first, as ONNX Runtime recommends for QDQ.
+        quant_pre_process(str(fp32_path), str(pre), skip_symbolic_shape=True)
+        quantize_static(
+            str(pre),
+            str(out),
+            ValBatches(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+        )
+    finally:
+        pre.unlink(missing_ok=True)
 
 
 # ---- the card --------------------------------------------------------------------------------

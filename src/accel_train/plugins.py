@@ -11,7 +11,7 @@ registered with one decorator, inside accel-train or in a package of the user's 
     class Mine(Strategy): ...
 
 `strategy=mine` then exists: the option is stored in Hydra's ConfigStore (no YAML, no edit to
-config/schema.py), typed by its dataclass (a misspelled key fails when Hydra composes), and
+config/schema/), typed by its dataclass (a misspelled key fails when Hydra composes), and
 `accel-train --help` lists it. The built-in options register the same way, beside their
 commented YAML (configs/<group>/<name>.yaml, which then holds the defaults).
 
@@ -22,38 +22,26 @@ its heavy dependencies where it uses them (inside `wrap` or `launch`), as the bu
 it is imported by every command, `--help` included. An exception while importing it is reported
 as that exception, with the plugin's file and line.
 
+The groups a plugin may add to (`BASES`) and the entry-point scan (`load_plugins`) live in
+accel_train.config.plugin_points, below this module: config types a worker's config by a
+plugin's schema without importing the decorators; they register into config's
+`OPTION_SCHEMAS` and Hydra's ConfigStore.
+
 Imports no torch: the CLI loads it before Hydra composes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
-import traceback
+import importlib
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from accel_train.config import CONFIG_DIR
 from accel_train.config.lazy_store import store_lazily
-from accel_train.config.schema import (
-    OPTION_SCHEMAS,
-    LauncherConfig,
-    StrategyConfig,
-    TaskConfig,
-    schema_name,
-)
+from accel_train.config.plugin_points import BASES, load_plugins
+from accel_train.config.schema import OPTION_SCHEMAS, schema_name
 from accel_train.errors import UserError
-
-ENTRY_POINT_GROUP = "accel_train.plugins"
-
-# group -> the config dataclass every option of it must extend (its shared keys).
-BASES: dict[str, type] = {
-    "strategy": StrategyConfig,
-    "launcher": LauncherConfig,
-    "task": TaskConfig,
-}
 
 # group -> option name -> the registered class (tasks are built by `_target_` instead).
 CLASSES: dict[str, dict[str, type]] = {group: {} for group in BASES}
@@ -139,56 +127,3 @@ def names(group: str) -> list[str]:
     """Every option name `group=` takes: the built-in ones and the plugins'."""
     load_plugins()
     return sorted({*BUILTIN_MODULES[group], *CLASSES[group], *OPTION_SCHEMAS.get(group, {})})
-
-
-# ---- discovery: the entry-point group ------------------------------------------------------
-
-_loaded = False
-
-
-def load_plugins() -> None:
-    """Import every module the installed packages name in the `accel_train.plugins` entry-point
-    group (once a process): their decorators register their options."""
-    global _loaded
-    if _loaded or os.environ.get("ACCEL_TRAIN_NO_PLUGINS") == "1":
-        return
-    _loaded = True
-    from importlib.metadata import entry_points  # ~10 ms: only where a command starts
-
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            entry.load()
-        except Exception as err:  # the plugin's own bug: its error, its file and line
-            raise UserError(_plugin_failed(entry, err)) from err
-
-
-def _plugin_failed(entry: Any, err: BaseException) -> str:
-    dist = getattr(entry, "dist", None)
-    package = f"{dist.name} {dist.version}" if dist is not None else "an installed package"
-    where = _where(entry.value, err)
-    return (
-        f"the plugin {entry.name!r} ({package}, entry point `{entry.value}` in the group "
-        f"{ENTRY_POINT_GROUP}) failed to import: {type(err).__name__}: {err}{where}. Fix the "
-        f"plugin, or uninstall it (`pip uninstall {dist.name if dist else '<package>'}`), or set "
-        "ACCEL_TRAIN_NO_PLUGINS=1 to start without plugins."
-    )
-
-
-def _where(value: str, err: BaseException) -> str:
-    """`, at FILE line N: CODE` for the deepest frame of the failure inside the plugin's own
-    package (a SyntaxError: its own file and line), else the deepest frame of all."""
-    if isinstance(err, SyntaxError) and err.filename:
-        return f", at {err.filename} line {err.lineno}"
-    frames = traceback.extract_tb(err.__traceback__)
-    top = value.split(":")[0].split(".")[0]
-    spec = importlib.util.find_spec(top)
-    root = None
-    if spec is not None and spec.origin not in (None, "namespace"):
-        root = Path(spec.origin).parent if spec.submodule_search_locations else Path(spec.origin)
-    own = [f for f in frames if root is not None and Path(f.filename).is_relative_to(root)]
-    real = [f for f in frames if not f.filename.startswith("<frozen")]
-    frame = (own or real or [None])[-1]
-    if frame is None:
-        return ""
-    code = f": `{frame.line.strip()}`" if frame.line else ""
-    return f", at {frame.filename} line {frame.lineno}{code}"

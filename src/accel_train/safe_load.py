@@ -260,7 +260,10 @@ def read_dcp_metadata(path: str | Path, filename: str = ".metadata"):
 
 @functools.cache
 def _dcp_classes() -> tuple[type, type]:
-    """SafeFileSystemReader and SafeLoadPlanner, defined on first use (see module doc)."""
+    """SafeFileSystemReader and SafeLoadPlanner, defined on first use (see module doc).
+
+    Long because the two classes are defined inside it, so that importing this module does not
+    import torch.distributed.checkpoint."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._traverse import set_element
     from torch.distributed.checkpoint.metadata import StorageMeta

@@ -465,6 +465,12 @@ def write_report(
         ]
     lines += ["", "Run dirs: `<report dir>/[phase2/]<variant>/r<k>/` (each with report_run.log)."]
     (out / "speed_report.md").write_text("\n".join(lines) + "\n")
+    _write_csv(out, runs)
+    _plot(out, runs, rows)
+
+
+def _write_csv(out: Path, runs: list[Run]) -> None:
+    """speed_report.csv: one row a run, every measured field."""
     with open(out / "speed_report.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["variant", "phase", "repeat", "status", "load", *FIELDS, "run_dir"])
@@ -474,7 +480,6 @@ def write_report(
                 + [r.values.get(k) for k in FIELDS]
                 + [str(r.run_dir)]
             )
-    _plot(out, runs, rows)
 
 
 def _plot(out: Path, runs: list[Run], rows) -> None:

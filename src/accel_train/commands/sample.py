@@ -38,7 +38,7 @@ def sample_checkpoint(scfg: DictConfig, texts: dict[str, str] | None = None) -> 
     # A sharded checkpoint (FSDP, TP, FSDP x TP: a .dcp directory) is consolidated into this
     # one process's model; its meta.pt holds the rest.
     opened = RunCheckpoint(ckpt_path)
-    cfg, state = opened.cfg, opened.state
+    cfg = opened.cfg
     task_class = locate(str(cfg.task._target_), "task._target_")
     if not getattr(task_class, "generates_text", False):
         raise UserError(
@@ -49,6 +49,15 @@ def sample_checkpoint(scfg: DictConfig, texts: dict[str, str] | None = None) -> 
     if cfg.dataset.get("tokenizer"):  # dataset=sft: the model folder's own tokenizer
         system = texts.get("system", scfg.system)
         return _sample_chat_model(scfg, opened, prompt, system)
+    return _sample_token_model(scfg, opened, prompt, ckpt_path)
+
+
+def _sample_token_model(
+    scfg: DictConfig, opened: RunCheckpoint, prompt: str, ckpt_path: Path
+) -> list[str]:
+    """A model trained on a token folder: the checkpoint's own tokenizer (else the data's),
+    the prompt encoded and sampled `scfg.num_samples` times."""
+    cfg, state = opened.cfg, opened.state
     kept = (state.get("task") or {}).get("tokenizer")
     if kept:  # the checkpoint's own copy: no data needed
         where = f"kept in {ckpt_path}"

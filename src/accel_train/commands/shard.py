@@ -151,6 +151,13 @@ def shard(cfg: DictConfig) -> str:
             "dataset.tokenizer=<model folder>) and preference pairs (dataset=preference, the "
             "same keys)."
         )
+    return _shard_images(cfg, out)
+
+
+def _shard_images(cfg: DictConfig, out: str) -> str:
+    """dataset=image_folder: its splits (the same folders and held-out split as it trains on)
+    as LitData chunks under `out`."""
+    ds = cfg.dataset
     root = Path(str(ds.root)).expanduser()
     if not root.is_dir():
         raise UserError(

@@ -60,7 +60,10 @@ IGNORED_WHEN_SKIPPING = ("resume", "objective", "trainer.progress", "paths.", "l
 
 def run_job(cfg: DictConfig) -> float | None:
     """One multirun job: train (or skip), record the outcome, return the objective (None when
-    the job failed or has no value for it)."""
+    the job failed or has no value for it).
+
+    Long because every outcome of the job (skipped, submitted, done, pruned, requeued,
+    stopped, failed) is recorded by the one try statement that owns its status file."""
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir)
     # Which sweep job this process (and its torchrun workers) trains: an Optuna trial's pruning

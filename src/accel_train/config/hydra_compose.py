@@ -41,7 +41,10 @@ def _has_sweep(overrides: list[str]) -> bool:
 
 def install() -> None:
     """Wrap Hydra's `get_mode` and `compose_config` (idempotent; another Hydra without them is
-    left alone)."""
+    left alone).
+
+    Long because the two wrappers are closures over Hydra's own methods, each mirroring the
+    signature and the steps of the one it replaces."""
     Hydra = hydra_module.Hydra  # noqa: N806 - the class, as Hydra names it
 
     if getattr(Hydra, "_accel_compose_once", False):

@@ -16,9 +16,9 @@ from rich.tree import Tree
 
 from accel_train.config import CONFIG_DIR
 from accel_train.config.moved import renamed
+from accel_train.config.plugin_points import BASES, load_plugins
 from accel_train.config.schema import LOGGER_SCHEMAS, OPTION_SCHEMAS, TrainConfig
 from accel_train.errors import UserError
-from accel_train.plugins import BASES, load_plugins
 
 
 def to_container(cfg: DictConfig) -> dict[str, Any]:

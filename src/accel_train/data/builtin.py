@@ -253,7 +253,9 @@ def _check_readable(name: str, path: Path) -> None:
 
 def _check_idx(name: str, path: Path, ndim: int) -> tuple[int, tuple[int, ...]]:
     """Check an IDX file of unsigned bytes against its header without loading it: the magic
-    number, the dimensions and the size. Returns (items, dims)."""
+    number, the dimensions and the size. Returns (items, dims).
+
+    Long because it is a linear list of the header's checks, each with its own message."""
     kind = "images" if ndim == 3 else "labels"
     expected_magic = bytes([0, 0, 0x08, ndim])
     head, size = _read_head(name, path, 4 + 4 * ndim)

@@ -2,9 +2,9 @@
 
 Hydra only instantiates launchers from the `hydra_plugins` package, so the launcher class is
 `hydra_plugins.accel_train_submitit.SlurmLauncher`, the plugin's SlurmLauncher with the mixin
-below; config/schema.py points `hydra/launcher=submitit_slurm` at it. The mixin changes only how
-failures on the submitting side are reported (one paragraph naming the `hydra.launcher.*` key to
-set, exit 2; see errors.py):
+below; config/schema/submitit.py points `hydra/launcher=submitit_slurm` at it. The mixin
+changes only how failures on the submitting side are reported (one paragraph naming the
+`hydra.launcher.*` key to set, exit 2; see errors.py):
 
 - no SLURM commands on this machine (submitit itself would raise a RuntimeError),
 - sbatch refusing the jobs (a partition, account or time limit the cluster does not accept),

@@ -268,7 +268,10 @@ def hf_model(
     name: str = "hf",
     liger: bool = False,
 ) -> HFModel:
-    """The model of the folder `path` with the chosen head, in `dtype` (the run's parameters)."""
+    """The model of the folder `path` with the chosen head, in `dtype` (the run's parameters).
+
+    Long because its signature lists the option's keys, one a line, and each of transformers'
+    steps (the config, the head, the weights) has its own refusal naming the key."""
     if head not in HEADS:
         raise UserError(f"model.head={head}: must be one of {', '.join(HEADS)}.")
     folder = model_folder(path)

@@ -12,6 +12,7 @@ the loop, resume and the techniques ask. None of them asks a strategy its name.
     checkpoints                                checkpoint_format (checkpoint_formats/: a .dcp
                                                directory or one file), optimizer_state_by_name
     techniques                                 shards_parameters, replicates_buffers
+    tasks' refusals                            shards_parameters, runs_whole_model(cfg)
 
 A strategy's layout (`layout(world)`) names the degrees of the run's one DeviceMesh (mesh.py).
 The refusals keyed by a strategy's name (config/combinations.py) are a table of data.
@@ -71,6 +72,14 @@ class Strategy:
     shards_parameters: ClassVar[bool] = False
     # DDP broadcasts buffers from rank 0 in forward (pruning's masks are left out of it).
     replicates_buffers: ClassVar[bool] = False
+
+    @classmethod
+    def runs_whole_model(cls, cfg: Any) -> bool:
+        """Whether each process runs the whole model on its own batch under the strategy group
+        `cfg` (its parameters may be sharded at rest, as FSDP's): what sampling completions
+        needs (task=grpo). Not where stages sit on different processes (a pipeline) or each
+        layer is split across them (tensor parallelism)."""
+        return True
 
     def __init__(self, run_cfg: DictConfig):
         self.run_cfg = run_cfg  # the run's whole config

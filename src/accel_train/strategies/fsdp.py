@@ -40,6 +40,10 @@ class FSDP(Strategy):
     sharded_checkpoints = True
     shards_parameters = True
 
+    @classmethod
+    def runs_whole_model(cls, cfg: Any) -> bool:
+        return int(cfg.get("tp", 1) or 1) <= 1  # gathered whole for forward, unless TP splits it
+
     def tp_degree(self, world: int) -> int:
         return int(self.cfg.get("tp", 1))  # 1 = no tensor parallelism
 

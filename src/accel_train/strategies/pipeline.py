@@ -32,6 +32,10 @@ class PipelineParallel(Strategy):
     sharded_checkpoints = True
     optimizer_state_by_name = True
 
+    @classmethod
+    def runs_whole_model(cls, cfg: Any) -> bool:
+        return False  # each process holds its stages
+
     def __init__(self, run_cfg: DictConfig):
         super().__init__(run_cfg)
         self.pipe: Pipeline | None = None  # this process's stage, once `wrap` has cut the model

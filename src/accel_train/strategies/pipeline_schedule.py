@@ -386,7 +386,10 @@ def build_pipeline(
     mesh_layout: MeshLayout,
 ) -> Pipeline:
     """Cut `module` (in place: it keeps only this process's blocks) and set up the groups on
-    the run's `mesh` (its `pp` and `dp_replicate` dimensions)."""
+    the run's `mesh` (its `pp` and `dp_replicate` dimensions).
+
+    Long because the cut's steps hand their results (blocks, starts, stages, activations) one to
+    the next, and the refusals between them name what the step before found."""
     if isinstance(sample, Mapping):  # packed shards (dataset=streaming_sft): known only here
         raise UserError(
             f"dataset={cfg.dataset.get('name')} gives packed rows ({', '.join(sample)}) and "

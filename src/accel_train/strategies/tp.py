@@ -35,6 +35,10 @@ class TensorParallel(Strategy):
     name = "tp"
     sharded_checkpoints = True
 
+    @classmethod
+    def runs_whole_model(cls, cfg: Any) -> bool:
+        return False  # each layer split across the processes
+
     def tp_degree(self, world: int) -> int:
         return int(self.cfg.get("tp", 0)) or world  # 0 = every process
 

@@ -74,8 +74,10 @@ def _combination(task: Mapping[str, Any], cfg: DictConfig, strategies) -> str | 
     if model == "hf" and cfg.model.get("head", "causal_lm") != "causal_lm":
         return f"task=grpo with model.head={cfg.model.head}: it needs `model.head=causal_lm`."
     name = cfg.strategy.name
-    tp = int(cfg.strategy.get("tp", 1) or 1) > 1
-    if name in ("pipeline", "tp") or tp:
+    # Asked of the strategy, not its name (as task=preference does).
+    strategy = strategies(name) if strategies is not None else None
+    if strategy is not None and not strategy.runs_whole_model(cfg.strategy):
+        tp = int(cfg.strategy.get("tp", 1) or 1) > 1
         shown = f"strategy={name}" + (f" strategy.tp={cfg.strategy.tp}" if tp else "")
         return (
             f"task=grpo with {shown}: sampling completions runs the whole model on each "
@@ -88,7 +90,7 @@ def _combination(task: Mapping[str, Any], cfg: DictConfig, strategies) -> str | 
             f"task.loss_chunk_tokens={task.get('loss_chunk_tokens')}: the tokens of one chunk "
             "of task.chunked_loss must be at least 1, e.g. `task.loss_chunk_tokens=1024`."
         )
-    sharded = strategies is not None and strategies(name).shards_parameters
+    sharded = strategy is not None and strategy.shards_parameters
     if sharded and float(task.get("beta", 0.0)) > 0 and cfg.lora.rank <= 0:
         return (
             f"task=grpo task.beta={task.get('beta')} with strategy={name} and lora.rank=0: the "

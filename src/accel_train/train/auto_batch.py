@@ -237,16 +237,7 @@ def probe(cfg: DictConfig, env: DistEnv) -> tuple[list[dict[str, Any]], int, int
             ok = failed == 0
             if not ok and status == "ok":
                 status = "failed_on_another_rank"
-            rows.append(
-                {
-                    "batch_size": size,
-                    "status": status,
-                    "peak_mib": round(peak / 2**20, 1),
-                    "budget_mib": round(budget / 2**20, 1),
-                    "step_s": round(seconds, 5) if ok else None,
-                    "samples_per_s": round(size / seconds, 1) if ok and seconds else None,
-                }
-            )
+            rows.append(_row(size, status, peak, budget, seconds if ok else None))
             if env.is_main:
                 log.info("batch size probe: %s", rows[-1])
             if not ok or (not cuda and _saturated(rows)):
@@ -269,6 +260,18 @@ def probe(cfg: DictConfig, env: DistEnv) -> tuple[list[dict[str, Any]], int, int
     best = max(r["samples_per_s"] for r in fitting)
     fast = [r["batch_size"] for r in fitting if r["samples_per_s"] >= NEAR_BEST * best]
     return rows, min(fast), per_process
+
+
+def _row(size: int, status: str, peak: int, budget: float, seconds: float | None) -> dict:
+    """One row of the probe table (`seconds`: None when the size failed on some rank)."""
+    return {
+        "batch_size": size,
+        "status": status,
+        "peak_mib": round(peak / 2**20, 1),
+        "budget_mib": round(budget / 2**20, 1),
+        "step_s": round(seconds, 5) if seconds is not None else None,
+        "samples_per_s": round(size / seconds, 1) if seconds else None,
+    }
 
 
 def _measure(p: _Probe, size: int, cuda: bool) -> tuple[float, int]:

@@ -52,7 +52,10 @@ from accel_train.train.teacher import teacher_from_checkpoint
 
 
 def build_techniques(cfg: DictConfig) -> list[Technique]:
-    """The techniques the config switches on, then the user's callbacks (by _target_)."""
+    """The techniques the config switches on, then the user's callbacks (by _target_).
+
+    Long because it is the one ordered list of every technique: their order here is the order
+    they wrap the step and run their hooks in."""
     t = cfg.trainer
     chosen: list[Technique] = []
     if cfg.lora.rank > 0:

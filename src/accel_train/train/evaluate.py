@@ -88,18 +88,7 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     model = opened.model(splits.data_args, precision.param_dtype, device)
     if cfg.trainer.channels_last:
         model = to_channels_last(model)  # (channels_last_3d for a video model's Conv3d)
-    loader = build_loader(
-        data,
-        cfg.loader,
-        train=False,
-        device=device,
-        seed=0,
-        rank=0,
-        world=1,
-        limit=0,
-        num_classes=splits.num_classes,
-        labelled=task.labelled_data,
-    )
+    loader = _eval_loader(data, cfg, device, splits, task)
     transform = BatchTransform(cfg.dataset, splits, device, precision.param_dtype, seed=0, rank=0)
     batch = sample_batch(splits, device)
     task.setup(TaskContext(cfg, device, splits.data_args, transform, model, batch))
@@ -123,6 +112,22 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     log.info("%s  (%s)  -> %s", shown, _counted(data), out)
     _write_result(result, out, given=bool(ecfg.out_path))
     return result
+
+
+def _eval_loader(data: Any, cfg: DictConfig, device: torch.device, splits: Any, task: Any):
+    """The loader of the scored split: one process, in order, every batch."""
+    return build_loader(
+        data,
+        cfg.loader,
+        train=False,
+        device=device,
+        seed=0,
+        rank=0,
+        world=1,
+        limit=0,
+        num_classes=splits.num_classes,
+        labelled=task.labelled_data,
+    )
 
 
 def _counted(data: Any) -> str:

@@ -76,6 +76,10 @@ def run_training(cfg: DictConfig) -> dict[str, Any]:
 
 class Loop:
     def __init__(self, cfg: DictConfig, env: DistEnv, parts: Components):
+        """The loop's whole state, declared in one place.
+
+        Long because it declares every attribute the loop, its techniques and its checkpoints
+        read, each with its comment: split, the state would be spread over several methods."""
         self.cfg, self.env, self.parts = cfg, env, parts
         # Shortcuts for what the step touches (and what techniques read).
         self.model, self.module, self.eval_model = parts.model, parts.module, parts.eval_model

@@ -110,7 +110,10 @@ def build_image_folder(
     """Train / val / test splits of an ImageFolder tree (see the module docstring): val is
     the ``val_split`` folder, or a stratified, seeded ``val_fraction`` of the train folder
     without one or with ``holdout`` (data/folder_tree.py's rule); test the ``test_split``
-    folder (None when it is null or absent)."""
+    folder (None when it is null or absent).
+
+    Long because its signature lists every key of the option, one a line (the builder's
+    keyword arguments)."""
     scale = check_options(
         image_size, resize_size, augment, cache, val_fraction, crop_scale,
         eval_image_size=eval_image_size, crop_pct=crop_pct, interpolation=interpolation,

@@ -100,7 +100,10 @@ def check_shards(remote: str, split: str, expected: int, key: str = "dataset.rem
     """The split's LitData index.json against its chunk files (each there, each of the size
     the index records) and against the sample count of accel_train.index.json: a missing or
     truncated chunk, or an index that belongs to other shards, fails here, naming the file,
-    instead of inside a loader worker mid-epoch. Returns the LitData index."""
+    instead of inside a loader worker mid-epoch. Returns the LitData index.
+
+    Long because S3 and a local folder each read the index and list the files with their own
+    errors, and the checks after them are a linear list, each with its own message."""
     base = f"{remote.rstrip('/')}/{split}"
     sizes: dict[str, int] = {}
     if is_s3(remote):

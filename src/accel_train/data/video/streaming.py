@@ -106,7 +106,10 @@ def build_streaming_video(
     num_classes: int | None = None,
     **_,
 ) -> Splits:
-    """The `dataset=streaming_video` splits (see the module docstring)."""
+    """The `dataset=streaming_video` splits (see the module docstring).
+
+    Long because its signature lists every key of the option, one a line (the builder's
+    keyword arguments)."""
     scale = check_options(frames, frame_stride, fps, image_size, resize_size, crop_scale,
                            eval_clips, eval_crops, decode_threads, decode)  # fmt: skip
     if decode != "cpu":
