@@ -77,8 +77,10 @@ def _files(run: Path) -> set[str]:
     return {str(p.relative_to(run)) for p in run.rglob("*")} if run.exists() else set()
 
 
-def _untimed(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not TIMED.search(k)} for r in rows]
+def _untimed(rows: list[dict], way_dir: Path) -> list[dict]:
+    """The rows without clock readings, the run's own folder written <cwd>."""
+    text = json.dumps([{k: v for k, v in r.items() if not TIMED.search(k)} for r in rows])
+    return json.loads(text.replace(str(way_dir), "<cwd>"))
 
 
 def _error_text(proc: subprocess.CompletedProcess, way_dir: Path) -> str:
@@ -97,18 +99,20 @@ def test_warm_and_fresh_runs_are_the_same(tmp_path):
         assert _files(warm_run) == _files(fresh_run), name
         for metrics in sorted(fresh_run.rglob("metrics.jsonl")):
             twin = warm_run / metrics.relative_to(fresh_run)
-            assert _untimed(read_jsonl(twin)) == _untimed(read_jsonl(metrics)), (name, metrics)
+            assert _untimed(read_jsonl(twin), tmp_path / "warm") == _untimed(
+                read_jsonl(metrics), tmp_path / "fresh"
+            ), (name, metrics)
         if fresh.returncode != 0:
             assert fresh.stderr.strip(), name
             assert _error_text(warm, tmp_path / "warm") == _error_text(fresh, tmp_path / "fresh")
     # What the runs ended with, the same both ways: the trained and the resumed run's summaries
     # (timings aside), the evaluation's scores, the help text.
     for name in ("train", "resume"):
-        summaries = [
-            json.loads((results[way][name][1] / "summary.json").read_text()) for way in results
-        ]
         warm_summary, fresh_summary = (
-            {k: v for k, v in s.items() if not TIMED.search(k)} for s in summaries
+            _untimed(
+                [json.loads((results[way][name][1] / "summary.json").read_text())], tmp_path / way
+            )
+            for way in results
         )
         assert warm_summary == fresh_summary, name
     for name in ("eval", "help"):
