@@ -49,6 +49,7 @@ LAYERS = [
         "accel_train.loggers",
         "accel_train.console",
         "accel_train.checkpoint",
+        "accel_train.checkpoint_temps",
         "accel_train.safe_load",
         "accel_train.tasks",
         "accel_train.rewards",
