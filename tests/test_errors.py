@@ -253,6 +253,7 @@ FRESH_REFUSALS = [
     ("accel-train", ["strategy=fdsp"], "fdsp"),
     ("accel-train", ["trainer.nope=1"], "trainer.nope"),
     ("accel-eval", ["nope=1"], "nope"),
+    ("accel-eval", ["ckpt_path=x.pt", "split=bogus"], "split='bogus' is not one of"),
     ("accel-export", ["ckpt_path=x.pt", "format=bogus"], "format='bogus' is not one of"),
 ]
 

@@ -22,7 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from accel_train import plugins
-from accel_train.command_checks import check_export_config
+from accel_train.command_checks import check_eval_config, check_export_config
 from accel_train.commands import sweep_summary
 from accel_train.commands.outputs import interrupts_exit
 from accel_train.config import CONFIG_DIR, hydra_compose, hydra_errors
@@ -215,6 +215,7 @@ def _train_single(cfg: DictConfig):
 @report_config_errors
 def _evaluate(cfg: DictConfig):
     refuse_unknown_keys(cfg, EvalConfig)
+    check_eval_config(cfg)  # a wrong key fails before torch is imported
     from accel_train.train.evaluate import evaluate_checkpoint  # deferred: see the docstring
 
     evaluate_checkpoint(cfg)
