@@ -42,7 +42,8 @@ from pathlib import Path
 from _common import console_script, load_avg, machine, median, table
 
 RUN = ["+debug=fast_dev_run", "logger=none"]  # the command the bar is about
-REFUSAL = ["trainer.max_epochs=-1"]  # refused by the config checks (nothing to train)
+REFUSAL = ["trainer.max_epochs=-1"]  # refused by the config checks: its paragraph says
+REFUSED = "nothing to train"
 PHASES = str(Path(__file__).with_name("startup_phases.py"))
 
 OPTIMIZER = "import torch; torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])"
@@ -57,7 +58,7 @@ def measure(
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if refused and (proc.returncode == 0 or "error:" not in proc.stderr):
+    if refused and (proc.returncode == 0 or REFUSED not in proc.stderr):
         sys.exit(f"{' '.join(cmd)} was not refused ({proc.returncode}):\n{proc.stderr[-2000:]}")
     if not refused and proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
