@@ -15,10 +15,18 @@ from pathlib import Path
 
 import pytest
 from helpers import FAST, count_host_reads
+from omegaconf import OmegaConf
 
 import accel_train
 from accel_train.config.run_config import resolve
+from accel_train.config.task_facts import BUILTIN_TASKS, TaskFacts
+from accel_train.launchers.names import SUBMITTED
+from accel_train.launchers.preflight import OUR_MODELS, PLAIN_MODELS
+from accel_train.models import _is_source
 from accel_train.parallel import process_group
+from accel_train.plugins import class_for
+from accel_train.targets import locate
+from accel_train.tasks import Task
 from accel_train.techniques import Technique
 from accel_train.train.build import build_components
 from accel_train.train.loop import Loop
@@ -54,6 +62,7 @@ LAYERS = [
         "accel_train.loggers",
         "accel_train.console",
         "accel_train.checkpoint",
+        "accel_train.checkpoint_temps",
         "accel_train.safe_load",
         "accel_train.tasks",
         "accel_train.rewards",
@@ -512,3 +521,40 @@ def test_every_config_group_uses_one_style():
             text = option.read_text()
             named = [s for s in stores if f"- {s}" in text]
             assert named or option.stem == "none", f"{group}/{option.name} names no schema"
+
+
+# ---- what the torch-free preflight knows without importing (launchers/preflight.py) ---------
+
+
+def test_task_facts_are_the_task_classes_facts():
+    """Each built-in task class inherits its facts (config/task_facts.py) and redeclares none:
+    the config checks read the same data from the facts as from the class. Every task option
+    is listed there, but the ones whose refusal asks more than the config (their own class)."""
+    facts = [n for n in vars(TaskFacts) if not n.startswith("_")]
+    for target, declared in BUILTIN_TASKS.items():
+        cls = locate(target, "task._target_")
+        assert issubclass(cls, declared) and cls.__name__ == declared.__name__, target
+        for klass in cls.__mro__[: cls.__mro__.index(declared)]:
+            assert not set(facts) & set(vars(klass)), f"{klass} redeclares a fact"
+    assert not set(facts) & set(vars(Task))
+    for path in sorted((SRC / "configs" / "task").glob("*.yaml")):
+        target = str(OmegaConf.load(path)._target_)
+        cls = locate(target, "task._target_")
+        assert target in BUILTIN_TASKS or "config_refusal" in vars(cls), path.name
+
+
+def test_preflight_knows_which_models_have_a_launch_time_step():
+    """PLAIN_MODELS are exactly our model options' targets with no prepare_config."""
+    options = [OmegaConf.to_container(OmegaConf.load(p)) for p in SRC.glob("configs/model/*.yaml")]
+    ours = {o["_target_"] for o in options if o["_target_"].startswith(OUR_MODELS)}
+    plain = {t for t in ours if not _is_source(OmegaConf.create({"_target_": t}))}
+    assert plain == set(PLAIN_MODELS)
+
+
+def test_the_lock_knows_which_launchers_submit():
+    """launchers/names.SUBMITTED answers as each built-in launcher's submits_and_exits."""
+
+    for name, answer in SUBMITTED.items():
+        for submit in ("job", "train"):
+            cfg = OmegaConf.create({"launcher": {"name": name, "submit": submit}})
+            assert class_for("launcher", name)().submits_and_exits(cfg) == answer(cfg.launcher)

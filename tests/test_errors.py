@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
+import subprocess
 import zipfile
 
 import pytest
 import torch
-from helpers import FAST
+from helpers import BIN, FAST
 from omegaconf import OmegaConf
 
 from accel_train.checkpoint import FORMAT_VERSION, load_checkpoint
@@ -234,3 +236,53 @@ def test_a_sweep_whose_every_trial_fails(run_cli, tmp_path):
     rows = json.loads((sweep / "sweep_summary.json").read_text())["rows"]
     assert [r["status"] for r in rows] == ["failed", "failed"]
     assert all("no-such-dir" in r["error"] for r in rows)
+
+
+# Refusals that need no tensor, each in a fresh interpreter of the real console script (never
+# a fork of a warm parent that imported torch already): one paragraph, a non-zero exit, and torch
+# never imported (BENCHMARKS.md section 38: a refusal costs ~0.7 CPU s, not ~3). Python's import
+# profiler (PYTHONPROFILEIMPORTTIME) lists every module the process imported on stderr.
+FRESH_REFUSALS = [
+    ("accel-train", ["trainer.max_epochs=0", "trainer.max_steps=0"], "nothing to train"),
+    ("accel-train", ["optimizer.lr=0"], "optimizer.lr=0.0 must be > 0"),
+    ("accel-train", ["loader.batch_size=0"], "loader.batch_size=0 must be >= 1"),
+    # A check that reads the task's facts (config/task_facts.py), and one that reads its metrics.
+    ("accel-train", ["task=regression", "distill.teacher=t.pt"], "distill.teacher with task="),
+    ("accel-train", ["early_stopping.monitor=val/nope"], "early_stopping.monitor='val/nope'"),
+    # Hydra's own: an option that does not exist, a key that does not exist.
+    ("accel-train", ["strategy=fdsp"], "fdsp"),
+    ("accel-train", ["trainer.nope=1"], "trainer.nope"),
+    ("accel-eval", ["nope=1"], "nope"),
+    ("accel-eval", ["ckpt_path=x.pt", "split=bogus"], "split='bogus' is not one of"),
+    ("accel-export", ["ckpt_path=x.pt", "format=bogus"], "format='bogus' is not one of"),
+]
+
+
+def _imported(stderr: str) -> set[str]:
+    """The modules a process imported, from PYTHONPROFILEIMPORTTIME's lines on its stderr."""
+    return {
+        line.rsplit("|", 1)[-1].strip()
+        for line in stderr.splitlines()
+        if line.startswith("import time:")
+    }
+
+
+@pytest.mark.fresh
+@pytest.mark.parametrize(("prog", "args", "expected"), FRESH_REFUSALS, ids=str)
+def test_a_refusal_imports_no_torch(prog, args, expected, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env.update(PYTHONPROFILEIMPORTTIME="1", ACCEL_TRAIN_DATA_DIR=str(tmp_path / "no-data"))
+    proc = subprocess.run(
+        [str(BIN / prog), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    paragraph = "\n".join(
+        line for line in proc.stderr.splitlines() if not line.startswith("import time:")
+    )
+    assert proc.returncode != 0, paragraph
+    assert f"{prog}: error:" in paragraph and expected in paragraph, paragraph
+    assert "Traceback" not in paragraph, paragraph
+    imported = _imported(proc.stderr)
+    assert "omegaconf" in imported, "the import profiler's lines are missing"
+    assert "torch" not in imported, f"{prog} {' '.join(args)} imported torch to refuse"
+    assert not (tmp_path / "outputs").exists()  # a refused run leaves no run dir

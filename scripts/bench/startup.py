@@ -15,7 +15,12 @@ a `git worktree` of the commit before) to the alternation: before and after in t
 2-process DDP smoke run through torchrun, whose workers (`python -m accel_train.worker`) inherit
 PYTHONPATH, so `--compare` times the other checkout's workers too.
 
+`--refusal` times a config the checks refuse instead (`accel-train trainer.max_epochs=-1`: one
+paragraph and exit 2, BENCHMARKS.md section 38); each run must fail with its paragraph, and the
+phases are skipped.
+
 python scripts/bench/startup.py --rounds 7 [--compare /tmp/before/src] [--extra "k=v k2=v2"]
+python scripts/bench/startup.py --rounds 5 --refusal --compare /work/main/src
 
 Byte-compile an editable install first (`python -m compileall -q src`), as `pip install .` does at
 install time and CI does: with PYTHONDONTWRITEBYTECODE set, every run otherwise compiles
@@ -37,19 +42,25 @@ from pathlib import Path
 from _common import console_script, load_avg, machine, median, table
 
 RUN = ["+debug=fast_dev_run", "logger=none"]  # the command the bar is about
+REFUSAL = ["trainer.max_epochs=-1"]  # refused by the config checks: its paragraph says
+REFUSED = "nothing to train"
 PHASES = str(Path(__file__).with_name("startup_phases.py"))
 
 OPTIMIZER = "import torch; torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])"
 
 
-def measure(cmd: list[str], cwd: str, env: dict | None = None) -> tuple[float, float]:
-    """(wall s, CPU s = user + sys) of one run of cmd."""
+def measure(
+    cmd: list[str], cwd: str, env: dict | None = None, refused: bool = False
+) -> tuple[float, float]:
+    """(wall s, CPU s = user + sys) of one run of cmd (`refused`: it must fail, in a paragraph)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
+    if refused and (proc.returncode == 0 or REFUSED not in proc.stderr):
+        sys.exit(f"{' '.join(cmd)} was not refused ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    if not refused and proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu
@@ -61,8 +72,9 @@ def main() -> None:
     parser.add_argument("--compare", help="another checkout's src dir, run the same way")
     parser.add_argument("--no-phases", action="store_true", help="skip startup_phases.py")
     parser.add_argument("--extra", default="", help="overrides appended to the command")
+    parser.add_argument("--refusal", action="store_true", help="time a refused config instead")
     a = parser.parse_args()
-    run = [*RUN, *a.extra.split()]
+    run = [*(REFUSAL if a.refusal else RUN), *a.extra.split()]
     work = tempfile.mkdtemp(prefix="accel_bench_startup_")
     script = console_script("accel-train")
     variants: dict[str, tuple[list[str], dict | None]] = {
@@ -81,8 +93,9 @@ def main() -> None:
     loads = [load_avg()]
     for r in range(a.rounds):
         for name, (cmd, env) in variants.items():
-            times[name].append(measure(cmd, work, env))
-        if not a.no_phases:
+            refused = a.refusal and name.startswith(("accel-train", "the same"))
+            times[name].append(measure(cmd, work, env, refused))
+        if not (a.no_phases or a.refusal):
             out = Path(work) / f"phases{r}.json"
             env = dict(os.environ, ACCEL_PHASES_JSON=str(out))
             phased = [sys.executable, PHASES, *run, f"hydra.run.dir={work}/phases{r}"]

@@ -3,7 +3,8 @@ are reported as one paragraph (accel_train.errors).
 
 Start-up speed: this module imports no torch. The launch and training packages (and torch,
 3-4 s to import here) are imported inside the Hydra task functions, after Hydra has composed
-the config, so a misspelled override fails in well under a second. These deferred imports go
+the config and the checks that need no torch passed (launchers/preflight.py), so a misspelled
+override or a refused config fails in well under a second. These deferred imports go
 downward only (cli -> launch -> train); tests/test_architecture.py checks that nothing imports
 cli.
 """
@@ -21,7 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from accel_train import plugins
-from accel_train.command_checks import check_export_config
+from accel_train.command_checks import check_eval_config, check_export_config
 from accel_train.commands import sweep_summary
 from accel_train.commands.outputs import interrupts_exit
 from accel_train.config import CONFIG_DIR, hydra_compose, hydra_errors
@@ -38,6 +39,7 @@ from accel_train.config.schema import (
 )
 from accel_train.environment import exit_without_teardown, register_resolvers
 from accel_train.errors import UserError, report_user_errors
+from accel_train.launchers.preflight import preflight
 from accel_train.written import remove_empty, unwritable
 
 
@@ -197,9 +199,10 @@ def _refuse_untagged() -> None:
 @report_user_errors
 @report_config_errors
 def _train_single(cfg: DictConfig):
-    from accel_train.launchers.launch import launch  # deferred: see the module docstring
-
     try:
+        preflight(cfg)  # the refusals that need no torch (launchers/preflight.py)
+        from accel_train.launchers.launch import launch  # deferred: see the module docstring
+
         return launch(cfg)
     except Exception as err:
         if hydra_errors.as_user_error(err) is not None:  # a UserError, or a config error
@@ -212,6 +215,7 @@ def _train_single(cfg: DictConfig):
 @report_config_errors
 def _evaluate(cfg: DictConfig):
     refuse_unknown_keys(cfg, EvalConfig)
+    check_eval_config(cfg)  # a wrong key fails before torch is imported
     from accel_train.train.evaluate import evaluate_checkpoint  # deferred: see the docstring
 
     evaluate_checkpoint(cfg)

@@ -69,6 +69,109 @@ def check_export_config(ecfg: DictConfig) -> None:
     check_writable(export_path(ecfg), bool(ecfg.out_path))
 
 
+# accel-eval: the devices it runs on, and the splits of a run's data set it scores.
+EVAL_DEVICES = ("auto", "cpu", "cuda")
+EVAL_SPLITS = ("test", "val", "train")
+
+
+def check_eval_config(ecfg: DictConfig) -> None:
+    """accel-eval's own keys, before anything (torch included) is loaded, in the order
+    train/evaluate.py checks them (it asks whether device=cuda has a device after these)."""
+    check_sources(ecfg)
+    if not ecfg.harness.tasks:
+        check_ckpt_path(ecfg)
+        check_eval_keys(ecfg)
+    elif not ecfg.model_path:
+        check_ckpt_path(ecfg)
+    check_device_name(ecfg)
+
+
+def check_sources(ecfg: DictConfig) -> None:
+    """ckpt_path xor model_path; model_path only with harness.tasks."""
+    has_ckpt = not OmegaConf.is_missing(ecfg, "ckpt_path") and bool(ecfg.ckpt_path)
+    if has_ckpt and ecfg.model_path:
+        raise UserError(
+            f"ckpt_path={ecfg.ckpt_path} and model_path={ecfg.model_path} are both given: "
+            "accel-eval scores one model at a time. Give ckpt_path for a run's checkpoint, or "
+            "model_path for a Hugging Face folder (e.g. the base the run was fine-tuned from), "
+            "and run accel-eval once for each."
+        )
+    if ecfg.model_path and not ecfg.harness.tasks:
+        raise UserError(
+            f"model_path={ecfg.model_path} scores a Hugging Face folder on lm-evaluation-harness "
+            "tasks only (it has no run's data set to score): add `harness.tasks=[NAME,...]` "
+            "(and `harness.include_path=DIR` for your own task files)."
+        )
+
+
+def check_ckpt_path(ecfg: DictConfig) -> Path:
+    if OmegaConf.is_missing(ecfg, "ckpt_path") or not ecfg.ckpt_path:
+        raise UserError(
+            "ckpt_path is required: the checkpoint to evaluate, e.g. "
+            "`accel-eval ckpt_path=outputs/<run>/checkpoints/best.pt` (or, with harness.tasks, "
+            "`model_path=DIR`: a Hugging Face folder)."
+        )
+    ckpt_path = Path(ecfg.ckpt_path).expanduser()
+    if ckpt_path.is_dir() and not (ckpt_path / "meta.pt").is_file():
+        found = sorted(
+            str(p.relative_to(ckpt_path))
+            for pattern in ("*.pt", "*.dcp", "checkpoints/*.pt", "checkpoints/*.dcp")
+            for p in ckpt_path.glob(pattern)
+        )
+        hint = f" It holds {', '.join(found[:4])}: give one of those." if found else ""
+        raise UserError(
+            f"ckpt_path={ckpt_path} is a directory, not a checkpoint: give a .pt file written by "
+            "accel-train (e.g. outputs/<run>/checkpoints/best.pt) or an FSDP .dcp directory "
+            f"(which holds meta.pt).{hint}"
+        )
+    return ckpt_path
+
+
+def check_eval_keys(ecfg: DictConfig) -> None:
+    """accel-eval's keys for scoring a run's checkpoint on its data set."""
+    if ecfg.batch_size < 0:
+        raise UserError(
+            f"batch_size={ecfg.batch_size} must be >= 0 (0 = the checkpoint's own "
+            "loader.eval_batch_size), e.g. `batch_size=1024`."
+        )
+    if ecfg.split is not None and ecfg.split not in EVAL_SPLITS:
+        raise UserError(
+            f"split={ecfg.split!r} is not one of {', '.join(EVAL_SPLITS)}: the split of the "
+            "checkpoint's data set to score, e.g. `split=val`."
+        )
+    if ecfg.data_path and not Path(ecfg.data_path).expanduser().is_file():
+        raise UserError(
+            f"data_path={ecfg.data_path}: no such file. Give a file of records in the "
+            "checkpoint's data format (e.g. a .jsonl of chat records for dataset=sft)."
+        )
+    if ecfg.out_path:
+        refuse_checkpoint_target(str(ecfg.ckpt_path), str(ecfg.out_path), "eval/result.json")
+        _refuse_foreign_result(Path(ecfg.out_path))
+
+
+def check_device_name(ecfg: DictConfig) -> None:
+    if ecfg.device not in EVAL_DEVICES:
+        raise UserError(
+            f"device={ecfg.device!r} is not one of {', '.join(EVAL_DEVICES)}. Use `device=cpu` "
+            "or `device=auto`."
+        )
+
+
+def _refuse_foreign_result(out: Path) -> None:
+    """An existing out_path is replaced only when it is an earlier accel-eval result."""
+    if not out.is_file():
+        return
+    try:
+        earlier = json.loads(out.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        earlier = None
+    if not (isinstance(earlier, dict) and "ckpt_path" in earlier and "split" in earlier):
+        raise UserError(
+            f"out_path={out} exists and is not an accel-eval result: accel-eval replaces only "
+            "its own result files. Choose another `out_path` (e.g. `out_path=eval/result.json`)."
+        )
+
+
 def export_path(ecfg: DictConfig) -> Path:
     """Where accel-export writes: out_path, or beside the checkpoint (checkpoints/best.onnx,
     checkpoints/best-hf)."""

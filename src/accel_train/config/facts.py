@@ -11,6 +11,7 @@ import sys
 
 from omegaconf import DictConfig
 
+from accel_train.config.task_facts import BUILTIN_TASKS
 from accel_train.errors import UserError
 
 # summary.json keys a sweep may optimise (`objective`), with the direction that is better.
@@ -52,12 +53,19 @@ def declared_class(target: str):
         return None
 
 
+def declared_task(target: str):
+    """The class a task's `_target_` names, as declared_class; for a built-in task, its facts
+    (config/task_facts.py: the same plain data, with no torch import)."""
+    return BUILTIN_TASKS.get(str(target)) or declared_class(target)
+
+
 def task_class(cfg: DictConfig):
-    """The task option's class, imported (not built); None when not importable here."""
+    """The task option's class, imported (not built), or a built-in task's facts (what the
+    checks read of it, config/task_facts.py); None when not importable here."""
     task = cfg.get("task")
     if not isinstance(task, DictConfig) or "_target_" not in task:
         return None
-    return declared_class(task._target_)
+    return declared_task(task._target_)
 
 
 def validation_metrics(cfg: DictConfig) -> dict[str, str]:
@@ -66,7 +74,7 @@ def validation_metrics(cfg: DictConfig) -> dict[str, str]:
     task = cfg.get("task")
     modes = {"loss": "min"}
     if isinstance(task, DictConfig) and "_target_" in task:
-        cls = declared_class(task._target_)
+        cls = declared_task(task._target_)
         declare = getattr(cls, "metric_modes", None)
         if callable(declare):
             modes = dict(declare(task))

@@ -1,8 +1,10 @@
 """Launchers: the objects `launcher=<name>` chooses, one small file each, and what they share.
 
-- base.py (what a launcher answers), registry.py (`launcher_for`: the launcher registered under
-  the name, its module imported then), launch.py (the body of `accel-train`: the steps every
-  launch shares, then the launcher's `launch`);
+- base.py (what a launcher answers), names.py (the built-in launchers' names and modules, and
+  whether each submits: no launcher imported), registry.py (`launcher_for`: the launcher
+  registered under the name, its module imported then), preflight.py (the config checks that
+  need no torch, run before launch.py is imported), launch.py (the body of `accel-train`: the
+  steps every launch shares, then the launcher's `launch`);
 - local.py, torchrun.py (this node: in-process or torchrun), slurm.py, ray.py, kubernetes.py;
 - their helpers: world (processes per node, the strategy's check), startup_tree (what a launch
   prints), torchrun_process, rendezvous, worker and node (the processes torchrun and srun
@@ -14,8 +16,8 @@
   question about how the run was launched.
 
 A new launcher is one file with a `Launcher` subclass under `@register_launcher(name, Config)`
-(accel_train.plugins), and its line in registry.py's BUILTIN_MODULES (or, outside accel-train,
-an `accel_train.plugins` entry point). This package imports nothing: a run imports only the
-launcher it uses, and Hydra's plugin scan, which imports submitit_launcher.py at every start-up
-(hydra_plugins/accel_train_submitit), imports no torch.
+(accel_train.plugins), and its lines in names.py's BUILTIN_MODULES and SUBMITTED (or, outside
+accel-train, an `accel_train.plugins` entry point). This package imports nothing: a run imports
+only the launcher it uses, and Hydra's plugin scan, which imports submitit_launcher.py at every
+start-up (hydra_plugins/accel_train_submitit), imports no torch.
 """

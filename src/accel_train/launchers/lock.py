@@ -29,7 +29,7 @@ Hydra creates the run dir and writes `.hydra/` and `train.log`, so a refused run
 the holder's files.
 
 Holding the lock means no other process saves into the dir, so every temp file that a killed
-save left there is stale: they are removed (checkpoint.remove_stale_temps) when it is taken.
+save left there is stale: they are removed (checkpoint_temps.remove_stale_temps) when it is taken.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from accel_train import checkpoint as ckpt_io
+from accel_train import checkpoint_temps as ckpt_io
 from accel_train.environment import in_srun_step, inside_torchrun
 from accel_train.errors import UserError, report_user_errors
-from accel_train.launchers.registry import launcher_for
+from accel_train.launchers.names import submits_and_exits
 
 log = logging.getLogger("accel_train")
 
@@ -90,7 +90,7 @@ def role(cfg: DictConfig) -> str:
         if env.get(ENV_VAR) == str(run_dir / LOCK_NAME):
             return "join"  # a worker of a launcher that holds it
         return "hold" if env.get("RANK") == "0" else "skip"
-    if launcher_for(cfg).submits_and_exits(cfg):
+    if submits_and_exits(cfg):
         return "check"  # the job's global rank 0 holds it
     if in_srun_step():  # mirrors launchers.slurm_job.adopt_srun_task
         nodes, ntasks = int(env["SLURM_JOB_NUM_NODES"]), int(env["SLURM_NTASKS"])

@@ -32,6 +32,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from accel_train.config.task_facts import TaskFacts
 from accel_train.data.batch import cast_floats, count_samples, take
 
 StepOutput = torch.Tensor | tuple[torch.Tensor, torch.Tensor | int]
@@ -122,39 +123,17 @@ class TaskContext:
         return task.prepare(self.batch, train=self.augment)
 
 
-class Task:
-    """Base class. Subclasses override `step` (and usually `evaluate`)."""
-
-    name = "task"
-    # Plain data the config checks read from the class: see the module docstring.
-    uses_loss_group = False
-    per_sample_loss = False
-    class_logits = False
-    labelled_data = False
-    pipeline = False
-    soft_targets = (
-        False  # takes data/images/batch_mix.py's (x, soft targets, labels) training batches
-    )
-    generates_text = False  # accel-sample may sample it: token ids in, next-token logits out
-    table_names: tuple[str, ...] = ()  # tables() kept in <name>.jsonl in the run dir
+class Task(TaskFacts):
+    """Base class. Subclasses override `step` (and usually `evaluate`). The plain data the
+    config checks read (`metric_modes`, `per_sample_loss`, ...) is declared on
+    accel_train.config.task_facts.TaskFacts, which a built-in task's facts class extends and the
+    task class inherits (so the checks read it without importing torch)."""
 
     def __init__(self) -> None:
         self.train_metrics = Running(torch.float32)  # logged as train/<name>
         self.eval_metrics = Running(torch.float64)  # logged as val/<name>, test/<name>
         # The parameters' dtype: precision=bf16_true casts float inputs to it in prepare().
         self.param_dtype = torch.float32
-
-    @classmethod
-    def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
-        """The metrics validation logs (without the `val/` prefix) -> min or max."""
-        return {"loss": "min", **{str(k): str(v) for k, v in (cfg.get("metrics") or {}).items()}}
-
-    @classmethod
-    def config_refusal(cls, cfg: DictConfig) -> str | None:
-        """Why this run's other choices (model, strategy, ...) cannot work with this task, in
-        one paragraph naming the keys; None: they can. Read by the config checks before
-        anything is built."""
-        return None
 
     # ---- build time ----------------------------------------------------------------------
 

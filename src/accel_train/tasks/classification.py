@@ -26,6 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from accel_train.config import task_facts as facts
 from accel_train.config.schema import ClassificationTaskConfig
 from accel_train.data.images.batch_mix import BatchMix, build_batch_mix, mixing_on
 from accel_train.errors import UserError
@@ -41,15 +42,7 @@ TOP5_FROM = 10
 
 
 @register_task("classification", ClassificationTaskConfig)
-class Classification(Task):
-    name = "classification"
-    uses_loss_group = True
-    per_sample_loss = True
-    class_logits = True
-    labelled_data = True
-    pipeline = True
-    soft_targets = True
-
+class Classification(facts.Classification, Task):
     def __init__(self, top_k: list[int] | tuple[int, ...] | None = None):
         super().__init__()
         # None: top-1, and top-5 with >= TOP5_FROM classes (timm's train.py logs both), decided
@@ -61,13 +54,6 @@ class Classification(Task):
         self.transform: Any = None
         self.device: torch.device | None = None
         self.mix: BatchMix | None = None  # the batch switches on training batches (or None)
-
-    @classmethod
-    def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
-        modes = {"acc": "max", "loss": "min"}
-        top_k = cfg.get("top_k") if cfg.get("top_k") is not None else (1, 5)  # (None: maybe 5)
-        modes.update({f"acc_top{k}": "max" for k in top_k if k != 1})
-        return modes
 
     def setup(self, ctx: TaskContext) -> None:
         if ctx.num_classes < 2:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_train.config import task_facts as facts
 from accel_train.config.schema import CustomTaskConfig
 from accel_train.data.batch import count_samples
 from accel_train.errors import UserError
@@ -48,9 +49,7 @@ def _function(path: str, key: str):
 
 
 @register_task("custom", CustomTaskConfig)
-class Custom(Task):
-    name = "custom"
-
+class Custom(facts.Custom, Task):
     def __init__(self, step: str, eval_step: str | None = None, metrics: Any = None):
         super().__init__()
         self.path = str(step)

@@ -24,9 +24,9 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
+from accel_train.config import task_facts as facts
 from accel_train.config.schema import LanguageModelTaskConfig
 from accel_train.data.text.dataset_tokenizer import dataset_tokenizer, tokenizer_data
 from accel_train.data.text.tokenizer import tokenizer_from_meta
@@ -41,14 +41,7 @@ HEAD_LOSS = "head_loss"  # the model capability task.chunked_loss calls: forward
 
 
 @register_task("language_model", LanguageModelTaskConfig)
-class LanguageModel(Task):
-    name = "language_model"
-    generates_text = True
-    # strategy=pipeline: the last stage computes loss_fn on its micro-batches' logits. Each
-    # micro-batch's mean is weighted by its windows, which is the mean over the tokens as long
-    # as every window counts the same number (no ignore_index targets).
-    pipeline = True
-
+class LanguageModel(facts.LanguageModel, Task):
     def __init__(
         self,
         ignore_index: int = -1,
@@ -70,10 +63,6 @@ class LanguageModel(Task):
         self.block_size = 0
         self.seed = 0
         self.kept_tokenizer: dict | None = None  # checkpoint_data(): see _keep_tokenizer
-
-    @classmethod
-    def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
-        return {"loss": "min", "ppl": "min"}
 
     def setup(self, ctx: TaskContext) -> None:
         super().setup(ctx)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_train.config import task_facts as facts
 from accel_train.config.schema import TaskConfig
 from accel_train.errors import UserError
 from accel_train.plugins import register_task
@@ -36,9 +37,7 @@ def loss_of(out: Any) -> torch.Tensor | None:
 
 
 @register_task("model_loss", TaskConfig)
-class ModelLoss(Task):
-    name = "model_loss"
-
+class ModelLoss(facts.ModelLoss, Task):
     def setup(self, ctx: TaskContext) -> None:
         super().setup(ctx)
         model = ctx.model

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 from torch import nn
 
+from accel_train.config import task_facts as facts
 from accel_train.config.schema import RegressionTaskConfig
 from accel_train.errors import UserError
 from accel_train.plugins import register_task
@@ -24,10 +24,7 @@ LOSSES = ("mse", "l1", "huber")
 
 
 @register_task("regression", RegressionTaskConfig)
-class Regression(Task):
-    name = "regression"
-    per_sample_loss = True
-
+class Regression(facts.Regression, Task):
     def __init__(
         self,
         loss: str = "mse",
@@ -44,10 +41,6 @@ class Regression(Task):
             raise UserError(f"task.huber_delta={huber_delta} must be > 0, e.g. 1.0.")
         self.loss, self.delta = loss, huber_delta
         self.input_key, self.target_key = input_key, target_key
-
-    @classmethod
-    def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
-        return {"loss": "min", "mse": "min", "mae": "min"}
 
     def _parts(self, batch: Any) -> tuple[Any, torch.Tensor]:
         if isinstance(batch, dict):

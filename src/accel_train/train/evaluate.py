@@ -9,10 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils.data import default_collate
 
-from accel_train.command_checks import refuse_checkpoint_target
+from accel_train.command_checks import (
+    check_ckpt_path,
+    check_device_name,
+    check_eval_keys,
+    check_sources,
+)
 from accel_train.data.batch import to_device
 from accel_train.data.build import build_splits
 from accel_train.data.builtin import hints_for
@@ -25,7 +30,7 @@ from accel_train.precision import Precision, resolve_precision
 from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.tasks import Task, TaskContext, build_task
 from accel_train.techniques.channels_last import to_channels_last
-from accel_train.train.harness_eval import check_sources, evaluate_harness
+from accel_train.train.harness_eval import evaluate_harness
 from accel_train.written import make_parents, remove_empty
 
 log = logging.getLogger("accel_train")
@@ -55,8 +60,6 @@ def score(model, loader, task: Task, precision: Precision, env: DistEnv) -> dict
 
 
 # accel-eval's own keys, as its messages name them.
-EVAL_DEVICES = ("auto", "cpu", "cuda")
-SPLITS = ("test", "val", "train")
 
 
 def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
@@ -66,7 +69,7 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     check_sources(ecfg)
     if ecfg.harness.tasks:
         if not ecfg.model_path:
-            _check_ckpt_path(ecfg)
+            check_ckpt_path(ecfg)
         return evaluate_harness(ecfg, _check_device(ecfg))
     ckpt_path, device = _check_eval_config(ecfg)
     opened = RunCheckpoint(ckpt_path, redo="Evaluate it with the version that wrote it.")
@@ -150,79 +153,21 @@ def sample_batch(splits, device: torch.device) -> Any:
 
 
 def _check_eval_config(ecfg: DictConfig) -> tuple[Path, torch.device]:
-    """accel-eval's own keys, before anything is loaded."""
-    ckpt_path = _check_ckpt_path(ecfg)
-    if ecfg.batch_size < 0:
-        raise UserError(
-            f"batch_size={ecfg.batch_size} must be >= 0 (0 = the checkpoint's own "
-            "loader.eval_batch_size), e.g. `batch_size=1024`."
-        )
-    if ecfg.split is not None and ecfg.split not in SPLITS:
-        raise UserError(
-            f"split={ecfg.split!r} is not one of {', '.join(SPLITS)}: the split of the "
-            "checkpoint's data set to score, e.g. `split=val`."
-        )
-    if ecfg.data_path and not Path(ecfg.data_path).expanduser().is_file():
-        raise UserError(
-            f"data_path={ecfg.data_path}: no such file. Give a file of records in the "
-            "checkpoint's data format (e.g. a .jsonl of chat records for dataset=sft)."
-        )
-    if ecfg.out_path:
-        refuse_checkpoint_target(str(ecfg.ckpt_path), str(ecfg.out_path), "eval/result.json")
-        _refuse_foreign_file(Path(ecfg.out_path))
+    """accel-eval's own keys, before anything is loaded (the CLI checked those that need no
+    torch already: command_checks.check_eval_config)."""
+    ckpt_path = check_ckpt_path(ecfg)
+    check_eval_keys(ecfg)
     return ckpt_path, _check_device(ecfg)
 
 
-def _check_ckpt_path(ecfg: DictConfig) -> Path:
-    if OmegaConf.is_missing(ecfg, "ckpt_path") or not ecfg.ckpt_path:
-        raise UserError(
-            "ckpt_path is required: the checkpoint to evaluate, e.g. "
-            "`accel-eval ckpt_path=outputs/<run>/checkpoints/best.pt` (or, with harness.tasks, "
-            "`model_path=DIR`: a Hugging Face folder)."
-        )
-    ckpt_path = Path(ecfg.ckpt_path).expanduser()
-    if ckpt_path.is_dir() and not (ckpt_path / "meta.pt").is_file():
-        found = sorted(
-            str(p.relative_to(ckpt_path))
-            for pattern in ("*.pt", "*.dcp", "checkpoints/*.pt", "checkpoints/*.dcp")
-            for p in ckpt_path.glob(pattern)
-        )
-        hint = f" It holds {', '.join(found[:4])}: give one of those." if found else ""
-        raise UserError(
-            f"ckpt_path={ckpt_path} is a directory, not a checkpoint: give a .pt file written by "
-            "accel-train (e.g. outputs/<run>/checkpoints/best.pt) or an FSDP .dcp directory "
-            f"(which holds meta.pt).{hint}"
-        )
-    return ckpt_path
-
-
 def _check_device(ecfg: DictConfig) -> torch.device:
-    if ecfg.device not in EVAL_DEVICES:
-        raise UserError(
-            f"device={ecfg.device!r} is not one of {', '.join(EVAL_DEVICES)}. Use `device=cpu` "
-            "or `device=auto`."
-        )
+    check_device_name(ecfg)
     if ecfg.device == "cuda" and not torch.cuda.is_available():
         raise UserError(
             "device=cuda but this machine has no usable CUDA device (torch.cuda.is_available() "
             "is False). Use `device=cpu` or `device=auto`."
         )
     return resolve_device(ecfg.device)
-
-
-def _refuse_foreign_file(out: Path) -> None:
-    """An existing out_path is replaced only when it is an earlier accel-eval result."""
-    if not out.is_file():
-        return
-    try:
-        earlier = json.loads(out.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        earlier = None
-    if not (isinstance(earlier, dict) and "ckpt_path" in earlier and "split" in earlier):
-        raise UserError(
-            f"out_path={out} exists and is not an accel-eval result: accel-eval replaces only "
-            "its own result files. Choose another `out_path` (e.g. `out_path=eval/result.json`)."
-        )
 
 
 def _score_file(ecfg: DictConfig, cfg: DictConfig) -> None:

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from accel_train.command_checks import check_sources as check_sources
 from accel_train.config.text_checks import check_harness_keys
 from accel_train.errors import UserError
 from accel_train.models.harness import HarnessTasks, run_harness, table
@@ -28,24 +29,6 @@ from accel_train.written import make_parents, remove_empty
 log = logging.getLogger("accel_train")
 
 MARK = "accel_eval"  # the key that makes a JSON file one of ours (replaceable)
-
-
-def check_sources(ecfg: DictConfig) -> None:
-    """ckpt_path xor model_path; model_path only with harness.tasks."""
-    has_ckpt = not OmegaConf.is_missing(ecfg, "ckpt_path") and bool(ecfg.ckpt_path)
-    if has_ckpt and ecfg.model_path:
-        raise UserError(
-            f"ckpt_path={ecfg.ckpt_path} and model_path={ecfg.model_path} are both given: "
-            "accel-eval scores one model at a time. Give ckpt_path for a run's checkpoint, or "
-            "model_path for a Hugging Face folder (e.g. the base the run was fine-tuned from), "
-            "and run accel-eval once for each."
-        )
-    if ecfg.model_path and not ecfg.harness.tasks:
-        raise UserError(
-            f"model_path={ecfg.model_path} scores a Hugging Face folder on lm-evaluation-harness "
-            "tasks only (it has no run's data set to score): add `harness.tasks=[NAME,...]` "
-            "(and `harness.include_path=DIR` for your own task files)."
-        )
 
 
 def evaluate_harness(ecfg: DictConfig, device: torch.device) -> dict[str, Any]:
