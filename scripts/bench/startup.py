@@ -20,7 +20,7 @@ paragraph and exit 2, BENCHMARKS.md section 38); each run must fail with its par
 phases are skipped.
 
 python scripts/bench/startup.py --rounds 7 [--compare /tmp/before/src] [--extra "k=v k2=v2"]
-python scripts/bench/startup.py --rounds 5 --refusal --compare /work/main/src
+python scripts/bench/startup.py --rounds 5 --refusal --compare /tmp/before/src
 
 Byte-compile an editable install first (`python -m compileall -q src`), as `pip install .` does at
 install time and CI does: with PYTHONDONTWRITEBYTECODE set, every run otherwise compiles
