@@ -1,11 +1,12 @@
 """Issue 60 (Hardening 5), through the real CLI: trainer.max_steps without trainer.max_epochs
-trains by steps."""
+trains by steps; best.pt is considered at every validation, not only every_n_epochs'."""
 
 from __future__ import annotations
 
 import json
 
-from helpers import FAST, check_ok
+import torch
+from helpers import FAST, check_ok, read_jsonl
 
 # 256 samples, 10% held out: 230 train / 64 per batch = 4 steps per epoch (default: 3 epochs).
 SHORT = [*FAST, "loader.batch_size=64", "trainer.test_after_fit=false"]
@@ -30,3 +31,27 @@ def test_max_steps_alone_trains_by_steps(run_cli, tmp_path):
     check_ok(proc)
     assert _steps(both) == 8
     assert "trainer.max_epochs=2 ends the run at step 8" in proc.stdout + proc.stderr
+
+
+def test_best_pt_is_the_best_of_every_validation(run_cli, tmp_path):
+    """checkpoint.every_n_epochs=2 over 3 epochs ranks epochs 1 and 2 only; monitoring the
+    *highest* val/loss makes epoch 0's validation (the least trained) the best: best.pt holds
+    that epoch's weights and summary.json's best_score is the best value metrics.jsonl logged."""
+    run_dir = tmp_path / "run"
+    args = [
+        *SHORT,
+        "trainer.max_epochs=3",
+        "checkpoint.every_n_epochs=2",
+        "checkpoint.monitor=val/loss",
+        "checkpoint.mode=max",
+        f"hydra.run.dir={run_dir}",
+    ]
+    check_ok(run_cli(args))
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "val/loss" in r]
+    assert len(rows) == 3
+    best = max(rows, key=lambda r: r["val/loss"])
+    assert best["step"] == rows[0]["step"] == 4  # after epoch 0, which is not due
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["best_score"] == best["val/loss"]
+    saved = torch.load(run_dir / "checkpoints" / "best.pt", map_location="cpu", weights_only=False)
+    assert saved["progress"]["step"] == best["step"]
