@@ -1,11 +1,13 @@
 """Issue 60 (Hardening 5), through the real CLI: trainer.max_steps without trainer.max_epochs
-trains by steps; best.pt is considered at every validation, not only every_n_epochs'."""
+trains by steps; best.pt is considered at every validation, not only every_n_epochs'; a
+schema's mapping (loader.resources) takes keys of the user's own without `+`."""
 
 from __future__ import annotations
 
 import json
 
 import torch
+import yaml
 from helpers import FAST, check_ok, read_jsonl
 
 # 256 samples, 10% held out: 230 train / 64 per batch = 4 steps per epoch (default: 3 epochs).
@@ -55,3 +57,31 @@ def test_best_pt_is_the_best_of_every_validation(run_cli, tmp_path):
     assert summary["best_score"] == best["val/loss"]
     saved = torch.load(run_dir / "checkpoints" / "best.pt", map_location="cpu", weights_only=False)
     assert saved["progress"]["step"] == best["step"]
+
+
+def _user_dataset(cwd, error: str) -> list[str]:
+    """A dataset `_target_` of the user's (a module in the run's cwd) that raises `error`."""
+    (cwd / "broken_data.py").write_text(f"def build(**kwargs):\n    raise {error}\n")
+    return ["model=mlp", "dataset=custom", "dataset._target_=broken_data.build"]
+
+
+def test_loader_resources_takes_keys_of_the_users_own(run_cli, tmp_path):
+    """loader.resources.cpu_node=1 (configs/loader/ray.yaml's own example) is accepted and lands
+    in config.yaml; the run is then refused by its data set, before any Ray starts. The run dir
+    made beforehand is kept (a refused run removes only a run dir it made)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    args = [
+        *_user_dataset(tmp_path, 'ValueError("no data in this test")'),
+        "loader=ray",
+        "loader.resources.cpu_node=1",
+        "trainer.progress=none",
+        f"hydra.run.dir={run_dir}",
+    ]
+    proc = run_cli(args)
+    assert proc.returncode != 0
+    assert "no data in this test" in proc.stderr and "fixed by its schema" not in proc.stderr
+    written = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert written["loader"]["resources"] == {"cpu_node": 1.0}
+    proc = run_cli(["loader=ray", "loader.resources_typo=1"])
+    assert proc.returncode != 0 and "fixed by its schema" in proc.stderr  # the schema stays closed
