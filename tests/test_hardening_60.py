@@ -1,11 +1,13 @@
 """Issue 60 (Hardening 5), through the real CLI: trainer.max_steps without trainer.max_epochs
 trains by steps; best.pt is considered at every validation, not only every_n_epochs'; a
-schema's mapping (loader.resources) takes keys of the user's own without `+`."""
+schema's mapping (loader.resources) takes keys of the user's own without `+`; a misspelled
+option names the nearest ones."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 import yaml
 from helpers import FAST, check_ok, read_jsonl
@@ -85,3 +87,20 @@ def test_loader_resources_takes_keys_of_the_users_own(run_cli, tmp_path):
     assert written["loader"]["resources"] == {"cpu_node": 1.0}
     proc = run_cli(["loader=ray", "loader.resources_typo=1"])
     assert proc.returncode != 0 and "fixed by its schema" in proc.stderr  # the schema stays closed
+
+
+@pytest.mark.parametrize(
+    ("given", "meant"),
+    [
+        ("strategy=fdsp", "strategy=fsdp"),
+        ("precision=bf61", "precision=bf16"),
+        ("launcher=torchrn", "launcher=torchrun"),
+        ("scheduler=cosin", "scheduler=cosine"),
+        ("logger=tensorbord", "logger=tensorboard"),
+    ],
+)
+def test_a_misspelled_option_names_the_nearest(run_cli, given, meant):
+    proc = run_cli([given])
+    assert proc.returncode == 2
+    assert f"Did you mean `{meant}`" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) <= 2
