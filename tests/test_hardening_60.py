@@ -1,11 +1,14 @@
 """Issue 60 (Hardening 5), through the real CLI: trainer.max_steps without trainer.max_epochs
 trains by steps; best.pt is considered at every validation, not only every_n_epochs'; a
 schema's mapping (loader.resources) takes keys of the user's own without `+`; a misspelled
-option names the nearest ones."""
+option names the nearest ones; a torchvision that does not match torch is named as the
+installation, not as the data set's arguments."""
 
 from __future__ import annotations
 
 import json
+from importlib import metadata
+from importlib.util import find_spec
 
 import pytest
 import torch
@@ -104,3 +107,21 @@ def test_a_misspelled_option_names_the_nearest(run_cli, given, meant):
     assert proc.returncode == 2
     assert f"Did you mean `{meant}`" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) <= 2
+
+
+def test_a_torchvision_for_another_torch_is_an_installation_problem(run_cli, tmp_path):
+    """A data set `_target_` failing as a mismatched torchvision does (its operators not
+    registered) is reported as the installation: both versions and the install line."""
+    error = 'RuntimeError("operator torchvision::nms does not exist")'
+    proc = run_cli([*_user_dataset(tmp_path, error), "trainer.progress=none"])
+    assert proc.returncode == 2
+    text = proc.stderr
+    assert "operator torchvision::nms does not exist" in text
+    assert "Fix the arguments" not in text and "Traceback" not in text
+    torch_version = metadata.version("torch")
+    minor = int(torch_version.split(".")[1])
+    assert f"torch {torch_version}" in text
+    line = f"pip install torch=={torch_version.split('+')[0]} torchvision==0.{minor + 15}.*"
+    assert line in text
+    vision = metadata.version("torchvision") if find_spec("torchvision") else None
+    assert vision is None or f"torchvision {vision}" in text
