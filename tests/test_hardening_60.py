@@ -38,6 +38,15 @@ def test_max_steps_alone_trains_by_steps(run_cli, tmp_path):
     check_ok(proc)
     assert _steps(both) == 8
     assert "trainer.max_epochs=2 ends the run at step 8" in proc.stdout + proc.stderr
+    # An experiment that sets max_epochs gives it as the command line does.
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    mine = "# @package _global_\ntrainer:\n  max_epochs: 2\n"
+    (tmp_path / "conf" / "experiment" / "mine.yaml").write_text(mine)
+    ours = tmp_path / "experiment"
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    args = [*SHORT, search, "+experiment=mine", "trainer.max_steps=20", f"hydra.run.dir={ours}"]
+    check_ok(run_cli(args))
+    assert _steps(ours) == 8
 
 
 def test_best_pt_is_the_best_of_every_validation(run_cli, tmp_path):
