@@ -134,3 +134,10 @@ def test_a_torchvision_for_another_torch_is_an_installation_problem(run_cli, tmp
     assert line in text
     vision = metadata.version("torchvision") if find_spec("torchvision") else None
     assert vision is None or f"torchvision {vision}" in text
+    # The user's own `from torchvision import nope` stays the user's code to fix.
+    (tmp_path / "broken_data.py").write_text(
+        "def build(**kwargs):\n    from torchvision import nope  # noqa\n"
+    )
+    proc = run_cli(["model=mlp", "dataset=custom", "dataset._target_=broken_data.build"])
+    assert proc.returncode == 2 and "Fix the arguments" in proc.stderr
+    assert "installation" not in proc.stderr

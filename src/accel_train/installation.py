@@ -21,6 +21,10 @@ from accel_train.errors import UserError
 # with the torch they were built for.
 COMPILED = ("torch", "torchvision", "torchaudio", "torchcodec")
 _OPERATOR = re.compile(r"operator (torch\w*)::\w+ does not exist")
+_LIBRARY = re.compile(
+    r"lib(torch|torchvision|torchaudio|torchcodec)\w*\.(so|dylib|dll)"
+    r"|(torch|torchvision|torchaudio|torchcodec)[/\\]\w+\.(so|pyd)"
+)
 _FILE = re.compile(r"[/\\](torch|torchvision|torchaudio|torchcodec)[/\\]")
 
 
@@ -41,20 +45,17 @@ def matching_torchvision(torch_version: str) -> str | None:
 
 def is_broken_install(err: BaseException) -> bool:
     """Whether `err` is torch's compiled packages failing to load together: a missing
-    operator of theirs, or an ImportError/OSError raised inside one of them (or naming one)."""
+    operator of theirs, or an ImportError/OSError raised inside one of them or naming a shared
+    library of theirs. Not the user's own `from torchvision import nope` (raised in the user's
+    file) and not a package that is not installed (the caller's message names it)."""
     if isinstance(err, RuntimeError) and _OPERATOR.search(str(err)):
         return True
-    if not isinstance(err, ImportError | OSError):
+    if not isinstance(err, ImportError | OSError) or isinstance(err, ModuleNotFoundError):
         return False
-    if isinstance(err, ModuleNotFoundError) and err.name in COMPILED:
-        return False  # not installed at all: the caller's own message says which package
-    name = getattr(err, "name", None) or ""
-    if name.split(".")[0] in COMPILED:
+    if _LIBRARY.search(str(err)):
         return True
     frames = traceback.extract_tb(err.__traceback__)
-    return any(_FILE.search(frame.filename) for frame in frames) or bool(
-        re.search(r"libtorch|torchvision|torchcodec|torchaudio", str(err))
-    )
+    return bool(frames) and bool(_FILE.search(frames[-1].filename))
 
 
 def broken_install(err: BaseException, where: str) -> UserError | None:
