@@ -45,7 +45,12 @@ OURS = tuple(p.name for p in PACKAGES)
 # entry-point scan) and the stores the decorators fill.
 LAYERS = [
     ["accel_train.errors"],
-    ["accel_train.config", "accel_train.environment", "accel_train.written"],
+    [
+        "accel_train.config",
+        "accel_train.environment",
+        "accel_train.written",
+        "accel_train.installation",
+    ],
     ["accel_train.plugins"],
     [
         "accel_train.targets",

@@ -20,6 +20,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from accel_train.errors import UserError
+from accel_train.installation import broken_install
 
 
 def make_cwd_importable() -> None:
@@ -49,6 +50,9 @@ def locate(target: str, key: str) -> Callable[..., Any]:
             missing = missing or name  # the longest module path that does not exist
             continue
         except Exception as err:  # a bug in the user's module, e.g. a SyntaxError
+            broken = broken_install(err, f"{key}={target}: importing {name}")
+            if broken is not None:  # torchvision built for another torch, ...
+                raise broken from None
             raise UserError(
                 f"{key}={target}: importing {name} raised {type(err).__name__}: {err}. Fix that "
                 "module, then run again."
@@ -130,6 +134,9 @@ def build(
         cause = err.__cause__ or err
         if isinstance(cause, UserError):  # the target's own message names the problem
             raise cause from None
+        broken = broken_install(cause, f"{key}._target_={target}: building it")
+        if broken is not None:  # not the arguments: torch and torchvision do not match
+            raise broken from None
         raise UserError(
             f"{key}._target_={target}: building it raised {type(cause).__name__}: "
             f"{' '.join(str(cause).split())}. Fix the arguments (`{key}.*`) or the code."

@@ -186,6 +186,9 @@ def _missing_option(err: MissingConfigException) -> UserError:
             "Check the name and the directories given."
         )
     listed = f" Options: {', '.join(options)}." if options else ""
+    close = difflib.get_close_matches(option, options, n=3, cutoff=0.6)
+    if close:  # a misspelling (strategy=fdsp): the nearest options first
+        listed = f" Did you mean {' or '.join(f'`{group}={o}`' for o in close)}?{listed}"
     return UserError(
         f"{group}={option}: the config group {group} has no option {option} (no {path}.yaml in "
         f"the config search path).{listed} An option of your own goes into "

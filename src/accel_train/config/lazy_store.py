@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from hydra.core.config_store import ConfigNode, ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 
 class LazyConfigNode(ConfigNode):
@@ -18,19 +18,37 @@ class LazyConfigNode(ConfigNode):
 
     def __init__(self, name: str, schema: Any, group: str | None, provider: str | None):
         self._box: list[Any] = [schema, None]  # [what to convert, the converted node]
+        self._open = group is not None  # an option's schema (the root schemas stay closed)
         super().__init__(name=name, node=None, group=group, package=None, provider=provider)
 
     @property  # type: ignore[override]
     def node(self) -> Any:
         box = self._box
         if box[1] is None:
-            box[1] = OmegaConf.structured(box[0])
+            node = OmegaConf.structured(box[0])
+            box[1] = open_mappings(node) if self._open else node
         return box[1]
 
     @node.setter
     def node(self, value: Any) -> None:
         if value is not None:  # ConfigStore.load's copy gets its own deep copy
             self._box = [None, value]
+
+
+def open_mappings(node: Any) -> Any:
+    """A schema's mapping fields (`dict[str, float]`, ...) left open: their keys are the user's
+    own (loader.resources.cpu_node=1), set without Hydra's `+` as any other key; the rest of
+    the schema stays closed (struct). Nested schemas too."""
+    if not isinstance(node, DictConfig):
+        return node
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none():
+            if child._metadata.object_type in (None, dict):
+                OmegaConf.set_struct(child, False)
+            else:
+                open_mappings(child)
+    return node
 
 
 def store_lazily(

@@ -15,7 +15,12 @@ import os
 from omegaconf import DictConfig
 
 from accel_train.config.checks import validate
-from accel_train.config.run_config import group_chosen, resolve
+from accel_train.config.run_config import (
+    command_line_keys,
+    group_chosen,
+    resolve,
+    set_beyond_option,
+)
 from accel_train.environment import inside_torchrun
 from accel_train.launchers.base import Launcher
 from accel_train.launchers.lock import hold_run_dir
@@ -38,6 +43,7 @@ def launch(cfg: DictConfig) -> float | None:
     # Before validate: a timm weights folder may name the architecture (model.name); before
     # resolve: the model's pretrained data config is written into config.yaml with the rest.
     prepare_model_config(cfg)
+    train_by_steps(cfg)  # before validate: its checks see the run's real length
     validate(cfg)
     cfg = resolve(cfg)
     launcher.check(cfg)  # before anything is written
@@ -59,6 +65,25 @@ def planned_world_size(cfg: DictConfig, launcher: Launcher) -> int | None:
     if inside_torchrun():  # started by the user's own torchrun: its world, whatever launcher=
         return int(os.environ["WORLD_SIZE"])
     return launcher.planned_world_size(cfg)
+
+
+def train_by_steps(cfg: DictConfig) -> None:
+    """Lightning's rule: trainer.max_steps given without trainer.max_epochs trains by steps.
+    The default max_epochs (3) would otherwise end the run first, without a word. max_epochs
+    counts as given on the command line, or in an experiment (or any config that sets another
+    value than the trainer option's file); then the run stops at whichever comes first."""
+    t = cfg.trainer
+    if t.max_steps < 1 or t.max_epochs < 1:
+        return
+    if "trainer.max_epochs" in command_line_keys():
+        return
+    if set_beyond_option("trainer", t, ("max_epochs",)):
+        return
+    t.max_epochs = -1
+    log.info(
+        "trainer.max_steps=%d and no trainer.max_epochs: training by steps (max_epochs=-1)",
+        t.max_steps,
+    )
 
 
 def choose_default_strategy(cfg: DictConfig, launcher: Launcher) -> None:

@@ -5,9 +5,11 @@ ModelCheckpoint (monitor, mode, save_top_k, filename, every_n_epochs, save_last)
   monitored metric ranks the weights: the `save_top_k` best are kept as files named by the
   `filename` pattern (`{epoch}`, `{step}` and metric fields such as `{val/acc:.4f}`), the ones
   pushed out of the top k are deleted. save_top_k=-1 keeps all, 0 none.
-- `best.pt` always means "the best by the monitored metric": with the default filename (null)
-  and save_top_k=1 it *is* the one kept file; otherwise it is a hard link (a copy across file
-  systems) of the top file, put in place by a rename.
+- `best.pt` always means "the best by the monitored metric" over every validation, due or not
+  (written only when the monitored value improves): with the default filename (null) and
+  save_top_k=1 it *is* the one kept file; otherwise it is a hard link (a copy across file
+  systems) of the top file, put in place by a rename, or, for a best between two due
+  validations, a file of its own.
 - `last.pt` (save_last) is what `resume=auto` continues from.
 
 The bookkeeping (best value so far, the kept files and their scores) rides in the checkpoint's
@@ -102,10 +104,17 @@ class Checkpointing:
         return a < b if self.mode == "min" else a > b
 
     def plan(self, metrics: dict[str, float], epoch: int, step: int, due: bool) -> Plan | None:
-        """Rank this validation's weights; update the bookkeeping. None: write nothing."""
-        if not due:
-            return None
+        """Rank this validation's weights; update the bookkeeping. None: write nothing.
+
+        best.pt is considered at every validation, due or not: a new best writes it (alone,
+        outside the periodic files' ranking when it is not due), so best.pt and summary.json's
+        best_score are the best monitored value of the whole run. `due` (every_n_epochs, the
+        last validation) only decides the top-k files."""
+        if self.pattern == "best" and self.top_k == 1:
+            due = True  # the one kept file is best.pt: any new best replaces it
         score = metrics.get(self.monitor)
+        if (score is None or not math.isfinite(score)) and not due:
+            return None
         if score is None or not math.isfinite(score):
             log.warning(
                 "checkpoint.monitor=%s was not logged by this validation (logged: %s): no "
@@ -120,6 +129,8 @@ class Checkpointing:
             self.best = score
         if self.top_k == 0:
             return None
+        if not due:  # between the periodic rankings: only a new best, as best.pt itself
+            return Plan("best", [], True) if is_best else None
         if self.pattern == "best" and self.top_k == 1 and not is_best:
             # The one kept file is best.pt: only a new best replaces it (after a resume from
             # another run dir the best is that run's, with no file of ours in `kept` yet).
@@ -169,9 +180,10 @@ class Checkpointing:
         the next plan may have changed the ranking)."""
         if not self.is_main:
             return
-        top = top or self.kept[0]["name"]
-        if top != "best" and plan.is_best:
-            link_or_copy(self.path(top), self.path("best"))
+        if plan.is_best and plan.name != "best":  # (a best written as best.pt: in place)
+            top = top or self.kept[0]["name"]
+            if top != "best":
+                link_or_copy(self.path(top), self.path("best"))
         for name in plan.evicted:
             if name in RESERVED:
                 continue

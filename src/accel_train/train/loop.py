@@ -516,7 +516,8 @@ class Loop:
         plan = self.checkpoints.plan(metrics, epoch, self.step, self.checkpoints.due(epoch, final))
         if plan is not None:
             # rank 0, once the file is complete: best.pt, and the files out of the top k.
-            top = self.checkpoints.kept[0]["name"]
+            kept = self.checkpoints.kept
+            top = kept[0]["name"] if kept else None
             self.save(plan.name, then=lambda: self.checkpoints.commit(plan, top))
             self.env.barrier()
         # The checkpoint above holds the weights validation scored (ema's average).

@@ -34,7 +34,7 @@ def announce(loop: Any, resumed_from: str | None) -> None:
     )
     log.info(
         "batch: %d per device x %d accumulation x %d process(es)%s = %d global; "
-        "%d optimizer steps (%d per epoch, %d epochs); loader=%s",
+        "%d optimizer steps (%d per epoch, %d epochs; %s ends the run at step %d); loader=%s",
         loader_cfg.batch_size,
         loop.accum,
         loop.data_world,
@@ -43,6 +43,8 @@ def announce(loop: Any, resumed_from: str | None) -> None:
         p.total_steps,
         p.steps_per_epoch,
         p.max_epochs,
+        ending_limit(loop.cfg.trainer, p.total_steps),
+        p.total_steps,
         loader_cfg.name,
     )
     names = [t.name for t in loop.techniques] + recipe_switches(loop.cfg)
@@ -50,6 +52,13 @@ def announce(loop: Any, resumed_from: str | None) -> None:
         log.info("techniques: %s", ", ".join(names))
     if resumed_from:
         log.info("resumed from %s at epoch %d, step %d", resumed_from, loop.epoch, loop.step)
+
+
+def ending_limit(trainer: Any, total_steps: int) -> str:
+    """Which of trainer.max_steps and trainer.max_epochs ends the run (the first reached)."""
+    if trainer.max_steps > 0 and total_steps == trainer.max_steps:
+        return f"trainer.max_steps={trainer.max_steps}"
+    return f"trainer.max_epochs={trainer.max_epochs}"
 
 
 def parameters_text(total: int, module: Any) -> str:
