@@ -1,0 +1,49 @@
+"""Issue 60 (Hardening 5), second part, through the real CLI: a torchcodec without FFmpeg's
+libraries is named once as the installation, never as the videos."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+NO_FFMPEG = (
+    "Could not load libtorchcodec. Likely causes: 1. FFmpeg is not properly installed in your "
+    "environment. We support versions 4, 5, 6, 7 and 8."
+)
+
+
+def _fake_torchcodec(where: Path) -> Path:
+    """A torchcodec that imports but cannot load FFmpeg's libraries (torchcodec >= 0.7 without
+    FFmpeg): its decoders raise torchcodec's RuntimeError when opened."""
+    pkg = where / "fake" / "torchcodec"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    raising = f"    raise RuntimeError({NO_FFMPEG!r})\n"
+    (pkg / "_internally_replaced_utils.py").write_text("def load_core_libraries():\n" + raising)
+    (pkg / "decoders.py").write_text(
+        "class VideoDecoder:\n    def __init__(self, *args, **kwargs):\n"
+        + raising.replace("    ", "        ", 1)
+        + "\n\nAudioDecoder = VideoDecoder\n"
+    )
+    return where / "fake"
+
+
+def test_no_ffmpeg_is_the_installation_not_the_videos(run_cli, tmp_path):
+    for split in ("train", "test"):
+        for label in ("a", "b"):
+            folder = tmp_path / "data" / split / label
+            folder.mkdir(parents=True)
+            for i in range(3):
+                (folder / f"{i}.mp4").write_bytes(b"not checked: the libraries fail first")
+    fake = _fake_torchcodec(tmp_path)
+    path = os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    args = ["dataset=video_folder", f"dataset.root={tmp_path / 'data'}", "model=video_cnn",
+            "logger=none", "trainer.progress=none"]  # fmt: skip
+    proc = run_cli(args, env={"PYTHONPATH": path})
+    text = proc.stderr
+    assert proc.returncode == 2, text
+    assert "cannot load FFmpeg's shared libraries" in text and "libtorchcodec" in text
+    assert "apt-get install ffmpeg" in text and "conda-forge 'ffmpeg<8'" in text
+    assert "not at fault" in text
+    assert "move" not in text and "0.mp4" not in text and "Traceback" not in text
+    assert text.count("Could not load libtorchcodec") == 1
