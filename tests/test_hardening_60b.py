@@ -78,3 +78,16 @@ def test_video_recipe_on_a_small_folder_holds_out_a_video_per_class(run_cli, tmp
     assert proc.returncode == 2
     assert "dataset.val_fraction=0.01 holds out nothing" in proc.stderr
     assert "4 file(s) in 4 class(es)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_recipe_key_the_run_dataset_lacks_names_the_recipe_line(run_cli, tmp_path):
+    """+experiment=gpt_char sets dataset.windows_per_epoch, which dataset=tokens has and
+    dataset=streaming_tokens does not: one paragraph naming the recipe, the key and the options
+    it fits, not "add it with a `+`" (a recipe cannot)."""
+    args = ["+experiment=gpt_char", "dataset=streaming_tokens", f"dataset.remote={tmp_path}/x"]
+    proc = run_cli(args)
+    assert proc.returncode == 2
+    text = proc.stderr
+    assert "experiment/gpt_char.yaml sets dataset.windows_per_epoch" in text
+    assert "a key of dataset=tokens" in text and "dataset=streaming_tokens does not" in text
+    assert "with a `+`" not in text and "Traceback" not in text
