@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import check_ok
 
 NO_FFMPEG = (
@@ -91,3 +92,27 @@ def test_a_recipe_key_the_run_dataset_lacks_names_the_recipe_line(run_cli, tmp_p
     assert "experiment/gpt_char.yaml sets dataset.windows_per_epoch" in text
     assert "a key of dataset=tokens" in text and "dataset=streaming_tokens does not" in text
     assert "with a `+`" not in text and "Traceback" not in text
+
+
+def test_a_timm_model_says_whether_its_weights_are_random_or_loaded(run_cli, tmp_path):
+    """One start-up line says whether model=timm starts from random weights or a file's."""
+    pytest.importorskip("timm")
+    from torchvision.io import encode_jpeg, write_file
+
+    for c in range(2):
+        (tmp_path / "photos" / "train" / f"c{c}").mkdir(parents=True)
+        for k in range(4):
+            img = torch.full((3, 16, 16), 40 + 150 * c, dtype=torch.uint8)
+            write_file(str(tmp_path / "photos" / "train" / f"c{c}" / f"{k}.jpg"), encode_jpeg(img))
+    args = ["model=timm", "model.name=resnet10t", "dataset=image_folder", "dataset.image_size=16",
+            f"dataset.root={tmp_path / 'photos'}", "dataset.val_fraction=0.25",
+            "loader.batch_size=2", "logger=none", "+debug=fast_dev_run",
+            "checkpoint.save_last=true"]  # fmt: skip
+    run = tmp_path / "run"
+    proc = run_cli([*args, f"hydra.run.dir={run}"])
+    check_ok(proc)
+    assert "model: timm resnet10t, random weights" in proc.stdout + proc.stderr
+    last = run / "checkpoints" / "last.pt"
+    proc = run_cli([*args, f"model.weights={last}", f"hydra.run.dir={tmp_path / 'again'}"])
+    check_ok(proc)
+    assert f"model: timm resnet10t, weights from {last}" in proc.stdout + proc.stderr

@@ -48,11 +48,38 @@ def announce(loop: Any, resumed_from: str | None) -> None:
         p.total_steps,
         loader_cfg.name,
     )
+    weights = weights_text(loop.cfg.model, resumed_from)
+    if weights:
+        log.info("%s", weights)
     names = [t.name for t in loop.techniques] + recipe_switches(loop.cfg)
     if names:
         log.info("techniques: %s", ", ".join(names))
     if resumed_from:
         log.info("resumed from %s at epoch %d, step %d", resumed_from, loop.epoch, loop.step)
+
+
+# The model sources that build an architecture by name, never downloading its weights.
+BY_NAME = {
+    "accel_train.models.timm.timm_model": "timm",
+    "accel_train.models.torchvision.torchvision_model": "torchvision",
+}
+
+
+def weights_text(model: Any, resumed_from: str | None) -> str | None:
+    """`model: timm resnet18, random weights` (or `weights from <path>`): whether a model
+    built by name starts from trained weights, which a newcomer cannot tell from its name."""
+    source = BY_NAME.get(str(model.get("_target_", "")))
+    if source is None:
+        return None
+    head = f"model: {source} {model.get('name')}"
+    if resumed_from:
+        return f"{head}, weights from {resumed_from} (resumed)"
+    if model.get("weights"):
+        return f"{head}, weights from {model.weights}"
+    return (
+        f"{head}, random weights (pretrained ones are never downloaded: "
+        "`model.weights=<file or folder>` starts from them)"
+    )
 
 
 def ending_limit(trainer: Any, total_steps: int) -> str:
