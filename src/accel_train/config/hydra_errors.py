@@ -142,6 +142,30 @@ def _unknown_key(
     )
 
 
+def _key_of_other_options(config: str, full_key: str, schema: Any) -> str | None:
+    """A config file (a recipe: experiment/gpt_char) that sets a key which the run's option of
+    the group lacks but other options have (dataset.windows_per_epoch: dataset=tokens, not
+    dataset=streaming_tokens): the recipe is written for those options; say so."""
+    group, leaf = _group_and_leaf(full_key)
+    options = schema_module.OPTION_SCHEMAS.get(group, {})
+    ours = next((name for name, cls in options.items() if cls is schema), None)
+    having = sorted(
+        name
+        for name, cls in options.items()
+        if _is_dataclass(cls) and leaf in {f.name for f in dataclasses.fields(cls)}
+    )
+    if ours is None or not having:
+        return None
+    written = ", ".join(f"{group}={name}" for name in having)
+    return (
+        f"{config}.yaml sets {full_key}, a key of {written} that this run's {group}={ours} "
+        f"does not have: that line of the recipe is written for {written}, and {group}={ours} "
+        f"has nothing it could mean. Run the recipe with {written} (its own), or, for "
+        f"{group}={ours}, copy {config}.yaml into a config folder of your own without the "
+        f"`{leaf}` line and run it from there (`hydra.searchpath=[file://<folder>]`)."
+    )
+
+
 def _other_task_key(err: OmegaConfBaseException | None, group: str, leaf: str) -> str | None:
     """`task.<leaf>` is a key of another built-in task than the run's: say so (and why the run's
     task refuses it, where TASK_KEYS_REFUSED knows), rather than suggest `+task.<leaf>`."""
@@ -225,6 +249,9 @@ def _composition(err: ConfigCompositionException) -> UserError | None:
         schema_name = re.search(r"object_type=(\w+)", text)
         schema = getattr(schema_module, schema_name.group(1), None) if schema_name else None
         keys = [f.name for f in dataclasses.fields(schema)] if _is_dataclass(schema) else []
+        other = _key_of_other_options(config, full_key, schema)
+        if other:
+            return UserError(other)
         return UserError(f"{config}.yaml: {_unknown_key(full_key, None, 'set', keys)}")
     if "appears more than once" in text:
         group = text.split(" appears")[0]

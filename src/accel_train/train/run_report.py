@@ -9,6 +9,7 @@ import logging
 import time
 from typing import Any
 
+from accel_train.config.facts import batches_note
 from accel_train.config.recipe_checks import recipe_switches
 from accel_train.loggers import json_safe
 from accel_train.train.build import make_loader
@@ -47,11 +48,38 @@ def announce(loop: Any, resumed_from: str | None) -> None:
         p.total_steps,
         loader_cfg.name,
     )
+    weights = weights_text(loop.cfg.model, resumed_from)
+    if weights:
+        log.info("%s", weights)
     names = [t.name for t in loop.techniques] + recipe_switches(loop.cfg)
     if names:
         log.info("techniques: %s", ", ".join(names))
     if resumed_from:
         log.info("resumed from %s at epoch %d, step %d", resumed_from, loop.epoch, loop.step)
+
+
+# The model sources that build an architecture by name, never downloading its weights.
+BY_NAME = {
+    "accel_train.models.timm.timm_model": "timm",
+    "accel_train.models.torchvision.torchvision_model": "torchvision",
+}
+
+
+def weights_text(model: Any, resumed_from: str | None) -> str | None:
+    """`model: timm resnet18, random weights` (or `weights from <path>`): whether a model
+    built by name starts from trained weights, which a newcomer cannot tell from its name."""
+    source = BY_NAME.get(str(model.get("_target_", "")))
+    if source is None:
+        return None
+    head = f"model: {source} {model.get('name')}"
+    if resumed_from:
+        return f"{head}, weights from {resumed_from} (resumed)"
+    if model.get("weights"):
+        return f"{head}, weights from {model.weights}"
+    return (
+        f"{head}, random weights (pretrained ones are never downloaded: "
+        "`model.weights=<file or folder>` starts from them)"
+    )
 
 
 def ending_limit(trainer: Any, total_steps: int) -> str:
@@ -120,6 +148,7 @@ def write_summary(
             for k, v in (test or {}).items()
             if k != "test_ckpt" and k != "test_loss"
         )
+        test_text += getattr(loop, "test_note", "") if test_text else ""
         best = loop.checkpoints.best
         tokens = summary["train_tokens_per_s"]
         log.info(
@@ -127,7 +156,7 @@ def write_summary(
             loop.step,
             loop.epoch,
             loop.checkpoints.monitor,
-            f"{best:.4f}" if best is not None else "-",
+            f"{best:.4f}{batches_note(loop.val_loader)}" if best is not None else "-",
             test_text,
             f"{tokens:.0f} tokens/s" if tokens else f"{samples_per_s:.0f} samples/s",
             wall_s,
@@ -160,6 +189,7 @@ def test_pass(loop: Any) -> dict[str, Any] | None:
     loop.metrics.log(
         {f"test/{name}": value for name, value in scored.items()}, loop.step, loop.epoch
     )
+    loop.test_note = batches_note(loader)  # " (1 batch)": limit_test_batches cut the pass
     shown = "  ".join(f"test/{name}={value:.4f}" for name, value in scored.items())
-    loop.progress.message(f"test ({which} checkpoint)  {shown}")
+    loop.progress.message(f"test ({which} checkpoint)  {shown}{loop.test_note}")
     return {**{f"test_{name}": value for name, value in scored.items()}, "test_ckpt": which}

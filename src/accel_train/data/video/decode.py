@@ -17,8 +17,10 @@ header, which for WebM/MKV often has no frame count and for variable-frame-rate 
 index to the wrong frame; the clip windows are drawn from the cached ``num_frames``, so a count
 that disagrees with what the decoder returns would fail (or shift) clips mid-epoch.
 
-torchcodec needs FFmpeg's shared libraries (4 to 7) at import time; without them the import
-fails and :func:`decoder_class` says what to install. Nothing else imports torchcodec.
+torchcodec needs FFmpeg's shared libraries (4 to 7); without them an older torchcodec fails to
+import and a newer one imports but fails when a decoder opens. :func:`check_decoder` tries both
+once, before any file is opened, and says what to install (never blaming the files). Nothing
+else imports torchcodec.
 """
 
 from __future__ import annotations
@@ -81,6 +83,37 @@ def decoder_class():
     return VideoDecoder
 
 
+def _no_ffmpeg(err: BaseException) -> bool:
+    """Whether torchcodec's error is FFmpeg's libraries (or its own) failing to load."""
+    text = str(err)
+    return "libtorchcodec" in text or ("FFmpeg" in text and "load" in text.lower())
+
+
+def _install_error(err: BaseException) -> UserError:
+    cause = " ".join(str(err).split())[:200]
+    return UserError(
+        "Videos are decoded by torchcodec, which imports but cannot load FFmpeg's shared "
+        f"libraries ({type(err).__name__}: {cause}): no video can be read "
+        f"until they are installed, and the video files themselves are not at fault. "
+        f"{INSTALL}, then run again."
+    )
+
+
+def check_decoder() -> None:
+    """Once, before any file is opened: torchcodec imports *and* loads FFmpeg's libraries, or
+    a UserError saying what to install (torchcodec >= 0.7 imports without FFmpeg and fails
+    only when a decoder opens, which would blame every file)."""
+    decoder_class()
+    try:
+        from torchcodec._internally_replaced_utils import load_core_libraries
+    except ImportError:  # another torchcodec: open_video still tells the missing libraries
+        return
+    try:
+        load_core_libraries()
+    except Exception as err:  # noqa: BLE001 (torchcodec raises RuntimeError/OSError)
+        raise _install_error(err) from None
+
+
 def _device(device: str) -> str:
     """torchcodec's device name: ``gpu`` (dataset.decode's spelling) is ``cuda``."""
     return "cuda" if device == "gpu" else device
@@ -113,6 +146,8 @@ def open_video(source: str | bytes, *, threads: int = 1, device: str = "cpu"):
             source, num_ffmpeg_threads=int(threads), device=_device(device), seek_mode=SEEK_MODE
         )
     except (RuntimeError, ValueError, OSError) as err:
+        if _no_ffmpeg(err):  # the libraries, not this file
+            raise _install_error(err) from None
         kind = "audio-only" if _has_audio(source) else "unreadable"
         why = "has an audio stream and no video stream" if kind == "audio-only" else (
             f"cannot be decoded ({_why(err, name)})"

@@ -47,10 +47,16 @@ import torch
 from torch.utils.data import Dataset
 
 from accel_train.data.crops import RandomResizedCrop
-from accel_train.data.folder_tree import FileKind, plan_layout
-from accel_train.data.splits import Splits, held_out_indices
+from accel_train.data.folder_tree import FileKind, hold_out, plan_layout
+from accel_train.data.splits import Splits
 from accel_train.data.video.clips import Timing, eval_views, train_view
-from accel_train.data.video.decode import VideoMeta, VideoReadError, decode_clip, video_metadata
+from accel_train.data.video.decode import (
+    VideoMeta,
+    VideoReadError,
+    check_decoder,
+    decode_clip,
+    video_metadata,
+)
 from accel_train.data.video.metadata_cache import MetadataCache, cache_file
 from accel_train.errors import UserError
 
@@ -115,6 +121,7 @@ def build_video_folder(
             f"folder that holds `{train_split}/<class>/*.mp4` (or the videos a dataset.list_file "
             "names, relative to it)."
         )
+    check_decoder()  # FFmpeg's libraries, once, before any file is blamed
     train, val, test, classes = _sources(root_dir, list_file, val_list_file, test_list_file,
                                          train_split, val_split, test_split, holdout,
                                          val_fraction)  # fmt: skip
@@ -149,7 +156,7 @@ def _splits(train, val, test, metas, val_fraction, seed, crop, common, views) ->
         return VideoClipSplit(videos, metas, torch.arange(len(videos.paths)), **views, **common)
 
     if val is None:
-        train_idx, val_idx = held_out_indices(len(train.paths), val_fraction, seed, train.labels)
+        train_idx, val_idx = hold_out(train.labels, val_fraction, seed, "the training videos")
         held = VideoClipSplit(train, metas, val_idx, **views, **common)
     else:
         train_idx, held = torch.arange(len(train.paths)), whole(val)
