@@ -29,6 +29,10 @@ from helpers import BIN, read_jsonl
 from ray_head import Head
 from test_image_folder import write_image_folder
 
+# About Ray: its CLI runs start a new interpreter, never the warm parent
+# (tests/warm_cli.py).
+pytestmark = pytest.mark.fresh
+
 TIMEOUT = 240
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"  # ../shared/data: MNIST (5,000 training images)
@@ -143,10 +147,6 @@ import threading
 
 import torch
 from torch.utils.data import Dataset
-
-# About Ray: its CLI runs start a new interpreter, never the warm parent
-# (tests/warm_cli.py).
-pytestmark = pytest.mark.fresh
 
 
 class Locked(Dataset):

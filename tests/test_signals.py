@@ -18,6 +18,10 @@ from helpers import BIN, FAST, check_ok, read_jsonl
 from accel_train.checkpoint import load_checkpoint
 from accel_train.train.signals import Stopped, StopRequest
 
+# About signals: its CLI runs start a new interpreter, never the warm parent
+# (tests/warm_cli.py).
+pytestmark = pytest.mark.fresh
+
 # One step is a few milliseconds: a run of 1000 epochs is still going when the signal comes.
 RUN = [
     *FAST,
@@ -34,10 +38,6 @@ RUN = [
 SLOW_HOOK = """
 import time
 from accel_train.techniques import Technique
-
-# About signals: its CLI runs start a new interpreter, never the warm parent
-# (tests/warm_cli.py).
-pytestmark = pytest.mark.fresh
 
 class Slow(Technique):
     def __init__(self, seconds=1.0):
