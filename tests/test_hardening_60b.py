@@ -53,34 +53,6 @@ def test_no_ffmpeg_is_the_installation_not_the_videos(run_cli, tmp_path):
     assert text.count("Could not load libtorchcodec") == 1
 
 
-def test_video_recipe_on_a_small_folder_holds_out_a_video_per_class(run_cli, tmp_path):
-    """+experiment=video_r2plus1d holds out 1 %: on 3 training videos a class that is none, so
-    each class gives one; the evaluations cut by +debug=fast_dev_run say "(1 batch)"."""
-    pytest.importorskip("av")
-    from test_video import write_tree
-
-    root = write_tree(tmp_path / "data", {"train": 3, "val": 2})
-    small = ["dataset.frames=4", "dataset.image_size=16", "dataset.resize_size=16",
-             "dataset.eval_clips=1", "loader.batch_size=2", "loader.num_workers=0",
-             "trainer.progress=plain", "logger=none", f"dataset.metadata_cache={tmp_path / 'mc'}",
-             "+debug=fast_dev_run"]  # fmt: skip
-    args = ["+experiment=video_r2plus1d", f"dataset.root={root}", *small]
-    proc = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"])
-    check_ok(proc)
-    text = proc.stdout + proc.stderr
-    assert "(1 batch)" in text and "test/acc" in text, text[-3000:]
-    done = next(line for line in text.splitlines() if "done: " in line)
-    assert "(1 batch)" in done
-    assert "val/loss=" in text
-    # One video in every class: no class can give one and keep one; refused with the numbers.
-    (tmp_path / "one").mkdir()
-    one = write_tree(tmp_path / "one" / "data", {"train": 1, "val": 1})
-    proc = run_cli(["+experiment=video_r2plus1d", f"dataset.root={one}", *small])
-    assert proc.returncode == 2
-    assert "dataset.val_fraction=0.01 holds out nothing" in proc.stderr
-    assert "4 file(s) in 4 class(es)" in proc.stderr and "Traceback" not in proc.stderr
-
-
 def test_a_recipe_key_the_run_dataset_lacks_names_the_recipe_line(run_cli, tmp_path):
     """+experiment=gpt_char sets dataset.windows_per_epoch, which dataset=tokens has and
     dataset=streaming_tokens does not: one paragraph naming the recipe, the key and the options

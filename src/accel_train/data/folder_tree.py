@@ -75,26 +75,7 @@ class Layout:
         n = len(self.train.files)
         if self.val is not None:
             return torch.arange(n), None
-        return hold_out(self.train.labels, fraction, seed, str(self.train.path))
-
-
-def hold_out(
-    labels: torch.Tensor, fraction: float, seed: int, where: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train, validation) indices of a folder's files: a stratified, seeded ``fraction`` held
-    out, at least one of every class of two or more; a UserError with the numbers when that
-    leaves validation empty (``where``: the folder or list, for the message)."""
-    train, val = held_out_indices(len(labels), fraction, seed, labels)
-    if fraction > 0 and len(val) == 0:
-        n, classes = len(labels), len(labels.unique())
-        raise UserError(
-            f"dataset.val_fraction={fraction:g} holds out nothing of {where}: its {n} file(s) "
-            f"in {classes} class(es) leave no class with two, and a class gives one to "
-            "validation only when one stays for training. Add files (two or more a class), or "
-            "give the validation files their own folder (dataset.val_split=<folder> under "
-            "dataset.root) or list (dataset.val_list_file)."
-        )
-    return train, val
+        return held_out_indices(n, fraction, seed, self.train.labels)
 
 
 def plan_layout(

@@ -78,8 +78,7 @@ def held_out_indices(
     """(train indices, validation indices): a seeded ``fraction`` of ``range(n)`` held out.
 
     With ``labels`` the split is stratified: each class gives the same share (rounded), so a
-    class-balanced set stays balanced in both parts; a class of two or more gives at least one
-    (a fraction of a small folder rounds to none). The same (n, fraction, seed, labels) always
+    class-balanced set stays balanced in both parts. The same (n, fraction, seed, labels) always
     gives the same split, whatever ``trainer.seed`` is.
 
     The validation indices come in a seeded random order, not sorted: validation reads them in
@@ -94,10 +93,7 @@ def held_out_indices(
     for c in labels.unique().tolist():
         members = (labels == c).nonzero().flatten()
         members = members[torch.randperm(len(members), generator=gen)]
-        k = round(len(members) * fraction)
-        if fraction > 0 and k == 0 and len(members) >= 2:
-            k = 1  # a small class still gives one (1 % of 20 videos is none)
-        val_parts.append(members[:k])
+        val_parts.append(members[: round(len(members) * fraction)])
     val = torch.cat(val_parts) if val_parts else torch.empty(0, dtype=torch.long)
     val = val[torch.randperm(len(val), generator=gen)]
     keep = torch.ones(n, dtype=torch.bool)

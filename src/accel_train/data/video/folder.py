@@ -47,8 +47,8 @@ import torch
 from torch.utils.data import Dataset
 
 from accel_train.data.crops import RandomResizedCrop
-from accel_train.data.folder_tree import FileKind, hold_out, plan_layout
-from accel_train.data.splits import Splits
+from accel_train.data.folder_tree import FileKind, plan_layout
+from accel_train.data.splits import Splits, held_out_indices
 from accel_train.data.video.clips import Timing, eval_views, train_view
 from accel_train.data.video.decode import (
     VideoMeta,
@@ -156,7 +156,7 @@ def _splits(train, val, test, metas, val_fraction, seed, crop, common, views) ->
         return VideoClipSplit(videos, metas, torch.arange(len(videos.paths)), **views, **common)
 
     if val is None:
-        train_idx, val_idx = hold_out(train.labels, val_fraction, seed, "the training videos")
+        train_idx, val_idx = held_out_indices(len(train.paths), val_fraction, seed, train.labels)
         held = VideoClipSplit(train, metas, val_idx, **views, **common)
     else:
         train_idx, held = torch.arange(len(train.paths)), whole(val)
