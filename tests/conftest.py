@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import BASE_ENV, BIN, WARM, _base_env, free_port, write_mnist
+from helpers import BASE_ENV, BIN, WARM, base_env, free_port, write_mnist
 from helpers import run_cli as _run_cli
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -38,7 +38,7 @@ def pytest_configure(config):
 def pytest_sessionstart(session):
     # The warm CLI's parent (tests/warm_cli.py) gets the session's environment as it starts,
     # before any test changes os.environ.
-    BASE_ENV.update(_base_env())
+    BASE_ENV.update(base_env())
 
 
 _WARM_BY_DEFAULT = WARM["enabled"]

@@ -52,17 +52,16 @@ def run_cli(
     """Run a console script the way a user would and capture its output (`input`: its standard
     input): in a process forked from the warm parent (tests/warm_cli.py) where the test and the
     environment allow it, else in a new interpreter. `warm=False` / `True` forces one way."""
-    full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    full_env = base_env()
     # Never fall back to ./data or the shared data set: a test that needs data says where.
     full_env["ACCEL_TRAIN_DATA_DIR"] = str(Path(cwd) / "no-data-here")
-    full_env["PYTHONUNBUFFERED"] = "1"
     full_env.update(env or {})
     args = [str(a) for a in args]
     if prog == "accel-train" and not any("plot_curves" in a or a == "--help" for a in args):
         # matplotlib's import and a plot cost ~1 CPU s a run: only the tests of curves.png plot.
         args.append("trainer.plot_curves=false")
     if warm if warm is not None else warm_allowed(prog, full_env):
-        return _warm_server().run(
+        return warm_server().run(
             [str(BIN / prog), *args], cwd=Path(cwd), env=full_env, timeout=timeout, input=input
         )
     return subprocess.run(
@@ -93,7 +92,7 @@ WARM = {"enabled": os.environ.get("ACCEL_TEST_WARM", "1") != "0"}
 _server: list[WarmServer] = []
 
 
-def _base_env() -> dict[str, str]:
+def base_env() -> dict[str, str]:
     """The environment every CLI run starts from (run_cli's, before a test's own `env`)."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env["PYTHONUNBUFFERED"] = "1"
@@ -110,13 +109,13 @@ def warm_allowed(prog: str, env: dict[str, str]) -> bool:
     marked `fresh`, and an environment that differs from the parent's only in variables read
     at run time."""
     if not BASE_ENV:
-        BASE_ENV.update(_base_env())
+        BASE_ENV.update(base_env())
     if not (WARM["enabled"] and prog in WARM_PROGS):
         return False
-    return warm_env_ok(env, BASE_ENV, _warm_server().imported)
+    return warm_env_ok(env, BASE_ENV, warm_server().imported)
 
 
-def _warm_server() -> WarmServer:
+def warm_server() -> WarmServer:
     if not _server or not _server[0].alive():
         _server[:] = [WarmServer(BASE_ENV)]
         atexit.register(_server[0].stop)

@@ -240,9 +240,9 @@ def _child(request: dict, bin_dir: str, server_fds: list[int]) -> None:
     code = 1
     try:
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-            # What a new interpreter has: Python ignores SIGPIPE and handles SIGINT itself.
-            signal.signal(sig, signal.SIG_DFL)
+        # What a new interpreter has: Python ignores SIGPIPE and handles SIGINT itself.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for fd in server_fds:

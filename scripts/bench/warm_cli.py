@@ -56,9 +56,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     rounds = parser.parse_args().rounds
-    helpers.BASE_ENV.update(helpers._base_env())  # noqa: SLF001 - as conftest.py does
+    helpers.BASE_ENV.update(helpers.base_env())  # as conftest.py does
     t0 = time.monotonic()
-    helpers._warm_server()  # noqa: SLF001
+    helpers.warm_server()
     print(f"warm parent start: {time.monotonic() - t0:.2f} s wall (once per pytest process)")
     results: dict[tuple[str, bool], list[tuple[float, float]]] = {}
     cwd = Path(tempfile.mkdtemp(prefix="warm-bench-"))
