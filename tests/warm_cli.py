@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import selectors
 import signal
@@ -68,6 +69,18 @@ PRELOAD = (
     "accel_train.train.evaluate",
     "accel_train.export",
     "accel_train.commands.sample",
+    # curves.png at the end of every training run (console.start_curves_plot): matplotlib's
+    # import and font cache, ~0.5 CPU s a run.
+    "matplotlib",
+    "matplotlib.figure",
+    "matplotlib.backends.backend_agg",
+    # model=timm / the vision recipes, and model=hf / LoRA: timm ~0.9, transformers'
+    # modeling_utils + peft ~2 CPU s a run. HF_HUB_OFFLINE is set first, as models/hf.py does
+    # before its own import (huggingface_hub reads it at import time).
+    "timm",
+    "transformers",
+    "transformers.modeling_utils",
+    "peft",
 )
 
 
@@ -183,8 +196,17 @@ def _read_text(path: str) -> str:
 def _serve(socket_path: str, bin_dir: str) -> None:
     import importlib
 
+    # As models/hf.py before its import of transformers: offline (huggingface_hub reads it at
+    # import time; a run whose environment sets HF_* itself goes fresh, warm_env_ok), and
+    # torchao's pytree notes at import kept out of the server's log.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    pytree = logging.getLogger("torch.utils._pytree")
+    level = pytree.level
+    pytree.setLevel(logging.ERROR)
     for name in PRELOAD:
         importlib.import_module(name)
+    pytree.setLevel(level)  # a run's own level, as a new interpreter's
     # The parent must stay single-threaded: a fork copies only the forking thread, and a lock
     # another thread held would stay locked in the child forever.
     threads = os.listdir("/proc/self/task")
