@@ -101,6 +101,11 @@ CASES = {
         ["optimizer=muon", "optimizer.adjust_lr_fn=match_rms"],
         ["optimizer.adjust_lr_fn='match_rms'", "match_rms_adamw"],
     ),
+    # A KeyError in optim.py (issue 62's key).
+    "muon-ns-dtype": (
+        ["optimizer=muon", "optimizer.ns_dtype=fp16"],
+        ["optimizer.ns_dtype='fp16'", "auto", "fp32"],
+    ),
     # NaN at step 1, with advice to lower the learning rate.
     "rope-base-zero": (
         ["model=gpt", "model.pos_embedding=rope", "model.rope_base=0"],

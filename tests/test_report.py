@@ -1,5 +1,6 @@
 """`accel-report` (commands/report.py): baseline and switches side by side, the combination phase,
-the report files; variants that change nothing are left out; bad arguments are one paragraph."""
+the report files; variants that change nothing are left out; bad arguments are one paragraph;
+what runs emulated on this CPU is said with the switch that avoids it (issue 62)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import statistics
 from helpers import FAST, check_ok
 
 from accel_train.commands.report import Run, combination, plan, verdict
+from accel_train.precision import NATIVE_BF16_ENV
 
 TINY = [*FAST, "trainer.max_epochs=1", "trainer.log_every_n_steps=1", "logger=csv"]
 
@@ -101,6 +103,37 @@ def test_a_switch_the_base_config_already_has_is_left_out(tmp_path):
     # loader=ray (opt-in): composed and validated like the others, left out where the base has it.
     assert plan(["ray_loader"], TINY, tmp_path / "a") == ["baseline", "ray_loader"]
     assert plan(["ray_loader"], [*TINY, "loader=ray"], tmp_path / "b") == ["baseline"]
+
+
+def test_the_plan_names_what_runs_emulated_on_this_cpu(tmp_path, monkeypatch):
+    """A CPU without native bf16 (the detection overridden): precision=bf16 and Muon's forced
+    bf16 Newton-Schulz are named, each with its switch; amp and Muon's auto are not."""
+    monkeypatch.setenv(NATIVE_BF16_ENV, "0")
+    notes: dict[str, list[str]] = {}
+    base = [*TINY, "optimizer=muon", "optimizer.ns_dtype=bf16"]
+    assert plan(["bf16", "amp"], base, tmp_path, notes) == ["baseline", "bf16", "amp"]
+    muon = [n for n in notes["baseline"] if "optimizer.ns_dtype=bf16" in n]
+    assert len(notes["baseline"]) == 1 and "`optimizer.ns_dtype=auto`" in muon[0]
+    assert notes["amp"] == notes["baseline"]
+    assert any("precision=bf16 on a CPU without bf16" in n for n in notes["bf16"])
+    assert any("`precision=amp` picks bf16 only where" in n for n in notes["bf16"])
+    monkeypatch.setenv(NATIVE_BF16_ENV, "1")
+    plan(["bf16"], base, tmp_path / "native", notes := {})
+    assert notes == {"baseline": [], "bf16": []}  # nothing emulated where the CPU has bf16
+
+
+def test_the_report_says_which_variant_runs_emulated(run_cli, tmp_path):
+    """The real command on a CPU without native bf16: its speed_report.md says that the bf16
+    variant is emulated here and what to switch, before the numbers. 2 tiny runs."""
+    out = tmp_path / "report"
+    args = ["--variants", "bf16", "--repeats", "1", "--no-combine", "--out", out, *TINY]
+    proc = run_cli(args, prog="accel-report", timeout=600, env={NATIVE_BF16_ENV: "0"})
+    check_ok(proc)
+    report = (out / "speed_report.md").read_text()
+    assert "This CPU has no native bf16 (AVX512-BF16 or AMX). Emulated here" in report
+    assert "- bf16: precision=bf16 on a CPU without bf16 instructions" in report
+    assert "`precision=amp` picks bf16 only where the CPU has it" in report
+    assert report.index("Emulated here") < report.index("| variant |")
 
 
 def test_bad_report_arguments_are_one_paragraph(run_cli):

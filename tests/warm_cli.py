@@ -49,6 +49,7 @@ RUNTIME_ENV = {
     "WANDB_SILENT",
     "MLFLOW_TRACKING_URI",
     "ACCEL_TEST_CPU_LOG",
+    "ACCEL_TRAIN_CPU_NATIVE_BF16",  # (precision.py: read at each detection)
     "WANDB_API_KEY",
 }
 # What the server imports: what a training run, an evaluation, an export and a sample import

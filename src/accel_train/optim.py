@@ -4,7 +4,9 @@
 iterations, Jordan et al. 2024) on the hidden weight matrices, and `torch.optim.AdamW` on
 everything else (embeddings, the output head, norms, biases, convolutions), as Muon's authors
 use it. The two run as one optimizer (:class:`MuonWithAdamW`): one list of param groups for the
-schedulers and the GradScaler, one state dict for checkpoints.
+schedulers and the GradScaler, one state dict for checkpoints. torch's Muon orthogonalises in
+bf16, which a CPU without bf16 instructions emulates ~25x slower than fp32: :class:`Muon` is
+torch's with the Newton-Schulz iteration in a dtype chosen per device (`optimizer.ns_dtype`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from omegaconf import DictConfig
 from torch.optim import lr_scheduler
 
 from accel_train.errors import UserError
+from accel_train.precision import cpu_has_fast_bf16, emulated_bf16_text, fastest_half_or_fp32
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,7 @@ def build_optimizer(
             opt_cfg,
             lr,
             fusable(params) if opt_cfg.fused is None else opt_cfg.fused,
+            device,
         )
     fused = opt_cfg.fused if opt_cfg.fused is not None else fusable(params)
     kwargs = {"lr": lr, "weight_decay": opt_cfg.weight_decay, "fused": fused or None}
@@ -118,6 +122,100 @@ def hidden_matrices(model: torch.nn.Module) -> set[int]:
     }
 
 
+NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def muon_ns_dtype(setting: str, device: torch.device) -> tuple[torch.dtype, str]:
+    """optimizer.ns_dtype -> (the dtype Muon's Newton-Schulz runs in, why): auto is bf16 on CUDA
+    and on a CPU with bf16 instructions (torch's own choice, and as fast there), fp32 on any
+    other CPU (bf16 is emulated there: 50 s against 17 s for 30 steps of gpt_char_fast on an
+    AVX2-only EPYC, issue 62, at the same loss); bf16 or fp32 forces one."""
+    if setting != "auto":
+        slow = optimizer_emulation({"name": "muon", "ns_dtype": setting}, device.type)
+        if slow:
+            log.warning("%s", slow)
+        return NS_DTYPES[setting], "optimizer.ns_dtype"
+    dtype = fastest_half_or_fp32(device)
+    where = "this CPU" if device.type == "cpu" else f"this {device.type} device"
+    return dtype, f"auto: {where} has {'' if dtype == torch.bfloat16 else 'no '}native bf16"
+
+
+def optimizer_emulation(opt_cfg, device_type: str) -> str | None:
+    """The warning an optimizer config gets on this machine's `device_type`: Muon's
+    Newton-Schulz forced to bf16 on a CPU without bf16 instructions; else None."""
+    forced = opt_cfg.get("name") == "muon" and opt_cfg.get("ns_dtype") == "bf16"
+    if forced and device_type == "cpu" and not cpu_has_fast_bf16():
+        return emulated_bf16_text(
+            "optimizer=muon optimizer.ns_dtype=bf16 (its Newton-Schulz iteration)",
+            "`optimizer.ns_dtype=auto` runs it in fp32 there, at the same loss (issue 62).",
+        )
+    return None
+
+
+def newton_schulz(
+    grad: torch.Tensor, coefficients: tuple, steps: int, eps: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """torch.optim._muon._zeropower_via_newtonschulz (the quintic iteration of Jordan et al.)
+    with the dtype as an argument instead of its fixed bfloat16; the same operations in the
+    same order, so in bf16 it is torch's update bit for bit."""
+    a, b, c = coefficients
+    tall = grad.size(0) > grad.size(1)
+    x = grad.to(dtype, copy=True)  # (never the momentum buffer itself: divided in place below)
+    if tall:
+        x = x.T
+    x.div_(x.norm().clamp(min=eps))  # spectral norm at most 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon (same arguments, param groups and state dict) whose orthogonaliser is
+    an attribute: `orthogonalise(update, coefficients, steps, eps)`, by default
+    :func:`newton_schulz` in `ns_dtype`. The step is torch's `_single_tensor_muon` with that
+    one call replaced (torch 2.14 has no hook for it)."""
+
+    def __init__(self, params, *, ns_dtype: torch.dtype = torch.bfloat16, **kwargs):
+        super().__init__(params, **kwargs)
+        self.ns_dtype = ns_dtype
+        self.orthogonalise = lambda g, coefficients, steps, eps: newton_schulz(
+            g, coefficients, steps, eps, self.ns_dtype
+        )
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, bufs = [], [], []
+            self._init_group(group, params, grads, bufs)
+            lr, momentum = float(group["lr"]), group["momentum"]
+            for param, grad, buf in zip(params, grads, bufs, strict=True):
+                buf.lerp_(grad, 1 - momentum)
+                update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+                update = self.orthogonalise(
+                    update, group["ns_coefficients"], group["ns_steps"], group["eps"]
+                )
+                param.mul_(1 - lr * group["weight_decay"])
+                param.add_(update, alpha=-adjusted_lr(lr, group["adjust_lr_fn"], param.shape))
+        return loss
+
+
+def adjusted_lr(lr: float, fn: str | None, shape: torch.Size) -> float:
+    """torch.optim._muon._adjust_lr: Muon's learning rate scaled by the matrix's shape."""
+    rows, cols = shape[:2]
+    if fn is None or fn == "original":
+        return lr * math.sqrt(max(1, rows / cols))
+    if fn == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(rows, cols))
+    if fn == "spectral_unclamped":
+        return lr * math.sqrt(rows / cols)
+    return lr
+
+
 class MuonWithAdamW(torch.optim.Optimizer):
     """torch.optim.Muon on `matrices`, torch.optim.AdamW on `others`, as one optimizer. The
     param groups and the per-parameter state are shared objects: this optimizer's
@@ -125,7 +223,15 @@ class MuonWithAdamW(torch.optim.Optimizer):
     same `state` dict (their parameters are disjoint). So schedulers, the GradScaler, clipping
     and checkpoints see one ordinary optimizer, in torch's own state-dict format."""
 
-    def __init__(self, matrices: list, others: list, cfg: DictConfig, lr: float, fused: bool):
+    def __init__(
+        self,
+        matrices: list,
+        others: list,
+        cfg: DictConfig,
+        lr: float,
+        fused: bool,
+        device: torch.device | None = None,
+    ):
         if not matrices:
             raise UserError(
                 "optimizer=muon: the model has no hidden weight matrix for Muon to update (it "
@@ -133,8 +239,11 @@ class MuonWithAdamW(torch.optim.Optimizer):
                 "rest go to AdamW). Use `optimizer=adamw` for this model."
             )
         scale = lr / cfg.lr  # the linear scaling rule's factor, the same for both
-        self.muon = torch.optim.Muon(
+        setting = cfg.get("ns_dtype", "auto")
+        self.ns_dtype, self.ns_why = muon_ns_dtype(setting, device or matrices[0].device)
+        self.muon = Muon(
             matrices,
+            ns_dtype=self.ns_dtype,
             lr=lr,
             weight_decay=cfg.weight_decay,
             momentum=cfg.momentum,
@@ -153,6 +262,11 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._muon_groups = len(self.muon.param_groups)
         super().__init__([*self.muon.param_groups, *self.adamw.param_groups], {})
         self._share()
+
+    def describe(self) -> str:
+        """The start-up line's words for the orthogonalisation's dtype and why."""
+        kind = "bf16" if self.ns_dtype == torch.bfloat16 else "fp32"
+        return f"muon: Newton-Schulz in {kind} ({self.ns_why})"
 
     def _share(self) -> None:
         """Point both optimizers at this one's groups and state (again after a load, which

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -40,10 +41,60 @@ class Precision:
         return f"{self.name}: {kind} autocast{scaler} on {self.device_type}"
 
 
+# Overrides the CPU's own answer to "does it have native bf16?" ("0" or "1"): a test (or a user
+# who measured otherwise) can take the path a CPU without bf16 instructions takes, on any CPU.
+NATIVE_BF16_ENV = "ACCEL_TRAIN_CPU_NATIVE_BF16"
+
+
 def cpu_has_fast_bf16() -> bool:
-    """Native bf16 matmul/conv instructions on this CPU (what oneDNN's bf16 kernels need)."""
+    """Native bf16 matmul/conv instructions on this CPU (what oneDNN's bf16 kernels need):
+    AVX512-BF16 or AMX, as torch reports them; $ACCEL_TRAIN_CPU_NATIVE_BF16=0/1 overrides."""
+    forced = os.environ.get(NATIVE_BF16_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+
+
+def fastest_half_or_fp32(device: torch.device) -> torch.dtype:
+    """The dtype an internal speed choice (Muon's Newton-Schulz, ...) should compute in on
+    `device`: bf16 on CUDA and on a CPU with bf16 instructions, fp32 on any other CPU, where bf16
+    is emulated and a bf16 matmul ran ~25-37x slower than fp32 (BENCHMARKS.md); fp32 on a GPU
+    without bf16 units (before Ampere) too."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
+        return torch.bfloat16
+    if device.type == "cpu" and cpu_has_fast_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
+def emulated_bf16_text(what: str, fix: str) -> str:
+    """The one warning for bf16 on a CPU without bf16 instructions, whichever switch asked for
+    it (precision, optimizer.ns_dtype; accel-report lists them before it measures): `what` is
+    the switch, `fix` what to switch to."""
+    return (
+        f"{what} on a CPU without bf16 instructions (AVX512-BF16 or AMX): bf16 is emulated "
+        f"there, several to tens of times slower than fp32 (convolutions most). {fix}"
+    )
+
+
+AMP_FIX = "`precision=amp` picks bf16 only where the CPU has it, fp32 elsewhere."
+FP16_ON_CPU = (
+    "precision=fp16 on the CPU: fp16 autocast has few fast CPU kernels and runs several "
+    "times slower than fp32. `precision=amp` picks bf16 on the CPU."
+)
+
+
+def precision_emulation(name: str, device_type: str) -> str | None:
+    """The warning `precision=<name>` gets on this machine's `device_type` ("cpu"/"cuda"), or
+    None where it runs at the device's speed (what accel-report lists before it measures)."""
+    if device_type != "cpu":
+        return None
+    if name == "fp16":
+        return FP16_ON_CPU
+    if name in ("bf16", "bf16_true") and not cpu_has_fast_bf16():
+        return emulated_bf16_text(f"precision={name}", AMP_FIX)
+    return None
 
 
 def resolve_precision(name: str, device: torch.device, tf32: bool = True) -> Precision:
@@ -65,18 +116,9 @@ def resolve_precision(name: str, device: torch.device, tf32: bool = True) -> Pre
         name_used = "fp16" if dev == "cuda" else cpu_choice
         resolved = resolve_precision(name_used, device, tf32)
         return Precision("amp", dev, resolved.autocast_dtype, torch.float32, resolved.use_scaler)
-    if name == "fp16" and dev == "cpu":
-        log.warning(
-            "precision=fp16 on the CPU: fp16 autocast has few fast CPU kernels and runs several "
-            "times slower than fp32. `precision=amp` picks bf16 on the CPU."
-        )
-    if name in ("bf16", "bf16_true") and dev == "cpu" and not cpu_has_fast_bf16():
-        log.warning(
-            "precision=%s on a CPU without bf16 instructions (AVX512-BF16 or AMX): bf16 is "
-            "emulated there, several to tens of times slower than fp32 (convolutions most). "
-            "`precision=amp` picks bf16 only where the CPU has it, fp32 elsewhere.",
-            name,
-        )
+    slow = precision_emulation(name, dev)
+    if slow:
+        log.warning("%s", slow)
     if name == "fp32":
         return Precision(name, dev, None, torch.float32, False)
     if name == "fp16":

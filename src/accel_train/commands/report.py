@@ -47,6 +47,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -58,6 +59,8 @@ from accel_train.config.run_config import typed
 from accel_train.config.schema import register_configs
 from accel_train.environment import register_resolvers
 from accel_train.errors import UserError, report_user_errors
+from accel_train.optim import optimizer_emulation
+from accel_train.precision import cpu_has_fast_bf16, precision_emulation
 
 log = logging.getLogger("accel_train")
 
@@ -167,8 +170,39 @@ def comparable(cfg) -> dict[str, Any]:
     return container
 
 
-def plan(variants: list[str], base: list[str], out: Path) -> list[str]:
-    """Validate every variant's config; drop those that change nothing. Returns the kept ones."""
+def emulated(cfg) -> list[str]:
+    """What of a composed run computes in a dtype this machine emulates (bf16 on a CPU without
+    bf16 instructions, fp16 on any CPU), each with the switch that avoids it: the warnings the
+    run itself would log, known before it is timed."""
+    dev = cfg.trainer.device
+    kind = "cuda" if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()) else "cpu"
+    found = [
+        precision_emulation(cfg.precision.name, kind),
+        optimizer_emulation(cfg.optimizer, kind),
+    ]
+    return [text for text in found if text]
+
+
+def emulation_lines(notes: dict[str, list[str]]) -> list[str]:
+    """The report's paragraph on what runs emulated here, each warning once with its variants."""
+    native = "has" if cpu_has_fast_bf16() else "has no"
+    head = f"This CPU {native} native bf16 (AVX512-BF16 or AMX)"
+    by_text: dict[str, list[str]] = {}
+    for name, texts in notes.items():
+        for text in texts:
+            by_text.setdefault(text, []).append(name)
+    if not by_text:
+        return [f"{head}: nothing these runs ask for is emulated here.  "]
+    return [f"{head}. Emulated here, so timed slower than this machine can run it:", ""] + [
+        f"- {', '.join(names)}: {text}" for text, names in by_text.items()
+    ]
+
+
+def plan(
+    variants: list[str], base: list[str], out: Path, notes: dict[str, list[str]] | None = None
+) -> list[str]:
+    """Validate every variant's config; drop those that change nothing. Returns the kept ones;
+    `notes` gets each kept one's emulated parts (:func:`emulated`)."""
     register_configs()
     register_resolvers()
     unknown = [v for v in variants if v not in ALL_VARIANTS]
@@ -192,6 +226,8 @@ def plan(variants: list[str], base: list[str], out: Path) -> list[str]:
                 raise
             raise UserError(f"the overrides {' '.join(base)} do not compose: {user}") from None
         configs[name] = comparable(cfg)
+        if notes is not None:
+            notes[name] = emulated(cfg)
     kept = ["baseline"]
     for name in configs:
         if name == "baseline":
@@ -200,6 +236,12 @@ def plan(variants: list[str], base: list[str], out: Path) -> list[str]:
             log.info("%s: the base config already has %s; left out", name, ALL_VARIANTS[name])
         else:
             kept.append(name)
+    if notes is not None:
+        for name in set(notes) - set(kept):
+            del notes[name]
+        for line in emulation_lines(notes):
+            if line.strip():
+                log.info("%s", line.strip())
     return kept
 
 
@@ -415,8 +457,9 @@ def write_report(
     rows: list[tuple[str, int, str]],
     argv: list[str],
     spread_check: bool = True,
+    notes: dict[str, list[str]] | None = None,
 ):
-    """rows: (variant, phase, overrides shown)."""
+    """rows: (variant, phase, overrides shown); notes: plan's emulated parts per variant."""
     loads = [r.load for r in runs]
     lines = [
         "# Speed report",
@@ -430,6 +473,7 @@ def write_report(
         "first logging interval (warm-up); `launch to exit` is the whole command.  ",
         sample_line(runs),
         "",
+        *(emulation_lines(notes) + [""] if notes is not None else []),
         *(spread_line(runs, p, spread_check) + "  " for p in sorted({p for _, p, _ in rows})),
         "",
         "| variant | overrides | samples/s | vs baseline | verdict | "
@@ -521,7 +565,8 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(f"accel-report --repeats {opts.repeats}: must be >= 1.")
     out = Path(opts.out or f"outputs/speed_report/{datetime.now():%Y-%m-%d_%H-%M-%S}")
     wanted = [v.strip() for v in opts.variants.split(",") if v.strip()]
-    kept = plan(wanted, base, out)
+    notes: dict[str, list[str]] = {}
+    kept = plan(wanted, base, out, notes)
     out.mkdir(parents=True, exist_ok=True)
     overrides_of = {name: ALL_VARIANTS[name] for name in kept}
     runs: list[Run] = []
@@ -545,7 +590,7 @@ def main(argv: list[str] | None = None) -> None:
                 ["baseline", "best"], opts.repeats, 2, out / "phase2", base, overrides_of, runs
             )
             rows += [("baseline", 2, ""), ("best", 2, " ".join(combo))]
-    write_report(out, runs, rows, argv, spread_check=check)
+    write_report(out, runs, rows, argv, spread_check=check, notes=notes)
     print((out / "speed_report.md").read_text())
     png = " and .png" if (out / "speed_report.png").exists() else ""
     print(f"accel-report: wrote {out / 'speed_report.md'} (and .csv{png})")

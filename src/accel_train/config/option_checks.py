@@ -14,6 +14,7 @@ from accel_train.errors import UserError
 # The values torch.optim.Muon takes for adjust_lr_fn (None: its "original").
 MUON_ADJUST_LR = ("original", "match_rms_adamw", "spectral_unclamped")
 LORA_BASE_DTYPES = ("nf4", "int8")
+MUON_NS_DTYPES = ("auto", "bf16", "fp32")  # optimizer.ns_dtype (optim.py: muon_ns_dtype)
 
 
 def check_lora(cfg: DictConfig) -> None:
@@ -74,6 +75,12 @@ def check_muon(cfg: DictConfig) -> None:
         raise UserError(
             f"optimizer.adjust_lr_fn={fn!r} is not one torch.optim.Muon takes: pick "
             f"{', '.join(MUON_ADJUST_LR)}, or null (torch's default, original)."
+        )
+    ns = OmegaConf.select(cfg, "optimizer.ns_dtype")
+    if ns is not None and ns not in MUON_NS_DTYPES:
+        raise UserError(
+            f"optimizer.ns_dtype={ns!r}: pick auto (bf16 on CUDA and on a CPU with native bf16, "
+            "fp32 elsewhere), bf16 (torch's own choice everywhere) or fp32."
         )
 
 

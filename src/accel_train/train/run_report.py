@@ -21,12 +21,15 @@ def announce(loop: Any, resumed_from: str | None) -> None:
     if not loop.env.is_main:
         return
     p, loader_cfg, strategy = loop.parts, loop.cfg.loader, loop.strategy
+    # An optimizer that computes in a dtype of its own (Muon's Newton-Schulz) says which.
+    own_dtype = getattr(loop.optimizer, "describe", None)
     log.info(
-        "model %s (%s) on %s; precision %s; data %s: %d train / %d val / %s test",
+        "model %s (%s) on %s; precision %s%s; data %s: %d train / %d val / %s test",
         loop.cfg.model.get("name", loop.cfg.model._target_),
         parameters_text(strategy.parameter_count(loop.module), loop.module),
         loop.env.device,
         loop.precision.describe(),
+        f"; {own_dtype()}" if callable(own_dtype) else "",
         loop.cfg.dataset.get("name", "custom"),
         len(p.splits.train),
         len(p.splits.val),

@@ -36,6 +36,7 @@ class MuonConfig(OptimizerConfig):
     nesterov: bool = True
     ns_steps: int = 5
     adjust_lr_fn: str | None = None
+    ns_dtype: str = "auto"  # Newton-Schulz dtype: auto (bf16 where native, else fp32), bf16, fp32
     adamw_lr: float = 1e-3
     adamw_weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
