@@ -16,6 +16,16 @@ text=True)` would. Whether a run may go warm is decided by the caller (tests/hel
 tests about start-up, signals, torchrun, SLURM, Ray and installation keep a fresh interpreter
 (`@pytest.mark.fresh`), and so does any run whose environment differs from the server's in a
 variable read at import time (`warm_env_ok`).
+
+A warm run's torchrun workers are warm too. torchrun starts each worker as `$PYTHON_EXEC -u -m
+accel_train.worker CONFIG` (torch.distributed.run's documented override); a warm run has
+PYTHON_EXEC pointing at a small stdlib-only stub (`worker_stub`) that hands its argv,
+environment, working directory and stdin/stdout/stderr (the descriptors themselves, which the
+agent pointed at the rank's log files) to the server, which forks the worker from its warm
+state. The stub stays torchrun's child: it forwards the signals the agent sends, ends with the
+worker's exit status (a signal's death included), and dies with the agent (PR_SET_PDEATHSIG);
+the worker dies with the stub (a pidfd watch), as a worker dies with its launcher
+(environment.die_with_launcher).
 """
 
 from __future__ import annotations
@@ -51,6 +61,9 @@ RUNTIME_ENV = {
     "ACCEL_TEST_CPU_LOG",
     "ACCEL_TRAIN_CPU_NATIVE_BF16",  # (precision.py: read at each detection)
     "WANDB_API_KEY",
+    # pytest's name of the running test: set in os.environ during each test (never at the
+    # session's start, when the server's environment is taken), read by no import.
+    "PYTEST_CURRENT_TEST",
 }
 # What the server imports: what a training run, an evaluation, an export and a sample import
 # on their way (torch._dynamo: torch imports it at the first optimizer step, ~1.7 CPU s).
@@ -142,6 +155,15 @@ class WarmServer:
             time.sleep(0.05)
         # The top-level names of the modules the server imported (warm_env_ok).
         self.imported = set(json.loads(Path(self.socket_path + ".modules.json").read_text()))
+        # torchrun's PYTHON_EXEC for a warm run's workers: this file's worker_stub, started
+        # without site-packages (-S: it needs the standard library only, ~20 ms).
+        self.python = self.dir / "python"
+        here = str(Path(__file__).parent)
+        self.python.write_text(
+            f"#!{sys.executable} -S\nimport sys\nsys.path.insert(0, {here!r})\n"
+            "from warm_cli import worker_stub\nworker_stub(sys.argv[1:])\n"
+        )
+        self.python.chmod(0o755)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -166,9 +188,12 @@ class WarmServer:
             files = {name: os.path.join(tmp, name) for name in ("stdin", "stdout", "stderr")}
             Path(files["stdin"]).write_text(input or "")
             added = _added_path(env, self.env, self.imported) or []
+            # The run's torchrun workers fork from this server too (worker_stub).
+            env = {**env, "PYTHON_EXEC": str(self.python), WARM_SOCKET: self.socket_path}
             request = {"argv": argv, "cwd": str(cwd), "env": env, "path": added, **files}
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(self.socket_path)
+            sock.sendall(b"R")  # a run (a worker stub sends its descriptors with this byte)
             with sock, sock.makefile("rwb") as stream:
                 stream.write(json.dumps(request).encode() + b"\n")
                 stream.flush()
@@ -189,6 +214,34 @@ class WarmServer:
 def _read_text(path: str) -> str:
     with open(path) as f:  # text mode: newlines translated, as subprocess.run(text=True)
         return f.read()
+
+
+WARM_SOCKET = "ACCEL_TEST_WARM_SOCKET"  # the server's socket, for a warm run's worker stubs
+
+
+def worker_stub(argv: list[str]) -> None:
+    """torchrun's worker process in a warm run (PYTHON_EXEC): the server forks the real worker
+    with this process's argv, environment, working directory and stdio; this process forwards
+    the agent's signals to it and ends as it ended. Never returns."""
+    import ctypes
+
+    # Dies with the agent (SIGKILL, as environment.die_with_launcher's workers do); the worker
+    # then dies with this process (_watch_stub).
+    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(os.environ[WARM_SOCKET])
+    socket.send_fds(sock, [b"W"], [0, 1, 2])
+    request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "stub": os.getpid()}
+    sock.sendall(json.dumps(request).encode() + b"\n")
+    stream = sock.makefile("rb")
+    pid = json.loads(stream.readline())["pid"]
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda sig, _frame: os.kill(pid, sig))
+    code = json.loads(stream.readline())["returncode"]
+    if code < 0:  # killed by a signal: so is the stub, for torchrun's agent to see
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
 
 
 # ---- the server (a process of its own: `python warm_cli.py SOCKET BIN`) ------------------------
@@ -232,25 +285,38 @@ def _serve(socket_path: str, bin_dir: str) -> None:
         for key, _ in selector.select(timeout=1.0):
             if key.fileobj is listener:
                 conn, _ = listener.accept()
+                _, fds, _, _ = socket.recv_fds(conn, 1, 3)  # a worker stub's stdio, or none
                 request = json.loads(conn.makefile("rb").readline())
+                request["stdio"] = fds
                 pid = os.fork()
                 if pid == 0:
                     _child(request, bin_dir, [listener.fileno(), conn.fileno(), wake_r, wake_w])
+                for fd in fds:
+                    os.close(fd)
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-                running[pid] = conn
+                running[pid] = (conn, bool(fds))
             elif key.fileobj == wake_r:
                 os.read(wake_r, 4096)
         _reap(running)
 
 
-def _reap(running: dict[int, socket.socket]) -> None:
+# CPU seconds of finished workers (forked for stubs), not yet reported to a run's client.
+WORKERS_CPU_S = [0.0]
+
+
+def _reap(running: dict[int, tuple[socket.socket, bool]]) -> None:
     for pid in list(running):
         done, status, usage = os.wait4(pid, os.WNOHANG)
         if done:
-            conn = running.pop(pid)
+            conn, worker = running.pop(pid)
             # The child's CPU time and its waited-for children's (a subprocess' would count
-            # in the client's RUSAGE_CHILDREN): the client adds it to CHILD_CPU_S.
+            # in the client's RUSAGE_CHILDREN): the client adds it to CHILD_CPU_S. A worker's
+            # goes with the next run's reply: the run that started it ends after it.
             cpu = usage.ru_utime + usage.ru_stime
+            if worker:
+                WORKERS_CPU_S[0] += cpu
+            else:
+                cpu, WORKERS_CPU_S[0] = cpu + WORKERS_CPU_S[0], 0.0
             reply = {"returncode": os.waitstatus_to_exitcode(status), "cpu_s": cpu}
             with contextlib.suppress(OSError):  # the client timed out and left
                 conn.sendall(json.dumps(reply).encode() + b"\n")
@@ -270,17 +336,13 @@ def _child(request: dict, bin_dir: str, server_fds: list[int]) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for fd in server_fds:
             os.close(fd)
-        for fd, name, flags in (
-            (0, "stdin", os.O_RDONLY),
-            (1, "stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-            (2, "stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-        ):
-            opened = os.open(request[name], flags, 0o644)
-            os.dup2(opened, fd)
-            os.close(opened)
+        _take_stdio(request)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        if request["stdio"]:  # a worker stub's: `python -u -m accel_train.worker CONFIG`
+            code = _run_worker(request)
+            raise SystemExit(code)
         argv = request["argv"]
         sys.argv = list(argv)
         # A console script's sys.path: its folder first, then PYTHONPATH's folders.
@@ -303,6 +365,53 @@ def _child(request: dict, bin_dir: str, server_fds: list[int]) -> None:
         sys.stderr.flush()
     finally:
         os._exit(code)
+
+
+def _take_stdio(request: dict) -> None:
+    """fds 0-2: a worker stub's own (sent over the socket), or a run's files."""
+    if request["stdio"]:
+        for fd, received in enumerate(request["stdio"]):
+            os.dup2(received, fd)
+            os.close(received)
+        return
+    for fd, name, flags in (
+        (0, "stdin", os.O_RDONLY),
+        (1, "stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+        (2, "stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+    ):
+        opened = os.open(request[name], flags, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)
+
+
+def _run_worker(request: dict) -> int:
+    """The worker `python -u -m MODULE ARGS` would be (stdio is unbuffered already: the suite
+    runs with PYTHONUNBUFFERED), watched by its stub."""
+    import runpy
+    import threading
+
+    assert request["argv"][:2] == ["-u", "-m"], request["argv"]
+    module, *args = request["argv"][2:]
+    # `-m`: the working directory first on sys.path, then PYTHONPATH's folders.
+    extra = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    sys.path[0:1] = [os.getcwd(), *(p for p in extra if p and p not in sys.path)]
+    if "OMP_NUM_THREADS" in os.environ:  # torchrun's per-worker setting, as a new process reads it
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    stub = os.pidfd_open(request["stub"])
+    threading.Thread(target=_die_with, args=(stub,), name="warm-stub-watch", daemon=True).start()
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
+
+
+def _die_with(pidfd: int) -> None:
+    """SIGKILL this worker when its stub is gone (the pidfd becomes readable)."""
+    import select
+
+    select.select([pidfd], [], [])
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _call_script(name: str) -> int:
