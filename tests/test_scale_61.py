@@ -1,0 +1,197 @@
+"""Issue 61, the features at real scale: GRPO's everyday reward functions (numpy and tensor
+numbers, async functions run together, TRL's `trainer_state` keyword, `task.reward_timeout_s`)
+and every end-of-turn id stopping a completion (the model's generation_config as well as the
+tokenizer's EOS); loader=ray's per-worker prefetch and runtime_env (its plan, no Ray started);
+the video recipe's schedule in epochs, the shard command's short side, the device batch of
+a clip evaluation."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from grpo_fixtures import user_code
+from helpers import check_ok, read_jsonl
+from hf_fixtures import write_tiny_llama
+
+from accel_train.errors import UserError
+from accel_train.rewards import RewardState, build_rewards, score
+from accel_train.tasks.grpo import GRPO
+
+# ---- C.14 everyday reward functions -----------------------------------------------------------
+
+
+REWARDS = """
+import asyncio
+import time
+
+import numpy as np
+import torch
+
+
+def numbers(prompts, completions, **kwargs):
+    '''One of each kind of number TRL's torch.tensor(...) takes, in turn.'''
+    kinds = [np.float32(1.0), np.int64(0), torch.tensor(0.5), True, 1, np.array(0.25)]
+    return [kinds[i % len(kinds)] for i in range(len(completions))]
+
+
+async def slow_async(prompts, completions, **kwargs):
+    await asyncio.sleep(0.4)
+    return [0.25] * len(completions)
+
+
+async def slow_async_too(prompts, completions, **kwargs):
+    await asyncio.sleep(0.4)
+    return np.full(len(completions), 0.75, dtype=np.float32)
+
+
+def by_step(completions, trainer_state, answer):
+    '''Names its keywords (no **kwargs): gets only those, TRL's trainer_state among them.'''
+    assert len(answer) == len(completions)
+    return [float(trainer_state.global_step)] * len(completions)
+
+
+def hangs(prompts, completions, **kwargs):
+    time.sleep(30)
+    return [0.0] * len(completions)
+
+
+async def hangs_async(prompts, completions, **kwargs):
+    await asyncio.sleep(30)
+    return [0.0] * len(completions)
+
+
+def not_a_number(prompts, completions, **kwargs):
+    return ["1.0"] * len(completions)
+
+
+def infinite(prompts, completions, **kwargs):
+    return [np.float32("inf")] * len(completions)
+"""
+
+
+@pytest.fixture(scope="module")
+def user_env(tmp_path_factory) -> dict[str, str]:
+    """The user's reward module, scale61_rewards.py, on PYTHONPATH (the CLI) and sys.path."""
+    root = tmp_path_factory.mktemp("user_code")
+    env = user_code(root, {"scale61_rewards.py": REWARDS})
+    sys.path.insert(0, str(root))
+    yield env
+    sys.path.remove(str(root))
+    sys.modules.pop("scale61_rewards", None)
+
+
+def _rewards(*names: str):
+    return build_rewards([{"_target_": f"scale61_rewards.{n}"} for n in names])
+
+
+def test_rewards_take_any_real_number_async_functions_together_and_a_time_limit(user_env):
+    prompts, completions = ["p"] * 6, ["c"] * 6
+    columns = {"answer": ["1"] * 6, "trainer_state": RewardState(global_step=3)}
+    got = score(_rewards("numbers", "by_step"), prompts, completions, columns, list(range(6)))
+    assert got == [[1.0, 0.0, 0.5, 1.0, 1.0, 0.25], [3.0] * 6]
+    assert all(type(v) is float for v in got[0])
+    # two async functions of 0.4 s each run concurrently on one loop (TRL's asyncio.gather)
+    start = time.perf_counter()
+    out = score(_rewards("slow_async", "slow_async_too"), prompts, completions, columns, [0] * 6)
+    assert time.perf_counter() - start < 0.75
+    assert out == [[0.25] * 6, [0.75] * 6]
+    # non-numbers and infinities are still refused, naming the function
+    refused = [("not_a_number", "returned '1.0'"), ("infinite", r"returned np.float32\(inf\)")]
+    for name, needle in refused:
+        with pytest.raises(UserError, match=f"'{name}'.*{needle}.*finite real number"):
+            score(_rewards(name), prompts, completions, columns, [7] * 6)
+    # a hanging function, plain or async, is stopped at the limit, named
+    for name in ("hangs", "hangs_async"):
+        start = time.perf_counter()
+        with pytest.raises(UserError) as err:
+            score(_rewards(name), prompts, completions, columns, [4] * 6, timeout=0.3)
+        assert time.perf_counter() - start < 2
+        text = str(err.value)
+        assert f"'{name}'" in text and "task.reward_timeout_s=0.3" in text and "[4]" in text
+
+
+# ---- C.12 end of turn: every id TRL stops on --------------------------------------------------
+
+G, C = 4, 6
+X = 100  # an ordinary token the model below always samples; its generation_config ends on it
+
+
+@pytest.fixture(scope="module")
+def always_x(tmp_path_factory) -> Path:
+    """A tiny Llama that samples token X every time (a constant hidden state, only X's output
+    row set), whose generation_config ends a turn on the tokenizer's EOS and on X: a chat
+    model whose end-of-turn token is not the tokenizer's eos_token."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    folder = write_tiny_llama(tmp_path_factory.mktemp("scale61") / "llama")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.fill_(1.0)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[X] = 1.0  # logit 64 for X, 0 for every other token
+    eos = model.config.eos_token_id
+    model.generation_config = GenerationConfig(eos_token_id=[eos, X], pad_token_id=eos)
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_completions_stop_on_the_models_end_of_turn_and_rewards_of_any_number(
+    always_x, user_env, tmp_path, run_cli
+):
+    """Through the CLI: the completions end at X (length 1, none clipped) though the tokenizer's
+    EOS is another id; numpy/tensor rewards, an async function and one reading
+    trainer_state.global_step are scored; a hanging reward stops the run in one paragraph."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"Say {i}.", "answer": str(i % 4)}) + "\n" for i in range(8))
+    )
+    run = tmp_path / "run"
+    base = ["task=grpo", "dataset=prompts", "model=hf", f"model.path={always_x}",
+            f"dataset.path={data}", "lora.rank=4", "lora.dropout=0.0",
+            f"task.num_generations={G}", f"task.max_completion_length={C}", "scheduler=none",
+            "loader.batch_size=2", "trainer.log_every_n_steps=1", "trainer.progress=none",
+            "trainer.limit_val_batches=0"]  # fmt: skip
+    rewards = ", ".join(f"{{_target_: scale61_rewards.{n}}}" for n in
+                        ("numbers", "slow_async", "by_step"))  # fmt: skip
+    rewards, env = f"task.rewards=[{rewards}]", user_env
+    check_ok(run_cli([*base, rewards, "trainer.max_steps=2", f"hydra.run.dir={run}"], env=env))
+    train = [r for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    for r in train:
+        assert r["train/completions/max_length"] == 1  # stopped at X, the model's end of turn
+        assert r["train/completions/clipped_ratio"] == 0
+        assert r["train/rewards/numbers/mean"] == pytest.approx((1 + 0 + 0.5 + 1 + 1 + 0.25
+                                                                + 1 + 0) / 8)  # fmt: skip
+        assert r["train/rewards/slow_async/mean"] == pytest.approx(0.25)
+    assert [r["train/rewards/by_step/mean"] for r in train] == [0.0, 1.0]
+
+    hang = [*base, "task.rewards=[{_target_: scale61_rewards.hangs}]", "task.reward_timeout_s=1",
+            "trainer.max_steps=1", f"hydra.run.dir={tmp_path / 'hang'}"]  # fmt: skip
+    start = time.perf_counter()
+    proc = run_cli(hang, env=env)
+    assert time.perf_counter() - start < 25  # the 30 s sleep left behind
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "'hangs' (task.rewards[0]._target_=scale61_rewards.hangs) did not return" in proc.stderr
+    assert "task.reward_timeout_s=1 s" in proc.stderr
+
+
+def test_the_layout_masks_after_any_stop_id(user_env):
+    """Unit: with the tokenizer's EOS 2 and the model's end of turn 9, each row is cut at its
+    first of either; a row with neither runs to the cap and counts as truncated."""
+    task = GRPO(num_generations=2, max_completion_length=4,
+                rewards=[{"_target_": "scale61_rewards.numbers"}])  # fmt: skip
+    task.eos, task.model_stops, task.pad = 2, [2, 9], 0
+    assert task.stops == [2, 9] and task._stop_arg() == [2, 9]
+    ids, pmask = torch.tensor([[5, 6], [5, 6]]), torch.ones(2, 2, dtype=torch.long)
+    done = torch.tensor([[7, 9, 8, 8], [7, 7, 7, 7]])
+    roll = task._layout(ids, pmask, done)
+    assert roll["shown"].tolist() == [[True, True, False, False], [True] * 4]
+    assert roll["truncated"].tolist() == [False, True]
