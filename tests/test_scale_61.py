@@ -195,3 +195,115 @@ def test_the_layout_masks_after_any_stop_id(user_env):
     roll = task._layout(ids, pmask, done)
     assert roll["shown"].tolist() == [[True, True, False, False], [True] * 4]
     assert roll["truncated"].tolist() == [False, True]
+
+
+# ---- A.2 / A.3 loader=ray: prefetch per worker, runtime_env on the actors (no Ray started) ----
+
+
+class _Ref:
+    def __init__(self, value):
+        self.value = value
+
+
+class _FakeRay:
+    """The part of Ray the pool calls, in this process: what the actors were started with and
+    how many batches were in flight at most. Ray itself is tested in tests/test_ray_loader.py."""
+
+    class exceptions:  # noqa: N801 (ray.exceptions)
+        class GetTimeoutError(Exception): ...
+
+        class RayActorError(Exception): ...
+
+        class ObjectLostError(Exception): ...
+
+    def __init__(self, initialised: bool):
+        self.initialised, self.options, self.in_flight, self.most = initialised, [], 0, 0
+
+    def is_initialized(self):
+        return self.initialised
+
+    def init(self, **kwargs):
+        self.initialised, self.init_kwargs = True, kwargs
+
+    def shutdown(self):
+        self.initialised = False
+
+    def put(self, value):
+        return _Ref(value)
+
+    def kill(self, actor):
+        pass
+
+    def remote(self, cls):
+        fake = self
+
+        class Method:
+            def __init__(self, fn, counts: bool):
+                self.fn, self.counts = fn, counts
+
+            def remote(self, *args):
+                if self.counts:
+                    fake.in_flight += 1
+                    fake.most = max(fake.most, fake.in_flight)
+                return _Ref((self.fn(*args), self.counts))
+
+        class Actor:
+            def __init__(self, name):
+                self.where = Method(lambda: (name, 1, "here"), False)
+                self.batch = Method(lambda maker, keys: (torch.tensor(keys), 0.0), True)
+
+        class Remote:
+            def options(self, **options):
+                fake.options.append(options)
+                return self
+
+            def remote(self, name):
+                return Actor(name)
+
+        return Remote()
+
+    def get(self, ref, timeout=None):
+        if isinstance(ref, list):
+            return [self.get(r) for r in ref]
+        value, counts = ref.value
+        self.in_flight -= counts
+        return value
+
+
+def _ray_loader_cfg(**overrides):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(Path(__file__).parents[1] / "configs" / "loader" / "ray.yaml")
+    cfg.pop("defaults")
+    return OmegaConf.merge(cfg, overrides)
+
+
+@pytest.mark.parametrize("initialised", [False, True], ids=["local", "already-running"])
+def test_ray_prefetch_is_per_worker_and_runtime_env_is_on_the_actors(
+    initialised, monkeypatch, caplog
+):
+    """3 workers, loader.prefetch=2: 6 batches in flight (every worker busy), said at start-up;
+    runtime_env on every actor's options whoever started Ray; object_store_mb with Ray already
+    running: one line that it does not apply (and ray.init not called)."""
+    from accel_train import ray_cluster
+    from accel_train.data.remote import ray_loader
+
+    fake = _FakeRay(initialised)
+    monkeypatch.setattr(ray_cluster, "import_ray", lambda *a: fake)
+    env = {"working_dir": ".", "env_vars": {"A": "1"}}
+    cfg = _ray_loader_cfg(num_workers=3, prefetch=2, runtime_env=env, object_store_mb=512)
+    caplog.set_level("INFO", logger="accel_train")
+    try:
+        pool = ray_loader.pool_for(cfg, rank=0)
+        batches = list(pool.ordered(_Ref(None), ([(0, i)] for i in range(20))))
+    finally:
+        ray_loader.close_pool()
+    assert [int(b[0, 1]) for b in batches] == list(range(20))  # in order
+    assert fake.most == 6
+    assert "at most 6 batches in flight (loader.prefetch=2 per worker)" in caplog.text
+    assert [o["runtime_env"] for o in fake.options] == [env] * 3
+    assert "runtime_env" not in getattr(fake, "init_kwargs", {})
+    said = "loader.object_store_mb=512 does not apply: Ray was already running"
+    assert (said in caplog.text) == initialised
+    if not initialised:
+        assert fake.init_kwargs["object_store_memory"] == 512 * 2**20
