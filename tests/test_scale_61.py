@@ -307,3 +307,49 @@ def test_ray_prefetch_is_per_worker_and_runtime_env_is_on_the_actors(
     assert (said in caplog.text) == initialised
     if not initialised:
         assert fake.init_kwargs["object_store_memory"] == 512 * 2**20
+
+
+# ---- B.7 the schedule in epochs -----------------------------------------------------------------
+
+
+def _lrs_per_epoch(steps_per_epoch: int, epochs: int) -> list[float]:
+    from omegaconf import OmegaConf
+
+    from accel_train.optim import build_scheduler
+
+    sched = OmegaConf.create({"name": "step", "warmup_steps": 0, "warmup_epochs": 2,
+                              "step_size": 1000, "step_epochs": 1.5, "gamma": 0.1})  # fmt: skip
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_scheduler(opt, sched, epochs * steps_per_epoch,
+                                steps_per_epoch=steps_per_epoch)  # fmt: skip
+    out = []
+    for step in range(epochs * steps_per_epoch):
+        if step % (steps_per_epoch // 2) == 0:  # at every half epoch
+            out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        scheduler.step()
+    return out
+
+
+def test_a_schedule_in_epochs_is_the_same_per_epoch_on_any_number_of_processes():
+    """1 process and 8 (the same data at 8x the global batch: 1/8 the steps an epoch) get the
+    same lr at each half epoch after a warm-up of 2 epochs, and a decay every 1.5 after it."""
+    one, eight = _lrs_per_epoch(96, 6), _lrs_per_epoch(12, 6)
+    # the warm-up's ramp (linear from lr / warm-up steps) differs by at most one of its steps
+    assert one[:4] == pytest.approx(eight[:4], abs=1 / 24)
+    assert one[4:] == pytest.approx(eight[4:])
+    assert one[4] == pytest.approx(1.0)  # warmed up at epoch 2
+    assert one[7] == pytest.approx(0.1) and one[10] == pytest.approx(0.01)  # epochs 3.5, 5
+
+
+def test_the_schedule_in_epochs_is_said_at_start_up(tmp_path, run_cli):
+    """Through the CLI: 256 samples at batch 64 are 4 steps an epoch, which the line says."""
+    from helpers import FAST
+
+    proc = run_cli([*FAST, "scheduler=step", "scheduler.warmup_epochs=1",
+                    "scheduler.step_epochs=0.5", "loader.batch_size=64", "trainer.max_epochs=2",
+                    "trainer.log_every_n_steps=1", "logger=csv"])  # fmt: skip
+    check_ok(proc)
+    line = ("scheduler: warm-up 1 epochs = 4 steps; lr x0.1 every 0.5 epochs = 2 steps (this "
+            "run's epoch: 4 optimizer steps at a global batch of 64)")  # fmt: skip
+    assert line in proc.stdout + proc.stderr
