@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from grpo_fixtures import user_code
@@ -353,3 +354,43 @@ def test_the_schedule_in_epochs_is_said_at_start_up(tmp_path, run_cli):
     line = ("scheduler: warm-up 1 epochs = 4 steps; lr x0.1 every 0.5 epochs = 2 steps (this "
             "run's epoch: 4 optimizer steps at a global batch of 64)")  # fmt: skip
     assert line in proc.stdout + proc.stderr
+
+
+# ---- B.8 the shard command by the short side --------------------------------------------------
+
+
+def _wide_videos(root: Path) -> Path:
+    """2 classes x 3 videos of 64 x 36 (16:9), 4 frames, for `accel-data shard`."""
+    import av
+
+    for c, label in enumerate(("a", "b")):
+        (root / "train" / label).mkdir(parents=True)
+        for i in range(3):
+            with av.open(str(root / "train" / label / f"{i}.mp4"), "w") as out:
+                stream = out.add_stream("mpeg4", rate=15)
+                stream.width, stream.height, stream.pix_fmt = 64, 36, "yuv420p"
+                for t in range(4):
+                    img = np.full((36, 64, 3), 40 + 60 * c + 10 * t, np.uint8)
+                    out.mux(stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")))
+                out.mux(stream.encode())
+    return root
+
+
+def test_shard_by_the_short_side_and_refuse_frames_below_the_crop(tmp_path, run_cli):
+    """16:9 videos: max_side=48 would store 48 x 28 frames, under the 32 px crop: refused in one
+    paragraph naming min_side, nothing written; min_side=32 stores 56 x 32."""
+    pytest.importorskip("litdata")
+    pytest.importorskip("av")
+    videos = _wide_videos(tmp_path / "videos")
+    base = ["shard", "dataset=video_folder", f"dataset.root={videos}", "dataset.image_size=32",
+            "dataset.frames=2", "dataset.frame_stride=1", "dataset.val_fraction=0.34",
+            f"dataset.metadata_cache={tmp_path / 'cache'}"]  # fmt: skip
+    proc = run_cli([*base, "max_side=48", f"out={tmp_path / 'capped'}"], prog="accel-data")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "would be stored smaller than dataset.image_size=32" in proc.stderr
+    assert "`min_side=128`" in proc.stderr and "at 48x28" in proc.stderr
+    assert not (tmp_path / "capped").exists()
+    check_ok(run_cli([*base, "min_side=32", f"out={tmp_path / 'short'}"], prog="accel-data"))
+    index = json.loads((tmp_path / "short" / "accel_train.index.json").read_text())
+    sizes = {tuple(s) for info in index["splits"].values() for s in info["size"]}
+    assert sizes == {(32, 56)} and index["min_side"] == 32
