@@ -376,12 +376,18 @@ def _wide_videos(root: Path) -> Path:
     return root
 
 
-def test_shard_by_the_short_side_and_refuse_frames_below_the_crop(tmp_path, run_cli):
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> Path:
+    pytest.importorskip("av")
+    pytest.importorskip("torchcodec")
+    return _wide_videos(tmp_path_factory.mktemp("wide") / "videos")
+
+
+def test_shard_by_the_short_side_and_refuse_frames_below_the_crop(wide, tmp_path, run_cli):
     """16:9 videos: max_side=48 would store 48 x 28 frames, under the 32 px crop: refused in one
     paragraph naming min_side, nothing written; min_side=32 stores 56 x 32."""
     pytest.importorskip("litdata")
-    pytest.importorskip("av")
-    videos = _wide_videos(tmp_path / "videos")
+    videos = wide
     base = ["shard", "dataset=video_folder", f"dataset.root={videos}", "dataset.image_size=32",
             "dataset.frames=2", "dataset.frame_stride=1", "dataset.val_fraction=0.34",
             f"dataset.metadata_cache={tmp_path / 'cache'}"]  # fmt: skip
@@ -394,3 +400,21 @@ def test_shard_by_the_short_side_and_refuse_frames_below_the_crop(tmp_path, run_
     index = json.loads((tmp_path / "short" / "accel_train.index.json").read_text())
     sizes = {tuple(s) for info in index["splits"].values() for s in info["size"]}
     assert sizes == {(32, 56)} and index["min_side"] == 32
+
+
+# ---- B.10 the device batch of a clip evaluation ----------------------------------------------
+
+
+def test_the_device_batch_of_an_evaluation_by_views_is_said(wide, tmp_path, run_cli):
+    """loader.eval_batch_size=2 videos of 2 clips x 3 crops: the device sees 12 clips a batch,
+    said at start-up."""
+    proc = run_cli(["model=video_cnn", "dataset=video_folder", f"dataset.root={wide}",
+                    "dataset.image_size=32", "dataset.resize_size=32", "dataset.frames=2",
+                    "dataset.frame_stride=1", "dataset.val_fraction=0.34", "dataset.eval_clips=2",
+                    "dataset.eval_crops=3", f"dataset.metadata_cache={tmp_path / 'cache'}",
+                    "loader.batch_size=2", "loader.eval_batch_size=2", "trainer.max_steps=1",
+                    "trainer.progress=none", "logger=none"])  # fmt: skip
+    check_ok(proc)
+    views = "each 6 views (dataset.eval_clips=2 x dataset.eval_crops=3)"
+    line = f"evaluation: loader.eval_batch_size=2 counts samples, {views}: the device sees 12"
+    assert line in proc.stdout + proc.stderr

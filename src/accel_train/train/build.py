@@ -316,7 +316,26 @@ def build_data(cfg: DictConfig, env: DistEnv, task: Task) -> tuple[Splits, Any, 
             f"than the {len(splits.train)} training samples with loader.drop_last=true: no batch "
             "to train on. Lower loader.batch_size or set `loader.drop_last=false`."
         )
+    if env.is_main:
+        line = device_batch_line(splits.val, val_loader)
+        if line:
+            log.info(line)
     return splits, train_loader, val_loader
+
+
+def device_batch_line(split: Any, loader: Any) -> str | None:
+    """Where each evaluation sample is several views (a video's clips x crops), the batch the
+    device sees is the loader's batch times them: one line says it (a memory estimate from
+    loader.eval_batch_size alone would be off by that factor)."""
+    views = int(getattr(split, "views", 1) or 1)
+    batch = int(getattr(getattr(loader, "order", None), "batch_size", 0) or 0)
+    if views <= 1 or not batch:
+        return None
+    return (
+        f"evaluation: loader.eval_batch_size={batch} counts samples, each {views} views "
+        f"({split.views_from}): the device sees {batch * views} a batch (lower "
+        "loader.eval_batch_size if validation runs out of memory)"
+    )
 
 
 def run_length(cfg: DictConfig, train_loader: Any) -> tuple[int, int]:
