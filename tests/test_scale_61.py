@@ -354,6 +354,9 @@ def test_the_schedule_in_epochs_is_said_at_start_up(tmp_path, run_cli):
     line = ("scheduler: warm-up 1 epochs = 4 steps; lr x0.1 every 0.5 epochs = 2 steps (this "
             "run's epoch: 4 optimizer steps at a global batch of 64)")  # fmt: skip
     assert line in proc.stdout + proc.stderr
+    both = run_cli([*FAST, "scheduler.warmup_epochs=1", "scheduler.warmup_steps=5"])
+    assert both.returncode == 2 and "Traceback" not in both.stderr, both.stderr[-3000:]
+    assert "give the warm-up one way" in both.stderr
 
 
 # ---- B.8 the shard command by the short side --------------------------------------------------
