@@ -159,7 +159,7 @@ WARMUP = {"gpt_char": 100, "gpt_char_fast": 20, "gpt2_small": 200, "sft_lora": 1
 WARMUP["dpo_lora"] = WARMUP["simpo_lora"] = 10
 WARMUP["gpt2_long"] = 200
 WARMUP["vit_finetune"] = 6250
-WARMUP["video_r2plus1d"] = 7734
+WARMUP["video_r2plus1d"] = 50  # warmup_epochs=50 of its 1-step epochs
 
 
 def test_every_experiment_names_its_test_data():

@@ -318,8 +318,11 @@ def build_scheduler(
     total_steps: int,
     lr_scale: float = 1.0,
     start_step: int = 0,
+    steps_per_epoch: int = 0,
 ):
     """A torch scheduler (or None for a constant lr), with an optional linear warmup in front.
+    `steps_per_epoch`: this run's optimizer steps an epoch, which `scheduler.warmup_epochs` and
+    `scheduler.step_epochs` are converted with (schedule_steps).
 
     A warm-up as long as the run (a recipe's, on a run shortened for a quick try) is cut to a
     tenth of the run with one warning line (Lightning's fast_dev_run runs its batch whatever the
@@ -332,7 +335,7 @@ def build_scheduler(
     in closed form, so the lr at every later step is bit-identical to that of a run planned for
     `total_steps` from the start (torch's chainable formulas depend on the order of the steps).
     """
-    scheduler = _build_scheduler(optimizer, sched_cfg, total_steps, lr_scale)
+    scheduler = _build_scheduler(optimizer, sched_cfg, total_steps, lr_scale, steps_per_epoch)
     if scheduler is not None and start_step > 0:
         with warnings.catch_warnings():
             # No optimizer step precedes these: torch would warn that the first lr is skipped.
@@ -342,8 +345,30 @@ def build_scheduler(
     return scheduler
 
 
-def _build_scheduler(optimizer, sched_cfg: DictConfig, total_steps: int, lr_scale: float):
-    warmup = sched_cfg.warmup_steps
+def schedule_steps(sched_cfg: DictConfig, steps_per_epoch: int) -> tuple[int, int | None]:
+    """(warm-up steps, StepLR's step_size) of this run: `warmup_epochs` and `step_epochs`, where
+    set, in optimizer steps of this run's epoch (its data, global batch, world size and
+    accumulation: torchvision's reference derives them from len(data_loader) the same way), so
+    the schedule per epoch is the same on 1 or 8 processes; else warmup_steps and step_size."""
+    warmup, step_size = int(sched_cfg.warmup_steps), sched_cfg.get("step_size")
+    epochs = {k: sched_cfg.get(k) for k in ("warmup_epochs", "step_epochs")}
+    if any(v is not None for v in epochs.values()) and steps_per_epoch < 1:
+        raise UserError(
+            "scheduler.warmup_epochs / scheduler.step_epochs need the run's steps per epoch, "
+            "which this run does not know (a data set without a length). Give "
+            "`scheduler.warmup_steps` / `scheduler.step_size` in optimizer steps instead."
+        )
+    if epochs["warmup_epochs"] is not None:
+        warmup = round(float(epochs["warmup_epochs"]) * steps_per_epoch)
+    if epochs["step_epochs"] is not None:
+        step_size = max(round(float(epochs["step_epochs"]) * steps_per_epoch), 1)
+    return warmup, step_size
+
+
+def _build_scheduler(
+    optimizer, sched_cfg: DictConfig, total_steps: int, lr_scale: float, steps_per_epoch: int
+):
+    warmup, step_size = schedule_steps(sched_cfg, steps_per_epoch)
     if sched_cfg.name == "onecycle":
         if warmup:
             raise UserError(
@@ -377,7 +402,7 @@ def _build_scheduler(optimizer, sched_cfg: DictConfig, total_steps: int, lr_scal
         warmup = short
     after = total_steps - warmup
     if sched_cfg.name == "step":
-        main = lr_scheduler.StepLR(optimizer, step_size=sched_cfg.step_size, gamma=sched_cfg.gamma)
+        main = lr_scheduler.StepLR(optimizer, step_size=step_size, gamma=sched_cfg.gamma)
     elif sched_cfg.name == "cosine":
         main = _cosine(optimizer, max(after, 1), sched_cfg.min_lr)
     elif warmup:

@@ -5,8 +5,11 @@ one reward per completion. `prompts` and `completions` are lists as long as the 
 completions (each prompt repeated once per completion of its group): strings for plain-text
 prompts, for chat prompts the prompt's messages and `[{"role": "assistant", "content": ...}]`.
 `columns` are the data set's other columns, repeated the same way (e.g. `answer`), plus
-`completion_ids` (token ids). A function that takes no `**kwargs` gets only the columns it
-names. `None` for a completion means "does not apply" (TRL's rule): it counts in no mean.
+`completion_ids` (token ids) and `trainer_state` (RewardState: global_step, max_steps, epoch),
+as TRL passes them. A function that takes no `**kwargs` gets only the arguments it names. A
+reward is any finite real number (Python or numpy ints, floats, bools, 0-d tensors); `None` for
+a completion means "does not apply" (TRL's rule): it counts in no mean. `async def` functions
+run concurrently on one event loop, as TRL runs them; `task.reward_timeout_s` bounds each.
 
 `task.rewards` lists them: `[{_target_: my.rewards.correct, weight: 1.0}, ...]`; a `_target_`
 that names a function is used as it is, one that names a class (or takes the node's other
@@ -16,10 +19,14 @@ settings that way, e.g. `{_target_: accel_train.rewards.exact_match, pattern: "#
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
+import numbers
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -99,6 +106,16 @@ for _factory in (exact_match, format_match, length_penalty):
 # ---- the run's set of reward functions --------------------------------------------------------
 
 
+@dataclass
+class RewardState:
+    """What TRL's `trainer_state` keyword gives a reward function, in transformers'
+    `TrainerState` names: the optimizer steps done, the run's limit (-1: none) and the epoch."""
+
+    global_step: int = 0
+    max_steps: int = -1
+    epoch: float = 0.0
+
+
 class Reward:
     """One reward function, its name (TRL's: the function's __name__) and its weight."""
 
@@ -107,29 +124,44 @@ class Reward:
         params = inspect.signature(fn).parameters
         self.takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
         self.params = set(params)
+        # TRL runs `async def` functions concurrently (asyncio.gather): so do we (score())
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            type(fn).__call__  # (an instance whose __call__ is async)
+        )
 
     def __call__(
-        self, prompts: list, completions: list, columns: Mapping[str, list], indices: list
+        self, prompts: list, completions: list, columns: Mapping[str, Any], indices: list
     ) -> list:
-        """The rewards of the completions; `indices`: each completion's prompt's data set
-        index (an error names it)."""
-        given = (
-            columns if self.takes_all else {k: v for k, v in columns.items() if k in self.params}
-        )
-        try:
-            out = self.fn(prompts=prompts, completions=completions, **given)
-        except UserError:
-            raise
-        except Exception as err:
-            raise UserError(
-                f"the reward function {self.name!r} ({self.key}) raised {type(err).__name__}: "
-                f"{' '.join(str(err).split())[:400]}, scoring the completions of the prompts at "
-                f"data set indices {sorted(set(indices))[:8]}. Fix the function (it is called "
-                "as f(prompts=[...], completions=[...], **columns), one reward per completion)."
-            ) from None
-        return self._checked(out, len(completions), indices)
+        """The rewards of the completions (a plain function's, no time limit); `indices`:
+        each completion's prompt's data set index (an error names it)."""
+        return score([self], prompts, completions, columns, indices)[0]
 
-    def _checked(self, out: Any, n: int, indices: list) -> list:
+    def kwargs(self, prompts: list, completions: list, columns: Mapping[str, Any]) -> dict:
+        every = {"prompts": prompts, "completions": completions, **columns}
+        return every if self.takes_all else {k: v for k, v in every.items() if k in self.params}
+
+    def raised(self, err: BaseException, indices: list) -> UserError:
+        if isinstance(err, UserError):
+            return err
+        return UserError(
+            f"the reward function {self.name!r} ({self.key}) raised {type(err).__name__}: "
+            f"{' '.join(str(err).split())[:400]}, scoring the completions of the prompts at "
+            f"data set indices {sorted(set(indices))[:8]}. Fix the function (it is called "
+            "as f(prompts=[...], completions=[...], **columns), one reward per completion)."
+        )
+
+    def timed_out(self, timeout: float, indices: list) -> UserError:
+        return UserError(
+            f"the reward function {self.name!r} ({self.key}) did not return within "
+            f"task.reward_timeout_s={timeout:g} s, scoring the completions of the prompts at data "
+            f"set indices {sorted(set(indices))[:8]}: it was stopped and the run with it. Make it "
+            "return sooner (a time limit of its own on what it waits for), or raise "
+            "task.reward_timeout_s (null: no limit)."
+        )
+
+    def checked(self, out: Any, n: int, indices: list) -> list:
+        """The values as floats (None kept): any real number TRL's torch.tensor(...) takes
+        (Python and numpy ints, floats and bools, 0-d tensors and arrays), finite."""
         try:
             values = list(out)
         except TypeError:
@@ -138,20 +170,113 @@ class Reward:
             got = f"{len(values)} values" if values is not None else type(out).__name__
             raise UserError(
                 f"the reward function {self.name!r} ({self.key}) returned {got} for {n} "
-                "completions: it must return one float (or None: does not apply) per "
+                "completions: it must return one number (or None: does not apply) per "
                 "completion, in the order given."
             )
+        out = []
         for i, v in enumerate(values):
-            bad = not (v is None or isinstance(v, int | float)) or (
-                isinstance(v, float) and not math.isfinite(v)
-            )
-            if bad:
+            number = _real(v)
+            if number is None and v is not None:
                 raise UserError(
                     f"the reward function {self.name!r} ({self.key}) returned {v!r} for "
                     f"completion {i} (of the prompt at data set index {indices[i]}): a reward must "
-                    "be a finite float, or None where the function does not apply. Fix it."
+                    "be a finite real number (int, float, bool, a numpy scalar or a 0-d tensor), "
+                    "or None where the function does not apply. Fix it."
                 )
-        return values
+            out.append(number)
+        return out
+
+
+def _real(v: Any) -> float | None:
+    """`v` as a finite float, or None (None given, or not a finite real number)."""
+    if v is None:
+        return None
+    if getattr(v, "ndim", None) == 0 and hasattr(v, "item"):  # numpy scalars, 0-d tensors
+        v = v.item()
+    if not isinstance(v, numbers.Real):
+        return None
+    number = float(v)
+    return number if math.isfinite(number) else None
+
+
+# ---- scoring: the sync functions in turn, the async ones together, each under the time limit --
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """One event loop for the run's async reward functions, in a daemon thread (TRL's
+    `async_reward_loop`): a client a function keeps between calls stays on its loop."""
+    global _LOOP
+    if _LOOP is None or _LOOP.is_closed():
+        _LOOP = asyncio.new_event_loop()
+        threading.Thread(target=_LOOP.run_forever, name="rewards", daemon=True).start()
+    return _LOOP
+
+
+def _call_sync(reward: Reward, kwargs: dict, timeout: float | None, indices: list) -> Any:
+    """A plain function's output; under a time limit, called in a daemon thread the run
+    leaves behind if it hangs (a Python thread cannot be killed; the process ends after)."""
+    if timeout is None:
+        try:
+            return reward.fn(**kwargs)
+        except Exception as err:
+            raise reward.raised(err, indices) from None
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["out"] = reward.fn(**kwargs)
+        except BaseException as err:  # noqa: BLE001 (handed to the training thread)
+            box["err"] = err
+
+    thread = threading.Thread(target=run, name=f"reward {reward.name}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise reward.timed_out(timeout, indices)
+    if "err" in box:
+        raise reward.raised(box["err"], indices) from None
+    return box["out"]
+
+
+def score(
+    rewards: Sequence[Reward],
+    prompts: list,
+    completions: list,
+    columns: Mapping[str, Any],
+    indices: list,
+    timeout: float | None = None,
+) -> list[list]:
+    """Each function's checked rewards, in order: the plain ones called in turn, the `async`
+    ones run concurrently on one event loop (TRL's asyncio.gather); `timeout` (seconds, None:
+    no limit) bounds each function, and one past it stops the run naming it."""
+    n = len(completions)
+    out: list[list | None] = [None] * len(rewards)
+    waiting = [(j, r) for j, r in enumerate(rewards) if r.is_async]
+    for j, r in enumerate(rewards):
+        if not r.is_async:
+            raw = _call_sync(r, r.kwargs(prompts, completions, columns), timeout, indices)
+            out[j] = r.checked(raw, n, indices)
+    if waiting:
+
+        async def one(r: Reward) -> Any:
+            try:
+                return await asyncio.wait_for(r.fn(**r.kwargs(prompts, completions, columns)),
+                                              timeout)  # fmt: skip
+            except (asyncio.TimeoutError, TimeoutError):
+                raise r.timed_out(timeout or 0, indices) from None
+            except Exception as err:
+                raise r.raised(err, indices) from None
+
+        async def together() -> list:
+            return await asyncio.gather(*(one(r) for _, r in waiting))
+
+        results = asyncio.run_coroutine_threadsafe(together(), _loop()).result()
+        for (j, r), raw in zip(waiting, results, strict=True):
+            out[j] = r.checked(raw, n, indices)
+    return out  # type: ignore[return-value]
 
 
 def build_rewards(nodes: Any, key: str = "task.rewards") -> list[Reward]:

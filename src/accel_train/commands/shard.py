@@ -51,6 +51,7 @@ from accel_train.commands.outputs import (
 from accel_train.commands.shard_video import (
     DEFAULT_GOP,
     ReadVideo,
+    check_crop,
     check_video_options,
     video_parts,
 )
@@ -229,6 +230,11 @@ def _check_image_options(cfg: DictConfig, out: str, root: Path) -> None:
             "they are re-encoded at (1-100). E.g. `max_side=512 jpeg_quality=90` (FFCV's "
             "ImageNet shards: 512)."
         )
+    if int(cfg.get("min_side") or 0):
+        problems.append(
+            f"min_side={cfg.min_side} is for video folders; an image folder's images are "
+            "shrunk by their longer side: `max_side=512`."
+        )
     if problems:
         raise UserError(" ".join(problems))
 
@@ -247,15 +253,19 @@ def _shard_videos(cfg: DictConfig, out: str) -> str:
     `dataset=streaming_video`."""
     root = Path(str(cfg.dataset.root)).expanduser()
     max_side, fps, crf, gop = check_video_options(cfg, MIN_SIDE)
+    min_side = int(cfg.get("min_side") or 0)
     if not is_s3(out) and root.is_dir():  # before the header check, which can take minutes
         refuse_inside(Path(out), root, "out", "dataset.root")
-    inputs, splits, classes = video_parts(cfg, max_side, fps, gop)
+    inputs, splits, classes = video_parts(cfg, max_side, fps, gop, min_side)
+    resize = f"max_side={max_side}" if max_side else f"min_side={min_side}"
+    check_crop(inputs, int(cfg.dataset.get("image_size") or 0), resize)
     encode_gop = DEFAULT_GOP if gop is None else gop
     meta = {
         "format": META_FORMAT,
         "kind": "video_folder",
         "source": str(root.absolute()),
         "max_side": max_side,
+        "min_side": min_side,
         "fps": fps,
         "crf": crf,
         "gop": encode_gop,

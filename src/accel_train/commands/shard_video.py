@@ -15,7 +15,9 @@ anything is written). Each item is one video:
 accel_train.index.json also lists each split's rates, windows and sizes, so that the streaming
 option checks every clip fits before reading a chunk.
 
-With `max_side=N` (frames whose longer side is above N are resized to N, antialiased) or
+With `max_side=N` (frames whose longer side is above N are resized to N, antialiased),
+`min_side=N` (the shorter side, as torchvision's reference resizes: 16:9 and 4:3 keep the same
+short side; a size that leaves re-encoded frames below `dataset.image_size` is refused) or
 `fps=F` (videos above F frames per second keep one frame every source_fps / F, as
 `dataset.fps` samples clips), a video is decoded by torchcodec (only its window) and encoded
 again by torchcodec's encoder (FFmpeg's libx264, CRF `crf`, even frame sizes as yuv420p needs):
@@ -58,15 +60,26 @@ DEFAULT_CRF = 23  # libx264's own default
 DEFAULT_GOP = 32
 
 
-def plan(entry: tuple, max_side: int, fps: float, gop: int | None = None, gap: int = 0) -> dict:
+def plan(
+    entry: tuple,
+    max_side: int,
+    fps: float,
+    gop: int | None = None,
+    gap: int = 0,
+    min_side: int = 0,
+) -> dict:
     """What is stored of one video: ``entry`` is (index, path, label, first, last, fps, height,
     width) as dataset=video_folder reads it, ``gap`` the most frames between its key frames
     (read only when ``gop`` > 0); the result names the source frames to re-encode (``frames``,
-    empty: the bytes as they are) and the stored video's shape."""
+    empty: the bytes as they are) and the stored video's shape. ``max_side`` caps the longer
+    side, ``min_side`` the shorter one (torchvision's reference resizes the short side: a 16:9
+    video keeps that side whatever its width)."""
     index, path, label, first, last, rate, height, width = entry
     size = (height, width)
-    if max_side > 0 and max(height, width) > max_side:
-        scale = max_side / max(height, width)
+    side = max(height, width) if max_side > 0 else min(height, width)
+    cap = max_side if max_side > 0 else min_side
+    if cap > 0 and side > cap:
+        scale = cap / side
         size = (max(2, round(height * scale / 2) * 2), max(2, round(width * scale / 2) * 2))
     faster = bool(fps) and rate > fps + 1e-6
     out = {"index": int(index), "path": path, "label": int(label), "frames": []}
@@ -146,15 +159,26 @@ def _encode(frames, rate: float, crf: int, gop: int, path: str) -> bytes:
     return encoded.numpy().tobytes()
 
 
-def check_video_options(cfg: DictConfig, min_side: int) -> tuple[int, float, int, int | None]:
-    """(max_side, fps, crf, gop), every problem in one paragraph."""
+def check_video_options(cfg: DictConfig, smallest: int) -> tuple[int, float, int, int | None]:
+    """(max_side, fps, crf, gop), every problem in one paragraph (`min_side`: video_sides)."""
     max_side, fps, crf = int(cfg.max_side), float(cfg.get("fps") or 0), int(cfg.get("crf", 23))
+    min_side = int(cfg.get("min_side") or 0)
     gop = None if cfg.get("gop") is None else int(cfg.gop)
     problems = []
-    if max_side < 0 or 0 < max_side < min_side:
+    if max_side < 0 or 0 < max_side < smallest:
         problems.append(
             f"max_side={max_side}: the longest frame side in pixels videos are shrunk to, at "
-            f"least {min_side} (0 keeps them as they are), e.g. `max_side=171`"
+            f"least {smallest} (0 keeps them as they are), e.g. `min_side=128` instead"
+        )
+    if min_side < 0 or 0 < min_side < smallest:
+        problems.append(
+            f"min_side={min_side}: the shorter frame side in pixels videos are shrunk to, at "
+            f"least {smallest} (0 keeps them as they are), e.g. `min_side=128`"
+        )
+    if max_side and min_side:
+        problems.append(
+            f"max_side={max_side} and min_side={min_side}: give one (min_side, the shorter "
+            "side, as torchvision's reference resizes)"
         )
     if fps < 0:
         problems.append(f"fps={fps:g}: the frame rate to keep, > 0 (0 keeps every frame)")
@@ -185,7 +209,7 @@ def keyframe_gap(path: str) -> int:
 
 
 def video_parts(
-    cfg: DictConfig, max_side: int, fps: float, gop: int | None = None
+    cfg: DictConfig, max_side: int, fps: float, gop: int | None = None, min_side: int = 0
 ) -> tuple[dict, dict, list[str]]:
     """The splits dataset=video_folder trains on, as shard inputs: (split -> the items' plans,
     split -> its entry of accel_train.index.json, the class names)."""
@@ -202,7 +226,7 @@ def video_parts(
             entry = (i, split.path(i), int(split.labels[i]), first, last, float(split.fps[i]),
                      height, width)  # fmt: skip
             gap = keyframe_gap(split.path(i)) if gop else 0
-            plans.append(plan(entry, max_side, fps, gop, gap))
+            plans.append(plan(entry, max_side, fps, gop, gap, min_side))
         inputs[name] = plans
         info[name] = {
             "samples": len(plans),
@@ -213,6 +237,25 @@ def video_parts(
             "size": [[p["height"], p["width"]] for p in plans],
         }
     return inputs, info, _class_names(cfg, splits.num_classes)
+
+
+def check_crop(inputs: dict, crop: int, resize: str) -> None:
+    """Refuse a resize (`resize`: the key given) that leaves re-encoded frames smaller than the
+    crop training takes (`dataset.image_size`): every such video would be upsampled again, or
+    refused, at training. Videos kept as they are are not this command's to refuse."""
+    small = [(name, p) for name, plans in inputs.items() for p in plans
+             if p["frames"] and min(p["height"], p["width"]) < crop]  # fmt: skip
+    if not small:
+        return
+    name, first = small[0]
+    raise UserError(
+        f"accel-data shard {resize}: {len(small)} video(s) would be stored smaller than "
+        f"dataset.image_size={crop}, the crop training takes (e.g. {first['path']} in {name} at "
+        f"{first['width']}x{first['height']}): a wide video's longer side capped leaves its "
+        f"shorter side below the crop. Shard by the shorter side, `min_side={max(crop, 128)}` "
+        "(torchvision's reference resizes it to 128 for 112 crops), or set dataset.image_size "
+        "to your recipe's crop. Nothing was written."
+    )
 
 
 def _class_names(cfg: DictConfig, n: int) -> list[str]:

@@ -398,6 +398,7 @@ def check_scheduler(cfg: DictConfig) -> None:
                 "schedule would raise the learning rate instead of lowering it. Set "
                 "`scheduler.min_lr` below optimizer.lr (e.g. `scheduler.min_lr=0`)."
             )
+    _check_epochs(sched)
     if sched.name == "step":
         if sched.gamma <= 0:
             raise UserError(
@@ -409,6 +410,23 @@ def check_scheduler(cfg: DictConfig) -> None:
                 f"scheduler.gamma={sched.gamma} > 1: the step schedule raises the learning rate "
                 f"every {sched.step_size} steps (it usually decays it: gamma < 1)"
             )
+
+
+def _check_epochs(sched: DictConfig) -> None:
+    """scheduler.warmup_epochs / step_epochs: in range, and the warm-up given one way."""
+    for key, low in (("warmup_epochs", 0.0), ("step_epochs", None)):
+        value = sched.get(key)
+        if value is not None and not (value >= low if low is not None else value > 0):
+            raise UserError(
+                f"scheduler.{key}={value} must be {'>= 0' if low is not None else '> 0'} "
+                "(epochs of this run, converted to optimizer steps at start-up), or null."
+            )
+    if sched.get("warmup_epochs") is not None and sched.warmup_steps:
+        raise UserError(
+            f"scheduler.warmup_epochs={sched.warmup_epochs} and scheduler.warmup_steps="
+            f"{sched.warmup_steps}: give the warm-up one way (`scheduler.warmup_steps=0`, or "
+            "`scheduler.warmup_epochs=null`)."
+        )
 
 
 def check_pointless(cfg: DictConfig) -> None:
@@ -552,7 +570,7 @@ def check_ray_loader(cfg: DictConfig) -> None:
         return
     for key, low, what in (
         ("num_workers", 1, "Ray data workers per training process"),
-        ("prefetch", 1, "batches in flight per training process"),
+        ("prefetch", 1, "batches in flight per data worker"),
         ("retries", 0, "times a batch is sent again after its worker died"),
         ("max_restarts", -1, "restarts of a dead worker; -1 = without limit"),
     ):

@@ -212,6 +212,15 @@ class HFModel(nn.Module):
         out = base(input_ids=input_ids, position_ids=position_ids, use_cache=False)
         return head_loss(out[0], *output_layer(head, f"{type(self.hf).__name__}'s output layer"))
 
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """The ids the folder's generation_config.json ends a turn on (`eos_token_id`, an id or
+        a list: a chat model's end-of-turn token is often there, not in the tokenizer)."""
+        config = getattr(self.hf, "generation_config", None)
+        ids = getattr(config, "eos_token_id", None)
+        ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+        return [int(i) for i in ids]
+
     @torch.no_grad()
     def generate_ids(
         self,
@@ -221,13 +230,15 @@ class HFModel(nn.Module):
         temperature: float,
         top_k: int | None,
         top_p: float,
-        eos_token_id: int | None,
+        eos_token_id: int | list[int] | None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """transformers' own generate (a KV cache, the model's stop token); seeded by the
-        caller through torch's global generator. `attention_mask`: 0 on left padding (a batch
-        of prompts of different lengths); None: every token real."""
+        """transformers' own generate (a KV cache, stopping on `eos_token_id`: one id or a list,
+        each row at the first of them); seeded by the caller through torch's global generator.
+        `attention_mask`: 0 on left padding (a batch of prompts of different lengths); None:
+        every token real."""
         sampling = temperature > 0
+        pad = eos_token_id[0] if isinstance(eos_token_id, list | tuple) else eos_token_id
         return self.hf.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids) if attention_mask is None else attention_mask,
@@ -237,7 +248,7 @@ class HFModel(nn.Module):
             top_k=(top_k or None) if sampling else None,
             top_p=top_p if sampling else None,
             eos_token_id=eos_token_id,
-            pad_token_id=eos_token_id,
+            pad_token_id=pad,
             use_cache=True,
         )
 

@@ -47,7 +47,7 @@ from accel_train.config.schema import GrpoTaskConfig
 from accel_train.errors import UserError
 from accel_train.models.hf import load_tokenizer
 from accel_train.plugins import register_task
-from accel_train.rewards import Reward, build_rewards
+from accel_train.rewards import Reward, RewardState, build_rewards, score
 from accel_train.strategies import strategy_class
 from accel_train.tasks import grpo_loss as L
 from accel_train.tasks.base import Running, Task, TaskContext, evaluating
@@ -93,6 +93,7 @@ class GRPO(Task):
         mask_truncated_completions: bool = False,
         use_bias_correction_kl: bool = True,
         rewards: Any = (),
+        reward_timeout_s: float | None = None,
         log_completions: bool = True,
         num_completions_to_print: int | None = 8,
         generation: str = "hf",
@@ -112,6 +113,8 @@ class GRPO(Task):
         self.mu, self.mask_truncated = int(num_iterations), bool(mask_truncated_completions)
         self.bias_correction_kl = bool(use_bias_correction_kl)
         self.rewards: list[Reward] = build_rewards(rewards)
+        self.reward_timeout = float(reward_timeout_s) if reward_timeout_s is not None else None
+        self.accumulate, self.max_steps, self.epoch = 1, -1, 0  # (setup: the trainer's)
         self.weights = torch.tensor([r.weight for r in self.rewards], dtype=torch.float32)
         self.train_metrics = _Spreads({std: mean for mean, std in self._reward_pairs()})
         self.log_completions, self.n_print = bool(log_completions), num_completions_to_print
@@ -119,6 +122,7 @@ class GRPO(Task):
         self.chunk_tokens = int(loss_chunk_tokens) if chunked_loss else 0
         self.tok: Any = None
         self.eos: int | None = None
+        self.model_stops: list[int] = []  # the model's generation_config eos ids (setup)
         self.pad = 0
         self.ref_model: nn.Module | None = None
         self._layers: list[nn.Module] | None = None
@@ -152,10 +156,17 @@ class GRPO(Task):
         ds = ctx.cfg.dataset  # (dataset=prompts read its records with this tokenizer)
         self.tok = load_tokenizer(str(ds.tokenizer), chat_template=ds.get("chat_template"))
         self.eos = self.tok.eos_token_id
+        bare = unwrapped(ctx.model)
+        # Every id a turn ends on, as TRL stops: the tokenizer's EOS and the model's
+        # generation_config eos_token_id (a chat model's end-of-turn token is often only there)
+        self.model_stops = [int(i) for i in getattr(bare, "stop_token_ids", ())]
         self.reshard_after_forward = bool(ctx.cfg.strategy.get("reshard_after_forward", True))
+        trainer = ctx.cfg.get("trainer") or {}
+        self.accumulate = max(int(trainer.get("accumulate_grad_batches", 1) or 1), 1)
+        limit = trainer.get("max_steps")
+        self.max_steps = int(limit) if limit is not None else -1
         pad = self.tok.pad_token_id
         self.pad = pad if pad is not None else (self.eos if self.eos is not None else 0)
-        bare = unwrapped(ctx.model)
         if not hasattr(bare, "generate_ids") and not hasattr(bare, "block_size"):
             raise UserError(
                 f"model._target_={ctx.cfg.model._target_} with task=grpo: the model has no "
@@ -214,6 +225,7 @@ class GRPO(Task):
     def prepare(self, batch: Any, *, train: bool, epoch: int = 0, index: int = 0) -> Any:
         """The batch with its place in the run (train: the sampling seed's epoch and batch)."""
         if train and isinstance(batch, Mapping):
+            self.epoch = epoch  # (the reward functions' trainer_state.epoch)
             return {**batch, "position": (epoch, index)}
         return batch
 
@@ -296,13 +308,23 @@ class GRPO(Task):
             if hasattr(bare, "generate_ids"):
                 out = bare.generate_ids(
                     ids, self.max_len, temperature=self.temperature, top_k=self.top_k or None,
-                    top_p=self.top_p, eos_token_id=self.eos, attention_mask=mask,
+                    top_p=self.top_p, eos_token_id=self._stop_arg(), attention_mask=mask,
                 )  # fmt: skip
                 return out[:, ids.shape[1] :]
             return nano_sample(
                 bare, ids, mask, self.G, self.max_len, temperature=self.temperature,
                 top_k=self.top_k or None, top_p=self.top_p,
             )  # fmt: skip
+
+    @property
+    def stops(self) -> list[int]:
+        """Every id a completion ends on: the tokenizer's EOS, then the model's."""
+        own = [] if self.eos is None else [int(self.eos)]
+        return list(dict.fromkeys([*own, *self.model_stops]))
+
+    def _stop_arg(self) -> int | list[int] | None:
+        """generate_ids' eos_token_id: one id as before, a list where several end a turn."""
+        return None if not self.stops else self.stops[0] if len(self.stops) == 1 else self.stops
 
     def _rollout(self, model: nn.Module, batch: Mapping, seed: int, metrics) -> Rollout:
         ids = batch["input_ids"].repeat_interleave(self.G, 0)
@@ -325,10 +347,11 @@ class GRPO(Task):
         return roll
 
     def _layout(self, ids: torch.Tensor, pmask: torch.Tensor, done: torch.Tensor) -> Rollout:
-        """The completions cut after their first EOS, and the rows prompt + completion laid
-        out from position 0 (no left padding: a causal model needs no attention mask)."""
+        """The completions cut after their first stop id (`self.stops`), and the rows prompt +
+        completion laid out from position 0 (no left padding: a causal model needs no
+        attention mask)."""
         n, width = done.shape
-        is_eos = done == self.eos if self.eos is not None else torch.zeros_like(done, dtype=bool)
+        is_eos = torch.isin(done, torch.tensor(self.stops, dtype=done.dtype, device=done.device))
         first = torch.where(
             is_eos.any(1), is_eos.int().argmax(1), torch.full_like(done[:, 0], width)
         )
@@ -356,6 +379,12 @@ class GRPO(Task):
             truncated=truncated, tokens=torch.tensor(tokens),
         )  # fmt: skip
 
+    def _reward_state(self) -> RewardState:
+        """TRL's `trainer_state` for the reward functions: the optimizer steps done before
+        this micro-batch (micro-batches trained / accumulation), the limit and the epoch."""
+        done = max(self.train_step - 1, 0) // self.accumulate
+        return RewardState(global_step=done, max_steps=self.max_steps, epoch=float(self.epoch))
+
     def _score(self, records: list[dict], index: list[int], roll: Rollout) -> torch.Tensor:
         """(N, functions) rewards, NaN where a function does not apply."""
         shown = roll["shown"].cpu()
@@ -372,10 +401,11 @@ class GRPO(Task):
         chat = isinstance(prompts[0], list)
         completions = [[{"role": "assistant", "content": t}] for t in texts] if chat else texts
         columns["completion_ids"] = ids
+        columns["trainer_state"] = self._reward_state()
         out = torch.empty(len(texts), len(self.rewards))
-        for j, reward in enumerate(self.rewards):
-            values = reward(prompts, completions, columns, where)
-            out[:, j] = torch.tensor([float("nan") if v is None else float(v) for v in values])
+        each = score(self.rewards, prompts, completions, columns, where, self.reward_timeout)
+        for j, values in enumerate(each):
+            out[:, j] = torch.tensor([float("nan") if v is None else v for v in values])
         roll["texts"] = texts
         roll["prompts"] = prompts
         return out

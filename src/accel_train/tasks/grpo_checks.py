@@ -52,6 +52,12 @@ def _keys(task: Mapping[str, Any]) -> str | None:
             f"task.temperature={task.get('temperature')}, task.top_p={task.get('top_p')}: GRPO "
             "samples its completions, so temperature must be > 0 and top_p in (0, 1]."
         )
+    limit = task.get("reward_timeout_s")
+    if limit is not None and not float(limit) > 0:
+        return (
+            f"task.reward_timeout_s={limit}: the seconds a reward function may take must be "
+            "> 0 (null: no limit)."
+        )
     if task.get("generation") == "vllm":
         return (
             "task.generation=vllm is not implemented in accel-train (TRL's colocate mode needs "

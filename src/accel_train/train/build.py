@@ -4,6 +4,7 @@ fails before the first step, with the key named."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -22,7 +23,7 @@ from accel_train.data.splits import ImageSet, Splits
 from accel_train.data.transform import BatchTransform
 from accel_train.errors import UserError
 from accel_train.models import build_model
-from accel_train.optim import build_optimizer, build_scheduler, scaled_lr
+from accel_train.optim import build_optimizer, build_scheduler, scaled_lr, schedule_steps
 from accel_train.parallel import DistEnv
 from accel_train.precision import Precision, resolve_precision
 from accel_train.strategies import Strategy, Wrapped, strategy_for
@@ -49,6 +50,8 @@ from accel_train.techniques.speed import SpeedMetrics
 from accel_train.train.data_checks import check_data_sizes
 from accel_train.train.evaluate import sample_batch
 from accel_train.train.teacher import teacher_from_checkpoint
+
+log = logging.getLogger("accel_train")
 
 
 def build_techniques(cfg: DictConfig) -> list[Technique]:
@@ -224,6 +227,7 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
         total_steps=total_steps,
         max_epochs=math.ceil(total_steps / steps_per_epoch),
         warn=env.is_main,
+        steps_per_epoch=steps_per_epoch,
     )
     transform = BatchTransform(
         cfg.dataset, splits, env.device, precision.param_dtype, seed=t.seed, rank=env.rank
@@ -232,7 +236,13 @@ def build_components(cfg: DictConfig, env: DistEnv) -> Components:
     build_ctx = BuildContext(cfg, env, transform, task.inputs(batch), task, batch, strategy)
     wrapped = apply_transforms(module, techniques, build_ctx, strategy, precision)
     optimizer, scheduler = optimizer_and_schedule(
-        wrapped.model, cfg, env, global_batch, total_steps, bare=wrapped.module
+        wrapped.model,
+        cfg,
+        env,
+        global_batch,
+        total_steps,
+        bare=wrapped.module,
+        steps_per_epoch=steps_per_epoch,
     )
     return Components(
         splits=splits,
@@ -306,7 +316,26 @@ def build_data(cfg: DictConfig, env: DistEnv, task: Task) -> tuple[Splits, Any, 
             f"than the {len(splits.train)} training samples with loader.drop_last=true: no batch "
             "to train on. Lower loader.batch_size or set `loader.drop_last=false`."
         )
+    if env.is_main:
+        line = device_batch_line(splits.val, val_loader)
+        if line:
+            log.info(line)
     return splits, train_loader, val_loader
+
+
+def device_batch_line(split: Any, loader: Any) -> str | None:
+    """Where each evaluation sample is several views (a video's clips x crops), the batch the
+    device sees is the loader's batch times them: one line says it (a memory estimate from
+    loader.eval_batch_size alone would be off by that factor)."""
+    views = int(getattr(split, "views", 1) or 1)
+    batch = int(getattr(getattr(loader, "order", None), "batch_size", 0) or 0)
+    if views <= 1 or not batch:
+        return None
+    return (
+        f"evaluation: loader.eval_batch_size={batch} counts samples, each {views} views "
+        f"({split.views_from}): the device sees {batch * views} a batch (lower "
+        "loader.eval_batch_size if validation runs out of memory)"
+    )
 
 
 def run_length(cfg: DictConfig, train_loader: Any) -> tuple[int, int]:
@@ -326,6 +355,7 @@ def optimizer_and_schedule(
     global_batch: int,
     total_steps: int,
     bare: nn.Module | None = None,
+    steps_per_epoch: int = 0,
 ) -> tuple[torch.optim.Optimizer, Any]:
     """The optimizer over the trained parameters (frozen ones, model.freeze or a LoRA base, get
     no state) at the batch-scaled lr, and its per-step schedule. `bare`: the unwrapped model,
@@ -337,8 +367,30 @@ def optimizer_and_schedule(
         cfg.scheduler,
         total_steps,
         lr / cfg.optimizer.lr,
+        steps_per_epoch=steps_per_epoch,
     )
+    if env.is_main and any(cfg.scheduler.get(k) is not None for k in EPOCH_KEYS):
+        log.info(schedule_line(cfg.scheduler, steps_per_epoch, global_batch))
     return optimizer, scheduler
+
+
+EPOCH_KEYS = ("warmup_epochs", "step_epochs")
+
+
+def schedule_line(sched_cfg: DictConfig, steps_per_epoch: int, global_batch: int) -> str:
+    """The start-up line of a schedule given in epochs: what it is in this run's steps."""
+    warmup, step_size = schedule_steps(sched_cfg, steps_per_epoch)
+    parts = []
+    if sched_cfg.get("warmup_epochs") is not None:
+        parts.append(f"warm-up {sched_cfg.warmup_epochs:g} epochs = {warmup} steps")
+    if sched_cfg.get("step_epochs") is not None:
+        parts.append(
+            f"lr x{sched_cfg.gamma:g} every {sched_cfg.step_epochs:g} epochs = {step_size} steps"
+        )
+    return (
+        f"scheduler: {'; '.join(parts)} (this run's epoch: {steps_per_epoch} optimizer steps "
+        f"at a global batch of {global_batch})"
+    )
 
 
 def apply_transforms(

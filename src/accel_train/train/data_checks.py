@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from accel_train.config.checks import warn_once
 from accel_train.config.facts import limited_batches
+from accel_train.optim import schedule_steps
 
 
 def check_data_sizes(
@@ -21,6 +22,7 @@ def check_data_sizes(
     total_steps: int,
     max_epochs: int,
     warn: bool = True,
+    steps_per_epoch: int = 0,
 ) -> int:
     """The checks that need the data sizes (call once the splits are built): refuse what makes
     the run pointless, warn about what is probably not meant. `warn=False` on all but one
@@ -34,7 +36,7 @@ def check_data_sizes(
     val_batches = math.ceil(math.ceil(num_val / world_size) / eval_bs)
     warnings = [
         *_batch_warnings(cfg, batches, val_batches, num_train, num_val, world_size),
-        *_interval_warnings(cfg, total_steps, max_epochs),
+        *_interval_warnings(cfg, total_steps, max_epochs, steps_per_epoch),
     ]
     if warn:
         for text in warnings:
@@ -69,7 +71,9 @@ def _batch_warnings(
     return warnings
 
 
-def _interval_warnings(cfg: DictConfig, total_steps: int, max_epochs: int) -> list[str]:
+def _interval_warnings(
+    cfg: DictConfig, total_steps: int, max_epochs: int, steps_per_epoch: int = 0
+) -> list[str]:
     """Validation, logging, checkpoint and lr-decay intervals longer than the run."""
     t, sched = cfg.trainer, cfg.scheduler
     warnings = []
@@ -92,9 +96,18 @@ def _interval_warnings(cfg: DictConfig, total_steps: int, max_epochs: int) -> li
             f"trainer.ckpt_every_n_steps={t.ckpt_every_n_steps} is more than the run's "
             f"{total_steps} optimizer steps: last.pt is saved at epoch ends only"
         )
-    if sched.name == "step" and sched.warmup_steps + sched.step_size >= total_steps:
+    in_epochs = sched.get("step_epochs") is not None or sched.get("warmup_epochs") is not None
+    if in_epochs and not steps_per_epoch:
+        return warnings  # (converted at build with the steps per epoch: schedule_steps)
+    warmup, step_size = schedule_steps(sched, steps_per_epoch)
+    if sched.name == "step" and warmup + step_size >= total_steps:
+        given = (
+            f"scheduler.step_epochs={sched.step_epochs} ({step_size} steps)"
+            if sched.get("step_epochs") is not None
+            else f"scheduler.step_size={step_size}"
+        )
         warnings.append(
-            f"scheduler.step_size={sched.step_size}: the run's {total_steps} optimizer steps "
-            "end before the first decay (a constant lr)"
+            f"{given}: the run's {total_steps} optimizer steps end before the first decay (a "
+            "constant lr)"
         )
     return warnings

@@ -413,6 +413,7 @@ def _restore_schedule(loop: Loop, state: dict, changed: set[str], total: int) ->
         total,
         lr_scale,
         start_step=p["step"],
+        steps_per_epoch=parts.steps_per_epoch,
     )
     if loop.env.is_main:
         log.info(

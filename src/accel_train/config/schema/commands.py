@@ -73,6 +73,7 @@ class ShardConfig:
     num_workers: int = 1
     overwrite: bool = False
     max_side: int = 0  # image folders: re-encode images whose longer side is above it (0: never)
+    min_side: int = 0  # video folders: re-encode videos whose shorter side is above it (0: never)
     jpeg_quality: int = 90  # the JPEG quality of those re-encoded images
     fps: float = 0.0  # video folders: keep at most this frame rate (0: every frame)
     crf: int = 23  # video folders: libx264's quality of the re-encoded videos

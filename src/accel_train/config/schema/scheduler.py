@@ -11,11 +11,13 @@ from omegaconf import MISSING
 class SchedulerConfig:
     name: str = MISSING
     warmup_steps: int = 0
+    warmup_epochs: float | None = None
 
 
 @dataclass
 class StepSchedulerConfig(SchedulerConfig):
     step_size: int = 1000
+    step_epochs: float | None = None
     gamma: float = 0.1
 
 

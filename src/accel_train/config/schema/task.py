@@ -83,6 +83,7 @@ class GrpoTaskConfig(TaskConfig):
     mask_truncated_completions: bool = False
     use_bias_correction_kl: bool = True
     rewards: list[Any] = field(default_factory=list)
+    reward_timeout_s: float | None = None
     log_completions: bool = True
     num_completions_to_print: int | None = 8
     generation: str = "hf"

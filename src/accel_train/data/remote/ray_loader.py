@@ -3,8 +3,8 @@
 The training process decides the order exactly as `loader=torch` does (:class:`ShardedOrder`:
 same seed, same indices, same per-sample draws); Ray actors on any node of the cluster hold the
 split and turn each list of keys into a finished batch (data/remote/ray_pool.py). The batches come
-back through Ray's object store in order, at most `loader.prefetch` in flight, and go to the
-device as the other loaders' do. Because the order and the random draws are fixed here, a
+back through Ray's object store in order, at most `loader.prefetch` per worker in flight, and
+go to the device as the other loaders' do. Because the order and the random draws are fixed here, a
 killed worker's batches are simply made again elsewhere, and a mid-epoch resume is the same as
 with any loader: `epoch(epoch, start_batch)`.
 
@@ -48,6 +48,7 @@ def settings_of(loader_cfg: DictConfig, rank: int) -> PoolSettings:
         # The process's global rank names its actors: several processes share a data rank
         # under tensor or pipeline parallelism, and under launcher=ray one namespace.
         rank=int(os.environ.get("RANK", rank)),
+        runtime_env=OmegaConf.to_container(loader_cfg.runtime_env, resolve=True) or None,
     )
 
 
@@ -63,25 +64,44 @@ def pool_for(loader_cfg: DictConfig, rank: int) -> RayPool:
     close_pool()
     ray = ray_cluster.import_ray("loader=ray")
     mb = loader_cfg.object_store_mb
+    if mb and (ray.is_initialized() or loader_cfg.address is not None):
+        log.info(not_applied_store(mb, ray.is_initialized(), loader_cfg.address))
+    # (runtime_env goes on the actors' options, PoolSettings: it holds whoever started Ray)
     connection = ray_cluster.connect(
         ray,
         loader_cfg.address,
         key="loader.address",
         num_cpus=settings.num_workers * settings.cpus_per_worker,
-        runtime_env=OmegaConf.to_container(loader_cfg.runtime_env, resolve=True) or None,
         object_store_memory=int(mb * 2**20) if mb else None,
     )
     _session.update(key=key, connection=connection)
     pool = _session["pool"] = RayPool(ray, settings, connection.where)
     log.info(
-        "loader=ray: %d data workers on %s: %s; a batch not back within loader.timeout_s=%g s "
-        "stops the run with checkpoints/last.pt",
+        "loader=ray: %d data workers on %s, at most %d batches in flight (loader.prefetch=%d "
+        "per worker): %s; a batch not back within loader.timeout_s=%g s stops the run with "
+        "checkpoints/last.pt",
         settings.num_workers,
         connection.where,
+        settings.in_flight,
+        settings.prefetch,
         pool.describe(),
         settings.timeout_s,
     )
     return pool
+
+
+def not_applied_store(mb: int, initialised: bool, address: str | None) -> str:
+    """The one line for a loader.object_store_mb that cannot apply: the object store is sized
+    by whoever starts Ray, and this run does not start it."""
+    why = (
+        "Ray was already running in this process (launcher=ray, or your own ray.init)"
+        if initialised
+        else f"the run joins the cluster at loader.address={address}"
+    )
+    return (
+        f"loader=ray: loader.object_store_mb={mb} does not apply: {why}, whose object store was "
+        "sized when it started (`ray start --object-store-memory`, or the launcher's own)."
+    )
 
 
 def close_pool() -> None:

@@ -144,6 +144,13 @@ class PoolSettings:
     timeout_s: float
     rank: int = 0
     names: list[str] = field(default_factory=list)
+    runtime_env: dict[str, Any] | None = None  # loader.runtime_env, on each actor's options
+
+    @property
+    def in_flight(self) -> int:
+        """Batches in flight: `prefetch` per worker (as Ray Data's and tf.data's prefetch),
+        so every worker has work while the trainer reads the oldest."""
+        return max(self.prefetch, 1) * max(self.num_workers, 1)
 
 
 class RayPool:
@@ -163,6 +170,10 @@ class RayPool:
             }
             if settings.resources:
                 options["resources"] = dict(settings.resources)
+            if settings.runtime_env:
+                # On the actors, not only ray.init: it then holds when Ray was initialised
+                # before the loader (launcher=ray), where ray.init's would be ignored.
+                options["runtime_env"] = dict(settings.runtime_env)
             actor = remote.options(**options).remote(name)
             self.actors.append(actor)
             settings.names.append(name)
@@ -196,10 +207,11 @@ class RayPool:
     # ---- batches, in order ------------------------------------------------------------------
 
     def ordered(self, maker_ref, key_lists: Iterable[list]) -> Iterator[Any]:
-        """The batches of `key_lists`, in order, at most loader.prefetch in flight."""
+        """The batches of `key_lists`, in order, at most loader.prefetch per worker in flight."""
         pending: deque[_Job] = deque()
+        limit = max(self.s.prefetch, 1) * max(len(self.actors), 1)
         for keys in key_lists:
-            if len(pending) >= self.s.prefetch:
+            if len(pending) >= limit:
                 yield self._collect(maker_ref, pending.popleft())
             pending.append(self._submit(maker_ref, keys))
         while pending:

@@ -422,6 +422,9 @@ class VideoClipSplit(Dataset):
         self.timing, self.size, self.resize_to, self.seed = timing, size, resize_to, seed
         self.threads, self.decode, self.shuffle_frames = threads, decode, shuffle_frames
         self.crop, self.clips, self.crops = crop, clips, crops
+        # the device batch at evaluation is loader.eval_batch_size x views (said at start-up)
+        self.views = 1 if crop is not None else clips * crops
+        self.views_from = f"dataset.eval_clips={clips} x dataset.eval_crops={crops}"
         if decode == "gpu":
             self.collate = ClipCollate()
 

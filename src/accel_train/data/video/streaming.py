@@ -136,6 +136,11 @@ def build_streaming_video(
         source = StreamingSource(remote, name, cache, limit, decoder)
         labels = torch.tensor(info["labels"], dtype=torch.int64)
         splits[name] = (StreamingTrainSplit if train else StreamingEvalSplit)(source, labels)
+        if not train:  # (the device batch at evaluation: said at start-up, as the folder's)
+            splits[name].views = int(eval_clips) * int(eval_crops)
+            splits[
+                name
+            ].views_from = f"dataset.eval_clips={eval_clips} x dataset.eval_crops={eval_crops}"
     if splits["val"] is None:
         raise UserError(
             f"dataset.remote={remote}: the shard set has no val split. Write it with a "
