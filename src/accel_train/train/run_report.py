@@ -9,6 +9,7 @@ import logging
 import time
 from typing import Any
 
+from accel_train.config.facts import batches_note
 from accel_train.config.recipe_checks import recipe_switches
 from accel_train.loggers import json_safe
 from accel_train.train.build import make_loader
@@ -147,6 +148,7 @@ def write_summary(
             for k, v in (test or {}).items()
             if k != "test_ckpt" and k != "test_loss"
         )
+        test_text += getattr(loop, "test_note", "") if test_text else ""
         best = loop.checkpoints.best
         tokens = summary["train_tokens_per_s"]
         log.info(
@@ -154,7 +156,7 @@ def write_summary(
             loop.step,
             loop.epoch,
             loop.checkpoints.monitor,
-            f"{best:.4f}" if best is not None else "-",
+            f"{best:.4f}{batches_note(loop.val_loader)}" if best is not None else "-",
             test_text,
             f"{tokens:.0f} tokens/s" if tokens else f"{samples_per_s:.0f} samples/s",
             wall_s,
@@ -187,6 +189,7 @@ def test_pass(loop: Any) -> dict[str, Any] | None:
     loop.metrics.log(
         {f"test/{name}": value for name, value in scored.items()}, loop.step, loop.epoch
     )
+    loop.test_note = batches_note(loader)  # " (1 batch)": limit_test_batches cut the pass
     shown = "  ".join(f"test/{name}={value:.4f}" for name, value in scored.items())
-    loop.progress.message(f"test ({which} checkpoint)  {shown}")
+    loop.progress.message(f"test ({which} checkpoint)  {shown}{loop.test_note}")
     return {**{f"test_{name}": value for name, value in scored.items()}, "test_ckpt": which}
