@@ -161,3 +161,96 @@ def test_a_multi_clip_loss_is_the_real_one_and_unsettled_batchnorm_is_said(
     assert text.count("BatchNorm layers normalise by running statistics of only 2") == 1, text
     loss = next(r["val/loss"] for r in read_jsonl(run / "metrics.jsonl") if "val/loss" in r)
     assert math.isfinite(loss) and loss > 28, loss
+
+
+def test_grpo_console_curves_and_trl_metrics(run_cli, tmp_path):
+    """task=grpo: the console's logging line shows a few numbers formatted as other tasks'
+    (no `=0.`, no 17-digit advantage), the summary a row per metric, the done: line the share
+    of the epoch a step limit cut; curves.png has the reward and length panels; TRL's
+    num_tokens (a running total), clip_ratio/low_min, high_max and mean_terminated_length are
+    logged."""
+    import re
+
+    from helpers import read_jsonl
+    from hf_fixtures import write_tiny_llama
+    from test_grpo import RUN, _records, _rewards_arg, _write
+    from torchvision.io import decode_image
+
+    llama = write_tiny_llama(tmp_path / "llama")
+    data = _write(tmp_path / "prompts.jsonl", _records(16))  # 15 train prompts: 8 steps/epoch
+    run = tmp_path / "run"
+    args = [*RUN[:-1], f"model.path={llama}", f"dataset.path={data}", _rewards_arg(),
+            "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.progress=plain",
+            "trainer.plot_curves=true", f"hydra.run.dir={run}"]  # fmt: skip
+    proc = run_cli(args)
+    check_ok(proc)
+    text = proc.stdout + proc.stderr
+    lines = [x for x in text.splitlines() if "epoch 1/1 step" in x and " loss=" in x]
+    assert len(lines) == 2, text[-3000:]
+    for line in lines:
+        assert "reward=" in line and "reward_std=" in line and "completions/mean_length=" in line
+        assert "rewards/exact_match/mean" not in line and len(line) < 320, line
+    shown = [x for x in text.splitlines() if "step " in x and ("=" in x)]
+    assert not [x for x in shown if re.search(r"=-?\d+\.(\s|$)", x)], "a number ends in '.'"
+    assert not [x for x in shown if re.search(r"=-?\d+\.\d{6,}", x)], "an unrounded number"
+    assert "done: 2 steps, 0.25 epochs" in text
+    assert "final val/reward" in text and "final val/completions/mean_length" in text
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r]
+    tokens = [r["train/num_tokens"] for r in rows]
+    assert 0 < tokens[0] < tokens[1]
+    for name in ("clip_ratio/low_min", "clip_ratio/high_max", "completions/mean_terminated_length"):
+        assert all(f"train/{name}" in r for r in rows), name
+    picture = decode_image(str(run / "curves.png"))
+    assert picture.shape[-1] == 1500  # three panels: reward, length, loss (500 px each)
+
+
+def _on_a_terminal(args: list[str], cwd: Path) -> str:
+    """accel-train run on a pseudo-terminal (the rich bar draws only on one): its output."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    from helpers import base_env
+
+    master, slave = pty.openpty()
+    exe = Path(sys.executable).parent / "accel-train"
+    env = {**base_env(), "COLUMNS": "160", "ACCEL_TRAIN_DATA_DIR": str(cwd / "no-data")}
+    proc = subprocess.Popen([str(exe), *args], stdout=slave, stderr=slave, cwd=cwd, env=env,
+                            stdin=subprocess.DEVNULL)  # fmt: skip
+    os.close(slave)
+    out = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 1)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    assert proc.wait(timeout=60) == 0, out.decode(errors="replace")[-3000:]
+    return out.decode(errors="replace")
+
+
+@pytest.mark.fresh
+def test_the_progress_bar_is_not_overwritten_and_its_clocks_are_labelled(tmp_path):
+    """On a terminal, a log line written while the bar is drawn (selective_backprop's, at
+    start-up) clears the bar's line first instead of running on after its last clock; the two
+    clocks say which is the elapsed and which the remaining time."""
+    import re
+
+    args = ["model=mlp", "dataset.num_train=128", "dataset.num_test=32", "trainer.max_epochs=1",
+            "selective_backprop.keep=0.5", "logger=none", "trainer.plot_curves=false",
+            f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    text = _on_a_terminal(args, tmp_path)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", text)  # colours off; the cursor codes stay
+    assert "elapsed 0:00:0" in plain and "left " in plain
+    # (on main: "... left -:--:--[2026-12-06 ...][accel_train][INFO] - selective_backprop...")
+    assert re.search(r"(-:--:--|\d:\d\d:\d\d) *\[\d{4}-\d\d-\d\d ", plain) is None, plain
+    assert "selective_backprop: keep" in plain

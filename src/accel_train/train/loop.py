@@ -494,7 +494,8 @@ class Loop:
             self.metrics.log_table(
                 name, ["step", *columns], [[self.step, *r] for r in rows], self.step
             )
-        self.progress.show(shown_numbers(metrics, task_metrics), self.step, self.epoch)
+        shown = shown_numbers(metrics, self.task.shown(task_metrics))  # (GRPO: a few of many)
+        self.progress.show(shown, self.step, self.epoch)
 
     def _validate(self, final: bool = False) -> None:
         # async_save: the copy complete before EMA swaps its weights in for validation

@@ -121,6 +121,7 @@ def write_summary(
         **{f"final_val_{k}": v for k, v in (loop.last_val or {}).items()},
         **(test or {}),
         "epochs": loop.epoch,
+        "epochs_trained": float(epochs_done(loop)),  # with a step limit's share of the last
         "steps": loop.step,
         "train_samples_per_s": samples_per_s,
         # A language model's tokens/s over the same time (the tokens per sample seen).
@@ -152,9 +153,9 @@ def write_summary(
         best = loop.checkpoints.best
         tokens = summary["train_tokens_per_s"]
         log.info(
-            "done: %d steps, %d epochs, best.pt %s %s%s, %s, %.1f s",
+            "done: %d steps, %s epochs, best.pt %s %s%s, %s, %.1f s",
             loop.step,
-            loop.epoch,
+            epochs_done(loop),
             loop.checkpoints.monitor,
             f"{best:.4f}{batches_note(loop.val_loader)}" if best is not None else "-",
             test_text,
@@ -162,6 +163,15 @@ def write_summary(
             wall_s,
         )
     return summary
+
+
+def epochs_done(loop: Any) -> str:
+    """The epochs trained, as the progress lines count them: whole ones, or with the share of
+    a last one a step limit cut ("0.5": trainer.max_steps=4 of 8 steps an epoch)."""
+    per_epoch = int(getattr(loop.parts, "steps_per_epoch", 0) or 0)
+    if per_epoch <= 0 or loop.step <= loop.epoch * per_epoch:
+        return str(loop.epoch)
+    return f"{loop.step / per_epoch:.3g}"
 
 
 def test_pass(loop: Any) -> dict[str, Any] | None:
