@@ -254,3 +254,51 @@ def test_the_progress_bar_is_not_overwritten_and_its_clocks_are_labelled(tmp_pat
     # (on main: "... left -:--:--[2026-12-06 ...][accel_train][INFO] - selective_backprop...")
     assert re.search(r"(-:--:--|\d:\d\d:\d\d) *\[\d{4}-\d\d-\d\d ", plain) is None, plain
     assert "selective_backprop: keep" in plain
+
+
+# A user's data set whose items print a line in the Ray data worker (once, for item 0).
+LOUD_DATA = """
+import torch
+from torch.utils.data import Dataset
+
+
+class Loud(Dataset):
+    classes = ["dark", "bright"]
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == 0:
+            print("a line from the data worker", flush=True)
+        return torch.full((1, 8, 8), float(i % 2)), i % 2
+
+
+def build():
+    return Loud(64), Loud(16), Loud(16)
+"""
+
+
+@pytest.mark.fresh
+def test_loader_ray_shows_the_pool_on_the_console_without_colour_codes(run_cli, tmp_path):
+    """loader=ray (a local Ray for the run): each logging line carries the pool's output and
+    load (data/remote_*), and the output, not a terminal, holds no ANSI colour codes (Ray's
+    coloured `(pid=...)` prefixes are off there)."""
+    pytest.importorskip("ray")
+    from grpo_fixtures import user_code
+
+    env = user_code(tmp_path / "code", {"loud_data.py": LOUD_DATA})
+    args = ["model=mlp", "dataset=custom", "dataset._target_=loud_data.build",
+            "trainer.max_steps=4", "trainer.log_every_n_steps=2", "loader=ray",
+            "loader.num_workers=1", "loader.batch_size=16", "trainer.progress=plain",
+            "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    proc = run_cli(args, timeout=240, env=env)
+    check_ok(proc)
+    text = proc.stdout + proc.stderr
+    assert "pid=" in text and "a line from the data worker" in text  # Ray's prefixed line
+    lines = [x for x in text.splitlines() if " step " in x and "  loss=" in x]
+    assert lines and all("remote=" in x and "remote_busy=" in x for x in lines), text[-3000:]
+    assert "\x1b[" not in text
