@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import check_ok
 
 # The moving squares of tests/test_video.py: 32 x 32 px, 16 frames at 15 fps.
@@ -50,8 +51,9 @@ def test_the_video_recipe_holds_out_a_video_a_class_and_says_a_cut_evaluation(
     assert val_line.rstrip().endswith("(1 batch)"), val_line
     assert test_line.rstrip().endswith("(1 batch)"), test_line
     assert "(1 batch)" in done, done
-    # One video of each class held out (1 % of 3 rounds to none): 4 validation, 8 training.
-    assert "data video_folder: 8 train / 4 val / 8 test" in text
+    # One video of each class held out (1 % of 3 rounds to none): 4 validation, 8 training
+    # videos, each 5 times (dataset.clips_per_video=5, the reference's 5 clips a video).
+    assert "data video_folder: 40 train / 4 val / 8 test" in text
 
 
 def test_a_hold_out_no_class_can_give_is_refused_with_the_numbers(run_cli, tmp_path):
@@ -302,3 +304,28 @@ def test_loader_ray_shows_the_pool_on_the_console_without_colour_codes(run_cli, 
     lines = [x for x in text.splitlines() if " step " in x and "  loss=" in x]
     assert lines and all("remote=" in x and "remote_busy=" in x for x in lines), text[-3000:]
     assert "\x1b[" not in text
+
+
+def test_clips_per_video_draws_several_clips_of_each_video_an_epoch(run_cli, tmp_path):
+    """dataset.clips_per_video=3: an epoch trains on 3 entries of each training video, each
+    its own clip (window, crop, flip), so 3x the steps; the evaluation splits are unchanged."""
+    pytest.importorskip("av")
+    pytest.importorskip("torchcodec")
+    from accel_train.data.video.folder import build_video_folder
+
+    root = _two_second_clips(tmp_path / "data", 3)  # 2 classes: 4 training videos, 2 held out
+    args = ["model=video_cnn", "dataset=video_folder", f"dataset.root={root}", cache(root),
+            "dataset.clips_per_video=3", "dataset.image_size=32", "dataset.resize_size=32",
+            "dataset.frames=4", "dataset.eval_clips=1", "loader.batch_size=4",
+            "trainer.max_epochs=1", *QUIET, f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    proc = run_cli(args)
+    check_ok(proc)
+    text = proc.stdout + proc.stderr
+    assert "data video_folder: 12 train / 2 val / 6 test" in text, text[-2000:]
+    assert "3 optimizer steps (3 per epoch" in text
+    splits = build_video_folder(root=str(root), clips_per_video=3, frames=4, image_size=32,
+                                resize_size=32, metadata_cache=str(root.parent / "mc"))  # fmt: skip
+    train = splits.train
+    clips = [train[i][0] for i in (0, 4, 8)]  # one video's three entries
+    assert {train[i][1] for i in (0, 4, 8)} == {train[0][1]}
+    assert not torch.equal(clips[0], clips[1]) and not torch.equal(clips[1], clips[2])

@@ -192,7 +192,8 @@ def video_parts(
     # The folder's rules and its header check, less the clip length: a shard set stores whole
     # videos, and the clip is chosen when training from it (dataset=streaming_video checks
     # the stored windows against its clip before a chunk is read).
-    dataset = OmegaConf.merge(cfg.dataset, {"pad_short": True})
+    # (and one entry a video: clips_per_video repeats videos for training only)
+    dataset = OmegaConf.merge(cfg.dataset, {"pad_short": True, "clips_per_video": 1})
     splits = build_splits(dataset, ".")
     inputs, info = {}, {}
     for name in ("train", "val", "test"):

@@ -145,6 +145,7 @@ class VideoFolderDatasetConfig(DatasetConfig):
     crop_scale: list[float] | None = None
     eval_clips: int = 5
     eval_crops: int = 1
+    clips_per_video: int = 1
     decode_threads: int = 1
     decode: str = "cpu"
     pad_short: bool = False

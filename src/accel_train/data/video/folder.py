@@ -106,6 +106,7 @@ def build_video_folder(
     random_hflip: bool = True,
     eval_clips: int = 5,
     eval_crops: int = 1,
+    clips_per_video: int = 1,
     decode_threads: int = 1,
     decode: str = "cpu",
     pad_short: bool = False,
@@ -139,7 +140,13 @@ def build_video_folder(
                   threads=int(decode_threads), decode=decode,
                   shuffle_frames=bool(shuffle_frames))  # fmt: skip
     views = dict(clips=int(eval_clips), crops=int(eval_crops))
-    made = _splits(train, val, test, metas, val_fraction, seed, crop, common, views)
+    if int(clips_per_video) < 1:
+        raise UserError(
+            f"dataset.clips_per_video={clips_per_video} must be >= 1: the training clips drawn "
+            "from each video an epoch (torchvision's reference: 5)."
+        )
+    made = _splits(train, val, test, metas, val_fraction, seed, crop, common, views,
+                   int(clips_per_video))  # fmt: skip
     return Splits(
         *made,
         in_channels=3,
@@ -150,9 +157,11 @@ def build_video_folder(
     )
 
 
-def _splits(train, val, test, metas, val_fraction, seed, crop, common, views) -> tuple:
+def _splits(train, val, test, metas, val_fraction, seed, crop, common, views, per_video=1) -> tuple:
     """(train, val, test or None) splits: validation is the val videos, or a stratified,
-    seeded val_fraction of the training ones, at least one video a class (hold_out)."""
+    seeded val_fraction of the training ones, at least one video a class (hold_out). The
+    training split lists each video ``per_video`` times (dataset.clips_per_video): each entry
+    draws its own clip (its index seeds the draw), as the reference's RandomClipSampler."""
 
     def whole(videos: VideoList | None) -> VideoClipSplit | None:
         if videos is None:
@@ -164,6 +173,7 @@ def _splits(train, val, test, metas, val_fraction, seed, crop, common, views) ->
         held = VideoClipSplit(train, metas, val_idx, **views, **common)
     else:
         train_idx, held = torch.arange(len(train.paths)), whole(val)
+    train_idx = train_idx.repeat(per_video)
     return VideoClipSplit(train, metas, train_idx, crop=crop, **common), held, whole(test)
 
 
