@@ -202,6 +202,8 @@ def test_grpo_console_curves_and_trl_metrics(run_cli, tmp_path):
     assert 0 < tokens[0] < tokens[1]
     for name in ("clip_ratio/low_min", "clip_ratio/high_max", "completions/mean_terminated_length"):
         assert all(f"train/{name}" in r for r in rows), name
+    val = [r for r in read_jsonl(run / "metrics.jsonl") if "val/reward" in r]
+    assert val and all("val/rewards/exact_match/mean" in r for r in val)  # each function's
     picture = decode_image(str(run / "curves.png"))
     assert picture.shape[-1] == 1500  # three panels: reward, length, loss (500 px each)
 

@@ -166,6 +166,11 @@ class GRPO(Task):
         self._check_context(ctx, bare)
         for name in self._train_metric_names():  # every rank packs the same sums, in one order
             self.train_metrics.declare(name, ctx.device)
+        # (validation's too: a reward function that applies to no completion of a rank's
+        # batches adds nothing there, and the ranks' sums must still line up)
+        evaluated = ["loss", "reward", *(m for m, _ in self._reward_pairs()[1:])]
+        for name in [*evaluated, "completions/mean_length"]:
+            self.eval_metrics.declare(name, ctx.device)
         if self.beta != 0.0 and ctx.cfg.lora.rank <= 0:
             # The starting model, frozen (accel-eval sets up on a trained one: no KL is scored)
             self.ref_model = copy.deepcopy(ctx.model).eval().requires_grad_(False)
@@ -253,6 +258,10 @@ class GRPO(Task):
         n = batch["input_ids"].shape[0]
         total, count = metrics.totals.get("reward", (0.0, 0))
         means = {"reward": torch.as_tensor(total / max(count, 1))}
+        for name, _ in self._reward_pairs()[1:]:  # each function's, where it applied
+            total, count = metrics.totals.get(name, (0.0, 0))
+            if count:
+                means[name] = torch.as_tensor(total / count)
         means["completions/mean_length"] = roll["mask"].sum() / roll["mask"].shape[0]
         if items is not None:  # dapo: the mean over this batch's tokens
             loss = loss / items.clamp(min=1)
