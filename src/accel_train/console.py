@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -38,9 +39,12 @@ class Progress:
         self.started = time.perf_counter()
         self.position: Callable[[], tuple[int, int, int]] | None = None
         self.shown_epoch = self.epoch_batches = 0  # the epoch the bar shows, its batches
+        self._unroute: Callable[[], None] = lambda: None
         if self.mode == "rich":
             self.bar = _bar(self._poll)
+            out, err = sys.stdout, sys.stderr
             self.bar.start()
+            self._unroute = _route_log_lines({id(out): sys.stdout, id(err): sys.stderr})
 
     def start_run(
         self,
@@ -111,6 +115,7 @@ class Progress:
 
     def close(self) -> None:
         if self.bar:
+            self._unroute()
             self.bar.stop()
             self.bar, self.mode = None, "plain"  # later messages: log lines, below the bar
 
@@ -135,6 +140,29 @@ def log_stream():
                 return handler.stream
         logger = logger.parent if logger.propagate else None
     return sys.stdout
+
+
+def _route_log_lines(proxies: dict[int, Any]) -> Callable[[], None]:
+    """Point the logging handlers that write to the terminal (Hydra's, opened before the bar)
+    at rich's proxies of stdout and stderr (`proxies`: the stream's id -> its proxy) while the
+    bar is live, so a log line prints above the bar instead of into its frame; returns the
+    undo. Without a terminal rich proxies nothing and nothing moves."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    moved = []
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, logging.StreamHandler) and not isinstance(
+                handler, logging.FileHandler
+            ):
+                proxy = proxies.get(id(handler.stream))
+                if proxy is not None and proxy is not handler.stream:
+                    moved.append((handler, handler.setStream(proxy)))
+
+    def undo() -> None:
+        for handler, stream in moved:
+            handler.setStream(stream)
+
+    return undo
 
 
 def _clock(seconds: float) -> str:
@@ -163,6 +191,14 @@ def _bar(poll: Callable[[], None]):
             unit = task.fields.get("unit", "steps")
             return Text(f"{speed:.2f} {unit}/s" if speed else f"- {unit}/s", style="cyan")
 
+    class Elapsed(TimeElapsedColumn):  # labelled: two bare clocks side by side were a riddle
+        def render(self, task) -> Text:
+            return Text.assemble(("elapsed ", "dim"), super().render(task))
+
+    class Remaining(TimeRemainingColumn):
+        def render(self, task) -> Text:
+            return Text.assemble(("left ", "dim"), super().render(task))
+
     class Bar(RichProgress):
         stats = ""  # the last logging step's numbers
 
@@ -177,8 +213,8 @@ def _bar(poll: Callable[[], None]):
         BarColumn(bar_width=30),
         MofNCompleteColumn(),
         Speed(table_column=Column(no_wrap=True)),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
+        Elapsed(),
+        Remaining(),
         transient=False,
     )
 
@@ -198,13 +234,30 @@ def shown_numbers(metrics: dict[str, Any], task_metrics: dict[str, Any]) -> dict
         shown["mem"] = f"{metrics['train/peak_mem_mb']:.0f}MB"
     if "train/mfu" in metrics:
         shown["mfu"] = f"{metrics['train/mfu']:.1%}"
+    if "data/remote_images_per_s" in metrics:  # loader=ray: the pool's output and load
+        shown["remote"] = f"{metrics['data/remote_images_per_s']:.0f}/s"
+        shown["remote_busy"] = f"{metrics.get('data/remote_busy_share', 0.0):.0%}"
+        if metrics.get("data/resubmitted"):
+            shown["resubmitted"] = metrics["data/resubmitted"]
     return shown
 
 
 def _fmt(key: str, value: Any) -> str:
-    if isinstance(value, float):
-        return f"{key}={value:.4g}" if "lr" in key else f"{key}={value:.4f}".rstrip("0")
-    return f"{key}={value}"
+    return f"{key}={short_number(value, lr='lr' in key)}"
+
+
+def short_number(value: Any, lr: bool = False) -> str:
+    """A number as the console shows it: 4 decimals without trailing zeros (1.0 -> 1, not
+    "1."), 3 significant digits for a small non-zero one (GRPO's loss, ~1e-7, is not 0), an
+    lr in 4 significant digits; anything else as str()."""
+    if not isinstance(value, float):
+        return str(value)
+    if lr:
+        return f"{value:.4g}"
+    if value != 0 and abs(value) < 1e-3 and math.isfinite(value):
+        return f"{value:.3g}"
+    text = f"{value:.4f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
 
 
 # ---- start-up: what was chosen and changed -------------------------------------------------
@@ -300,11 +353,8 @@ def summary_table(summary: dict[str, Any], ckpt_dir: Path, monitor: str) -> Tabl
             k[len("final_val_") :]: v for k, v in summary.items() if k.startswith("final_val_")
         }
         final = {k: v for k, v in final.items() if v is not None}
-        if final:
-            table.add_row(
-                "final " + ", ".join(f"val/{k}" for k in final),
-                ", ".join(num(v) for v in final.values()),
-            )
+        for k, v in final.items():  # one row each: a long list of names in one cell folds
+            table.add_row(f"final val/{k}", num(v))
     if "test_acc" in summary:
         table.add_row(
             f"test/acc, test/loss ({summary.get('test_ckpt')} weights)",
@@ -313,11 +363,10 @@ def summary_table(summary: dict[str, Any], ckpt_dir: Path, monitor: str) -> Tabl
     elif "test_loss" in summary:
         tested = {k[len("test_") :]: v for k, v in summary.items() if k.startswith("test_")}
         tested.pop("ckpt", None)
-        table.add_row(
-            ", ".join(f"test/{k}" for k in tested) + f" ({summary.get('test_ckpt')} weights)",
-            ", ".join(num(v) for v in tested.values()),
-        )
-    table.add_row("steps, epochs", f"{summary.get('steps')}, {summary.get('epochs')}")
+        for k, v in tested.items():
+            table.add_row(f"test/{k} ({summary.get('test_ckpt')} weights)", num(v))
+    epochs = summary.get("epochs_trained", summary.get("epochs"))
+    table.add_row("steps, epochs", f"{summary.get('steps')}, {short_number(epochs)}")
     table.add_row("time", f"{summary.get('wall_s', 0.0):.1f} s")
     if summary.get("train_tokens_per_s"):  # a language model: tokens/s is the number read
         table.add_row("train tokens/s", f"{summary['train_tokens_per_s']:,.0f}")
@@ -340,6 +389,11 @@ _said_no_matplotlib = False
 CURVES = ("train/loss", "val/loss", "train/acc", "val/acc", "val/ppl")
 # The second panel: accuracy (a classifier), else perplexity (a language model), else none.
 SECOND_PANEL = ("acc", "ppl")
+# A policy trained on rewards (task=grpo): its loss says little (~1e-7, TRL's docs), so the
+# reward (with its spread over the completions) and the completions' length come first.
+REWARD_PANELS = ("reward", "completions/mean_length")
+CURVES += ("train/reward", "val/reward", "train/reward_std", "train/completions/mean_length",
+           "val/completions/mean_length")  # fmt: skip
 
 
 def start_curves_plot(run_dir: Path) -> Callable[[], Path | None]:
@@ -404,6 +458,8 @@ def _draw_curves(series: dict[str, tuple[list[int], list[float]]], path: Path) -
 
     kinds = ["loss"]
     kinds += [k for k in SECOND_PANEL if any(key.endswith("/" + k) for key in series)][:1]
+    if "train/reward" in series:
+        kinds = [*REWARD_PANELS, "loss"]
     fig = Figure(figsize=(5 * len(kinds), 4))
     axes = fig.subplots(1, len(kinds), squeeze=False)[0]
     for ax, kind in zip(axes, kinds, strict=True):
@@ -412,6 +468,8 @@ def _draw_curves(series: dict[str, tuple[list[int], list[float]]], path: Path) -
             if key in series:
                 style = "-" if split == "train" else "o-"
                 ax.plot(*series[key], style, label=key)
+        if kind == "reward" and "train/reward_std" in series:
+            ax.plot(*series["train/reward_std"], "--", label="train/reward_std")
         ax.set_xlabel("optimizer step")
         ax.set_title(kind)
         ax.grid(alpha=0.3)

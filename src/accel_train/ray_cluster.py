@@ -17,7 +17,9 @@ and does not stop it: `loader=ray` under `launcher=ray` uses the trainers' own c
 from __future__ import annotations
 
 import importlib
+import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +54,15 @@ class Connection:
             self.ray.shutdown()  # a local Ray this process started stops with it
 
 
+def plain_prefixes() -> None:
+    """Ray prints its workers' lines behind a coloured `(pid=...)` prefix, colour codes
+    included whatever the output: into a log file (`accel-train ... > run.log`, a SLURM
+    job's output) they go raw. Off where the output is no terminal (RAY_COLOR_PREFIX=0,
+    Ray's own switch), unless the user set it."""
+    if not sys.stdout.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
 def connect(
     ray,
     address: str | None,
@@ -66,6 +77,7 @@ def connect(
     errors (launcher.address, loader.address)."""
     if ray.is_initialized():  # a Ray Train worker, or a second user in this process
         return Connection(ray, "the cluster this process is in", started=False)
+    plain_prefixes()
     if in_job:
         # The Jobs API sets RAY_ADDRESS for its drivers, and the job's runtime_env already
         # holds for this driver and its workers.

@@ -4,8 +4,8 @@ writer, with its `overwrite` rules (nothing but a shard set this command wrote i
 
 The splits are the ones `dataset=video_folder` would train on, built by it: the same files,
 labels, segments (a list's start/end) and held-out share, and its header check (every file's
-metadata read once; unreadable, empty, audio-only and too-short files refused together, before
-anything is written). Each item is one video:
+metadata read once; unreadable, empty and audio-only files refused together, before
+anything is written; not the clip length: a shard stores whole videos). Each item is one video:
 
     index, label        the position in its split (the seed of its clips) and the class
     video               the file's bytes as they are, or re-encoded (below)
@@ -44,7 +44,7 @@ import math
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from accel_train.data.build import build_splits
 from accel_train.data.video.clips import resize_frames
@@ -213,7 +213,12 @@ def video_parts(
 ) -> tuple[dict, dict, list[str]]:
     """The splits dataset=video_folder trains on, as shard inputs: (split -> the items' plans,
     split -> its entry of accel_train.index.json, the class names)."""
-    splits = build_splits(cfg.dataset, ".")  # the folder's rules and its header check
+    # The folder's rules and its header check, less the clip length: a shard set stores whole
+    # videos, and the clip is chosen when training from it (dataset=streaming_video checks
+    # the stored windows against its clip before a chunk is read).
+    # (and one entry a video: clips_per_video repeats videos for training only)
+    dataset = OmegaConf.merge(cfg.dataset, {"pad_short": True, "clips_per_video": 1})
+    splits = build_splits(dataset, ".")
     inputs, info = {}, {}
     for name in ("train", "val", "test"):
         split = getattr(splits, name)

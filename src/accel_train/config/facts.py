@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -96,6 +97,16 @@ def limited_batches(limit: int | float, batches: int) -> int:
     if isinstance(limit, float):
         return max(1, int(limit * batches))
     return min(batches, limit) if limit else batches
+
+
+def batches_note(loader: Any) -> str:
+    """ " (N batches)" after an evaluation's numbers when trainer.limit_*_batches (or
+    +debug=fast_dev_run) cut it short of the whole split, else ""."""
+    order = getattr(loader, "order", None)
+    if not getattr(order, "cut", False):
+        return ""
+    n = int(order.num_batches)
+    return f" ({n} batch{'' if n == 1 else 'es'})"
 
 
 # Tried in this order, so that ">=" is not read as ">" followed by "=0.9".

@@ -107,6 +107,25 @@ class RandomResizedCrop:
         return (height - h) // 2, (width - w) // 2, h, w
 
 
+class ResizedRandomCrop:
+    """torchvision's video reference's training crop: every frame resized to ``resize``
+    (h, w), then a random ``size`` x ``size`` crop (``Resize((128, 171))`` +
+    ``RandomCrop(112)``), and a random horizontal flip. Given as the box of the source frame
+    that crop shows (``box``), so the CPU and the device paths resize once, as for
+    :class:`RandomResizedCrop`."""
+
+    def __init__(self, size: int, resize: tuple[int, int], hflip: bool):
+        self.size, self.resize, self.hflip = size, resize, hflip
+
+    def box(self, height: int, width: int, rng: random.Random) -> tuple[int, int, int, int]:
+        """(top, left, h, w) in the source frame of the random crop of the resized frame."""
+        rh, rw = self.resize
+        top, left = rng.randint(0, rh - self.size), rng.randint(0, rw - self.size)
+        sy, sx = height / rh, width / rw
+        h, w = max(1, round(self.size * sy)), max(1, round(self.size * sx))
+        return min(round(top * sy), height - h), min(round(left * sx), width - w), h, w
+
+
 class DeviceRandomResizedCrop:
     """``Splits.device_augment``: RandomResizedCrop + flip of a whole uint8 batch [N, 3, L, L]
     on its device, in one ``grid_sample`` with a per-sample affine grid (bilinear, no

@@ -29,7 +29,9 @@ class ShardedOrder:
         self.real_per_rank = len(range(rank, n, world)) if not train else self.per_rank
         full, rest = divmod(self.per_rank, batch_size)
         self.num_batches = full + (1 if rest and not (train and drop_last) else 0)
+        whole = self.num_batches
         self.num_batches = limited_batches(limit, self.num_batches)
+        self.cut = self.num_batches < whole  # trainer.limit_*_batches left batches out
         self.epoch, self.start_batch = 0, 0
 
     def batch_len(self, b: int) -> int:

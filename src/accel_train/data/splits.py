@@ -73,13 +73,15 @@ class Splits:
 
 
 def held_out_indices(
-    n: int, fraction: float, seed: int, labels: torch.Tensor | None = None
+    n: int, fraction: float, seed: int, labels: torch.Tensor | None = None, min_per_class: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(train indices, validation indices): a seeded ``fraction`` of ``range(n)`` held out.
 
     With ``labels`` the split is stratified: each class gives the same share (rounded), so a
-    class-balanced set stays balanced in both parts. The same (n, fraction, seed, labels) always
-    gives the same split, whatever ``trainer.seed`` is.
+    class-balanced set stays balanced in both parts. ``min_per_class`` (video folders: 1) is the
+    least a class gives when it keeps one for training (1 % of a small folder rounds to none).
+    The same (n, fraction, seed, labels) always gives the same split, whatever ``trainer.seed``
+    is.
 
     The validation indices come in a seeded random order, not sorted: validation reads them in
     order, and `trainer.limit_val_batches` takes the first batches, which for data stored by
@@ -93,7 +95,10 @@ def held_out_indices(
     for c in labels.unique().tolist():
         members = (labels == c).nonzero().flatten()
         members = members[torch.randperm(len(members), generator=gen)]
-        val_parts.append(members[: round(len(members) * fraction)])
+        k = round(len(members) * fraction)
+        if fraction > 0 and k < min_per_class:
+            k = min(min_per_class, len(members) - 1)  # one always stays for training
+        val_parts.append(members[: max(k, 0)])
     val = torch.cat(val_parts) if val_parts else torch.empty(0, dtype=torch.long)
     val = val[torch.randperm(len(val), generator=gen)]
     keep = torch.ones(n, dtype=torch.bool)

@@ -180,8 +180,10 @@ class MetricsLogger:
             raise _write_error(self.run_dir, err) from None
         where = "" if name in self.named else f" (every row, every logging step: {path})"
         self.named.add(name)
-        first = "  ".join(
-            f"{c}={v!r}" for c, v in zip(columns, rows[0], strict=True) if c != "step"
+        first = "  ".join(  # (numbers to 4 decimals: the file keeps them whole)
+            f"{c}={round(v, 4) if isinstance(v, float) else v!r}"
+            for c, v in zip(columns, rows[0], strict=True)
+            if c != "step"
         )
         log.info("step %d %s%s: %s", step, name, where, first)
 

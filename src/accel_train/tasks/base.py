@@ -184,6 +184,11 @@ class Task(TaskFacts):
         calls it (a sharded or pipelined model's forward is collective); rank 0 prints."""
         return []
 
+    def shown(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The training metrics a logging step's console line shows (metrics.jsonl and the
+        loggers get every one): all of a classifier's few, a subset of GRPO's many."""
+        return metrics
+
     def tables(self) -> list[tuple[str, list[str], list[list[Any]]]]:
         """Tables of text the loop logs at each logging step to every logger that takes text,
         as (name, columns, rows) (a task's sampled completions); the loop adds the step."""

@@ -18,6 +18,7 @@ then the video accuracy, val/clip_acc each clip's own top-1."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -213,11 +214,16 @@ class Classification(facts.Classification, Task):
     def _video_scores(self, logits: torch.Tensor, labels: torch.Tensor, views: int):
         """The multi-view test: per video (sample) the mean of its views' softmax, returned as
         log-probabilities (so the loss is the cross-entropy of the averaged prediction and the
-        accuracy the video accuracy); each view's own top-1 is logged as `clip_acc`."""
+        accuracy the video accuracy); each view's own top-1 is logged as `clip_acc`.
+
+        The log of the mean is taken by logsumexp of the views' log-softmax, not as the log of
+        the averaged probabilities: those underflow to 0 for a confident wrong prediction, and
+        a clamp there (1e-12) capped every such video's loss at 27.63, hiding how wrong the
+        evaluation-mode model was (a model with BatchNorm statistics of a few batches)."""
         per_view = logits.view(labels.shape[0], views, -1)
         hits = (per_view.argmax(2) == labels[:, None]).sum()
         self.eval_metrics.add("clip_acc", hits, labels.shape[0] * views)
-        return per_view.softmax(2).mean(1).clamp_min(1e-12).log()
+        return per_view.log_softmax(2).logsumexp(1) - math.log(views)
 
 
 def _loss_args(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

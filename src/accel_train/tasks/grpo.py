@@ -177,6 +177,11 @@ class GRPO(Task):
         self._check_context(ctx, bare)
         for name in self._train_metric_names():  # every rank packs the same sums, in one order
             self.train_metrics.declare(name, ctx.device)
+        # (validation's too: a reward function that applies to no completion of a rank's
+        # batches adds nothing there, and the ranks' sums must still line up)
+        evaluated = ["loss", "reward", *(m for m, _ in self._reward_pairs()[1:])]
+        for name in [*evaluated, "completions/mean_length"]:
+            self.eval_metrics.declare(name, ctx.device)
         if self.beta != 0.0 and ctx.cfg.lora.rank <= 0:
             # The starting model, frozen (accel-eval sets up on a trained one: no KL is scored)
             self.ref_model = copy.deepcopy(ctx.model).eval().requires_grad_(False)
@@ -199,7 +204,15 @@ class GRPO(Task):
         names = [name for pair in self._reward_pairs() for name in pair]
         names += ["frac_reward_zero_std", *(f"completions/{k}" for k in COMPLETION_METRICS)]
         names += ["entropy", *(["kl"] if self.beta else [])]
-        return names + [f"clip_ratio/{k}" for k in ("low_mean", "high_mean", "region_mean")]
+        names += [f"clip_ratio/{k}" for k in ("low_mean", "high_mean", "region_mean")]
+        return [*names, "num_tokens"]
+
+    # What a logging step's console line shows (metrics.jsonl and the loggers get them all).
+    CONSOLE = ("reward", "reward_std", "completions/mean_length", "kl", "entropy",
+               "clip_ratio/region_mean")  # fmt: skip
+
+    def shown(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {k: metrics[k] for k in self.CONSOLE if k in metrics}
 
     def _check_context(self, ctx: TaskContext, bare: nn.Module) -> None:
         """The longest prompt plus a whole completion must fit the model's positions
@@ -243,6 +256,9 @@ class GRPO(Task):
     def step(self, model: nn.Module, batch: Any):
         self.train_step += 1
         roll = self._rollout_for(model, batch)
+        # TRL's num_tokens: the prompt and completion tokens trained on (_Spreads adds them up)
+        tokens = torch.tensor(float(self.last_tokens)).to(roll["seq"].device, non_blocking=True)
+        self.train_metrics.add("num_tokens", tokens, 1)
         return self._loss(model, roll, self.train_metrics, train=True)
 
     def eval_output(self, model: nn.Module, batch: Any):
@@ -254,6 +270,10 @@ class GRPO(Task):
         n = batch["input_ids"].shape[0]
         total, count = metrics.totals.get("reward", (0.0, 0))
         means = {"reward": torch.as_tensor(total / max(count, 1))}
+        for name, _ in self._reward_pairs()[1:]:  # each function's, where it applied
+            total, count = metrics.totals.get(name, (0.0, 0))
+            if count:
+                means[name] = torch.as_tensor(total / count)
         means["completions/mean_length"] = roll["mask"].sum() / roll["mask"].shape[0]
         if items is not None:  # dapo: the mean over this batch's tokens
             loss = loss / items.clamp(min=1)
@@ -427,10 +447,8 @@ class GRPO(Task):
         one("completions/min_length", lengths.min())
         one("completions/max_length", lengths.max())
         one("completions/clipped_ratio", roll["truncated"].float().mean())
-        term = lengths[~roll["truncated"]]  # (none: nothing added, the sum stays declared)
-        name = "completions/mean_terminated_length"
-        if term.numel():
-            one(name, term.mean())
+        term = lengths[~roll["truncated"]]  # none terminated: 0, as TRL logs it
+        one("completions/mean_terminated_length", term.mean() if term.numel() else term.sum())
         if self.log_completions and metrics is self.train_metrics:
             self._keep_table(rewards, roll)
 
@@ -535,10 +553,12 @@ class GRPO(Task):
         if self.mu > 1 and dist.is_available() and dist.is_initialized():
             by_rank = [None] * dist.get_world_size()
             dist.all_gather_object(by_rank, kept)
-        return {"kept_by_rank": by_rank, "train_step": self.train_step}
+        return {"kept_by_rank": by_rank, "train_step": self.train_step,
+                "num_tokens": self.train_metrics.num_tokens}  # fmt: skip
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.train_step = int(state.get("train_step", 0))
+        self.train_metrics.num_tokens = float(state.get("num_tokens", 0.0))
         self.kept = {}
         by_rank = state.get("kept_by_rank") or [[]]
         rank = _rank()
@@ -603,16 +623,41 @@ class _Spreads(Running):
     """The training metrics, where each std name of `pairs` (std -> mean) sums the squares of
     its mean's values, over the same count: `read` turns it into the std of every process's
     values since the last logging step, with Bessel's correction (TRL's nanstd of the rewards
-    gathered from all processes), from the loop's one all-reduce: no collective of its own."""
+    gathered from all processes), from the loop's one all-reduce. `num_tokens` is the running
+    total of the tokens trained on (TRL's); `clip_ratio/low_min` and `high_max` the lowest and
+    highest process's clip ratios (TRL's), one small collective at a logging step."""
 
     def __init__(self, pairs: dict[str, str]):
         super().__init__(torch.float32)
         self.pairs = pairs
+        self.num_tokens = 0.0  # every process's, since the run began (kept in checkpoints)
+
+    def _extremes(self) -> dict[str, float]:
+        """clip_ratio/low_min and high_max over the processes (read before the sums reset)."""
+        out = {}
+        for mean, name, op in (("clip_ratio/low_mean", "clip_ratio/low_min", "min"),
+                               ("clip_ratio/high_mean", "clip_ratio/high_max", "max")):  # fmt: skip
+            if mean not in self.sums:
+                continue
+            n = self.device_counts[mean] + self.counts[mean]
+            empty = float("inf") if op == "min" else float("-inf")
+            local = torch.where(n > 0, self.sums[mean] / n.clamp(min=1), empty).double()
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                dist.all_reduce(local, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
+            value = float(local)  # (a logging step: the device has just synced)
+            if math.isfinite(value):
+                out[name] = value
+        return out
 
     def read(self, device: list[float], host: list[float]) -> dict[str, float]:
         k = len(self.names)
         counts = {name: host[i] + device[k + i] for i, name in enumerate(self.names)}
+        extremes = self._extremes()
         out = super().read(device, host)
+        out.update(extremes)
+        if "num_tokens" in out:  # the mean a micro-batch -> the run's running total
+            self.num_tokens += out["num_tokens"] * counts["num_tokens"]
+            out["num_tokens"] = self.num_tokens
         for std, mean in self.pairs.items():
             n, squares = counts.get(std, 0), out.pop(std, None)
             if squares is not None and mean in out and n > 1:

@@ -47,6 +47,7 @@ from accel_train.techniques.qat import QAT
 from accel_train.techniques.samples import TrainingSamples
 from accel_train.techniques.selective_backprop import SelectiveBackprop
 from accel_train.techniques.speed import SpeedMetrics
+from accel_train.train.batchnorm_stats import mark_fresh
 from accel_train.train.data_checks import check_data_sizes
 from accel_train.train.evaluate import sample_batch
 from accel_train.train.teacher import teacher_from_checkpoint
@@ -278,6 +279,7 @@ def model_for_task(
     """The bare model on the device, with the task set up on it; and two real training samples
     prepared by the task (what the model transforms are checked and traced on)."""
     module = build_model(cfg.model, splits.data_args, precision.param_dtype)
+    mark_fresh(module)  # BatchNorm statistics not loaded: judged at evaluation
     module = module.to(env.device, dtype=precision.param_dtype)
     # As the model will see them: a device augment (e.g. image_folder's crop) changes the size.
     augment = splits.device_augment is not None

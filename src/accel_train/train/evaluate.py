@@ -30,6 +30,7 @@ from accel_train.precision import Precision, resolve_precision
 from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.tasks import Task, TaskContext, build_task
 from accel_train.techniques.channels_last import to_channels_last
+from accel_train.train.batchnorm_stats import warn_if_unsettled
 from accel_train.train.harness_eval import evaluate_harness
 from accel_train.written import make_parents, remove_empty
 
@@ -44,6 +45,7 @@ def score(model, loader, task: Task, precision: Precision, env: DistEnv) -> dict
     Padding samples (so that every rank runs the same number of batches) sit at the end of a
     rank's last batches; the host knows how many, so the task slices them off without a sync."""
     model.eval()
+    warn_if_unsettled(model)  # BatchNorm statistics of a few batches (train/batchnorm_stats.py)
     task.eval_metrics.reset()
     for b, batch in enumerate(loader.epoch(0)):
         with precision.autocast():

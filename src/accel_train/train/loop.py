@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from accel_train.config.facts import validation_metrics
+from accel_train.config.facts import batches_note, validation_metrics
 from accel_train.console import Progress, print_summary, shown_numbers, start_curves_plot
 from accel_train.data.batch import count_samples
 from accel_train.errors import DataSourceLost
@@ -494,7 +494,8 @@ class Loop:
             self.metrics.log_table(
                 name, ["step", *columns], [[self.step, *r] for r in rows], self.step
             )
-        self.progress.show(shown_numbers(metrics, task_metrics), self.step, self.epoch)
+        shown = shown_numbers(metrics, self.task.shown(task_metrics))  # (GRPO: a few of many)
+        self.progress.show(shown, self.step, self.epoch)
 
     def _validate(self, final: bool = False) -> None:
         # async_save: the copy complete before EMA swaps its weights in for validation
@@ -507,6 +508,7 @@ class Loop:
         self._fire("on_validation_end", metrics)
         self.metrics.log(metrics, self.step, self.epoch)
         shown = "  ".join(f"val/{name}={value:.4f}" for name, value in scored.items())
+        shown += batches_note(self.val_loader)  # " (N batches)": limit_val_batches cut it
         self.progress.message(f"{self.progress.where(self._trained_epoch(), self.step)}  {shown}")
         for line in self.task.validation_text(self.eval_model, self.precision.autocast):
             if self.env.is_main:  # (task.sample_lines: sampled text, into the log file too)

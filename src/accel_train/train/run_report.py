@@ -9,6 +9,7 @@ import logging
 import time
 from typing import Any
 
+from accel_train.config.facts import batches_note
 from accel_train.config.recipe_checks import recipe_switches
 from accel_train.loggers import json_safe
 from accel_train.train.build import make_loader
@@ -123,6 +124,7 @@ def write_summary(
         **{f"final_val_{k}": v for k, v in (loop.last_val or {}).items()},
         **(test or {}),
         "epochs": loop.epoch,
+        "epochs_trained": float(epochs_done(loop)),  # with a step limit's share of the last
         "steps": loop.step,
         "train_samples_per_s": samples_per_s,
         # A language model's tokens/s over the same time (the tokens per sample seen).
@@ -150,19 +152,29 @@ def write_summary(
             for k, v in (test or {}).items()
             if k != "test_ckpt" and k != "test_loss"
         )
+        test_text += getattr(loop, "test_note", "") if test_text else ""
         best = loop.checkpoints.best
         tokens = summary["train_tokens_per_s"]
         log.info(
-            "done: %d steps, %d epochs, best.pt %s %s%s, %s, %.1f s",
+            "done: %d steps, %s epochs, best.pt %s %s%s, %s, %.1f s",
             loop.step,
-            loop.epoch,
+            epochs_done(loop),
             loop.checkpoints.monitor,
-            f"{best:.4f}" if best is not None else "-",
+            f"{best:.4f}{batches_note(loop.val_loader)}" if best is not None else "-",
             test_text,
             f"{tokens:.0f} tokens/s" if tokens else f"{samples_per_s:.0f} samples/s",
             wall_s,
         )
     return summary
+
+
+def epochs_done(loop: Any) -> str:
+    """The epochs trained, as the progress lines count them: whole ones, or with the share of
+    a last one a step limit cut ("0.5": trainer.max_steps=4 of 8 steps an epoch)."""
+    per_epoch = int(getattr(loop.parts, "steps_per_epoch", 0) or 0)
+    if per_epoch <= 0 or loop.step <= loop.epoch * per_epoch:
+        return str(loop.epoch)
+    return f"{loop.step / per_epoch:.3g}"
 
 
 def test_pass(loop: Any) -> dict[str, Any] | None:
@@ -190,6 +202,7 @@ def test_pass(loop: Any) -> dict[str, Any] | None:
     loop.metrics.log(
         {f"test/{name}": value for name, value in scored.items()}, loop.step, loop.epoch
     )
+    loop.test_note = batches_note(loader)  # " (1 batch)": limit_test_batches cut the pass
     shown = "  ".join(f"test/{name}={value:.4f}" for name, value in scored.items())
-    loop.progress.message(f"test ({which} checkpoint)  {shown}")
+    loop.progress.message(f"test ({which} checkpoint)  {shown}{loop.test_note}")
     return {**{f"test_{name}": value for name, value in scored.items()}, "test_ckpt": which}

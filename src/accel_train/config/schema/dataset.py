@@ -137,13 +137,15 @@ class VideoFolderDatasetConfig(DatasetConfig):
     test_split: str | None = "test"
     holdout: bool = False
     frames: int = 16
-    frame_stride: int = 2
-    fps: float | None = None
+    frame_stride: int | None = None
+    fps: float | None = 15
     image_size: int = 112
     resize_size: int = 128
-    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
+    train_resize: list[int] | None = None
+    crop_scale: list[float] | None = None
     eval_clips: int = 5
     eval_crops: int = 1
+    clips_per_video: int = 1
     decode_threads: int = 1
     decode: str = "cpu"
     pad_short: bool = False
@@ -158,11 +160,12 @@ class StreamingVideoDatasetConfig(DatasetConfig):
     local: str | None = None
     cache_limit: str = "20gb"
     frames: int = 16
-    frame_stride: int = 2
-    fps: float | None = None
+    frame_stride: int | None = None
+    fps: float | None = 15
     image_size: int = 112
     resize_size: int = 128
-    crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
+    train_resize: list[int] | None = None
+    crop_scale: list[float] | None = None
     eval_clips: int = 5
     eval_crops: int = 1
     decode_threads: int = 1

@@ -36,6 +36,22 @@ class _NoSmallCacheAdvice(logging.Filter):
 logging.getLogger("litdata.streaming.dataset").addFilter(_NoSmallCacheAdvice())
 
 
+class _Once(logging.Filter):
+    """LitData's "max_cache_size is unset; using ..." note comes from every reader it opens
+    (each split, each loader worker, each epoch): said once a process, the rest dropped."""
+
+    said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "max_cache_size is unset" not in str(record.msg):
+            return True
+        first, _Once.said = not _Once.said, True
+        return first
+
+
+logging.getLogger("litdata.utilities.format").addFilter(_Once())
+
+
 def _litdata_class():
     from litdata import StreamingDataset
 

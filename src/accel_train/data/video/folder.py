@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from accel_train.data.crops import RandomResizedCrop
+from accel_train.data.crops import RandomResizedCrop, ResizedRandomCrop
 from accel_train.data.folder_tree import FileKind, plan_layout
 from accel_train.data.splits import Splits, held_out_indices
 from accel_train.data.video.clips import Timing, eval_views, train_view
@@ -97,23 +97,29 @@ def build_video_folder(
     val_fraction: float = 0.1,
     seed: int = 0,
     frames: int = 16,
-    frame_stride: int = 2,
-    fps: float | None = None,
+    frame_stride: int | None = None,
+    fps: float | None = 15,
     image_size: int = 112,
     resize_size: int = 128,
-    crop_scale: Sequence[float] = (0.08, 1.0),
+    train_resize: Sequence[int] | None = None,
+    crop_scale: Sequence[float] | None = None,
     random_hflip: bool = True,
     eval_clips: int = 5,
     eval_crops: int = 1,
+    clips_per_video: int = 1,
     decode_threads: int = 1,
     decode: str = "cpu",
     pad_short: bool = False,
     shuffle_frames: bool = False,
     metadata_cache: str | None = None,
 ) -> Splits:
-    """Train / val / test splits of a video folder or list (see the module docstring)."""
-    scale = check_options(frames, frame_stride, fps, image_size, resize_size, crop_scale,
-                           eval_clips, eval_crops, decode_threads, decode)  # fmt: skip
+    """Train / val / test splits of a video folder or list (see the module docstring).
+
+    Long because its signature lists every key of the option, one a line (the builder's
+    keyword arguments)."""
+    check_options(frames, frame_stride, fps, image_size, resize_size, eval_clips, eval_crops,
+                  decode_threads, decode)  # fmt: skip
+    crop = train_crop(image_size, resize_size, train_resize, crop_scale, random_hflip)
     root_dir = Path(root).expanduser()
     if not root_dir.is_dir():
         raise UserError(
@@ -125,17 +131,22 @@ def build_video_folder(
     train, val, test, classes = _sources(root_dir, list_file, val_list_file, test_list_file,
                                          train_split, val_split, test_split, holdout,
                                          val_fraction)  # fmt: skip
-    timing = Timing(int(frames), int(frame_stride), float(fps) if fps else None)
+    timing = clip_timing(frames, frame_stride, fps)
     lists = [x for x in (train, val, test) if x is not None]
     paths = sorted({p for x in lists for p in x.paths})
     cache = MetadataCache(cache_file(metadata_cache, root_dir))
     metas = read_metadata(paths, timing, pad_short, lists, cache)
-    crop = RandomResizedCrop(int(image_size), scale, bool(random_hflip))
     common = dict(timing=timing, size=int(image_size), resize_to=int(resize_size), seed=seed,
                   threads=int(decode_threads), decode=decode,
                   shuffle_frames=bool(shuffle_frames))  # fmt: skip
     views = dict(clips=int(eval_clips), crops=int(eval_crops))
-    made = _splits(train, val, test, metas, val_fraction, seed, crop, common, views)
+    if int(clips_per_video) < 1:
+        raise UserError(
+            f"dataset.clips_per_video={clips_per_video} must be >= 1: the training clips drawn "
+            "from each video an epoch (torchvision's reference: 5)."
+        )
+    made = _splits(train, val, test, metas, val_fraction, seed, crop, common, views,
+                   int(clips_per_video))  # fmt: skip
     return Splits(
         *made,
         in_channels=3,
@@ -146,9 +157,11 @@ def build_video_folder(
     )
 
 
-def _splits(train, val, test, metas, val_fraction, seed, crop, common, views) -> tuple:
+def _splits(train, val, test, metas, val_fraction, seed, crop, common, views, per_video=1) -> tuple:
     """(train, val, test or None) splits: validation is the val videos, or a stratified,
-    seeded val_fraction of the training ones (image_folder's rule)."""
+    seeded val_fraction of the training ones, at least one video a class (hold_out). The
+    training split lists each video ``per_video`` times (dataset.clips_per_video): each entry
+    draws its own clip (its index seeds the draw), as the reference's RandomClipSampler."""
 
     def whole(videos: VideoList | None) -> VideoClipSplit | None:
         if videos is None:
@@ -156,19 +169,73 @@ def _splits(train, val, test, metas, val_fraction, seed, crop, common, views) ->
         return VideoClipSplit(videos, metas, torch.arange(len(videos.paths)), **views, **common)
 
     if val is None:
-        train_idx, val_idx = held_out_indices(len(train.paths), val_fraction, seed, train.labels)
+        train_idx, val_idx = hold_out(train, val_fraction, seed)
         held = VideoClipSplit(train, metas, val_idx, **views, **common)
     else:
         train_idx, held = torch.arange(len(train.paths)), whole(val)
+    train_idx = train_idx.repeat(per_video)
     return VideoClipSplit(train, metas, train_idx, crop=crop, **common), held, whole(test)
 
 
-def check_options(frames, stride, fps, size, resize_size, crop_scale, clips, crops, threads,
+def hold_out(train: VideoList, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, validation) indices of the training videos: a stratified, seeded ``fraction``
+    held out, at least one video of each class that has two (a recipe's 1 % of a small folder
+    rounds to none), or a UserError with the numbers when no class has two."""
+    n = len(train.paths)
+    train_idx, val_idx = held_out_indices(n, fraction, seed, train.labels, min_per_class=1)
+    if fraction > 0 and len(val_idx) == 0:
+        classes = len(train.labels.unique())
+        raise UserError(
+            f"dataset.val_fraction={fraction:g} holds out no video: the {n} training video(s) "
+            f"in {classes} class(es) have no class with two, and a class gives one video to "
+            "validation only when one stays for training. Add videos (two or more a class), or "
+            "give validation its own videos: a `dataset.val_split` folder under dataset.root "
+            "(or `dataset.val_list_file`)."
+        )
+    return train_idx, val_idx
+
+
+def clip_timing(frames: int, frame_stride: int | None, fps: float | None) -> Timing:
+    """A clip's frames: ``frame_stride`` source frames apart when it is set, else at ``fps``
+    (the default 15, the reference's --frame-rate), else every frame."""
+    if frame_stride:
+        return Timing(int(frames), int(frame_stride), None)
+    return Timing(int(frames), 1, float(fps) if fps else None)
+
+
+def train_crop(size, resize_size, train_resize, crop_scale, hflip):
+    """Training's crop: a random resized crop of ``crop_scale`` of the frame's area when it is
+    given, else the video reference's fixed resize (``train_resize``, or resize_size x
+    resize_size * 171 / 128) and a random ``size`` crop of it."""
+    if crop_scale is not None:
+        lo, hi = (float(x) for x in crop_scale) if len(crop_scale) == 2 else (0.0, -1.0)
+        if not 0 < lo <= hi <= 1:
+            raise UserError(
+                f"dataset.crop_scale={list(crop_scale)} must be two numbers 0 < min <= max <= 1: "
+                "the random crop's area as a share of the frame, e.g. "
+                "`dataset.crop_scale=[0.08,1.0]`, or null for the reference's resize and crop "
+                "(dataset.train_resize)."
+            )
+        return RandomResizedCrop(int(size), (lo, hi), bool(hflip))
+    if train_resize is None:
+        train_resize = (int(resize_size), round(int(resize_size) * 171 / 128))
+    hw = tuple(int(x) for x in train_resize)
+    if len(hw) != 2 or min(hw) < int(size):
+        raise UserError(
+            f"dataset.train_resize={list(train_resize)} must be [height, width], each at least "
+            f"dataset.image_size={size}: training resizes every frame to it, then takes a random "
+            f"{size} x {size} crop (the reference: [128, 171] for 112). Set "
+            f"`dataset.train_resize=[{size},{round(size * 171 / 128)}]` or more."
+        )
+    return ResizedRandomCrop(int(size), hw, bool(hflip))
+
+
+def check_options(frames, stride, fps, size, resize_size, clips, crops, threads,
                    decode):  # fmt: skip
-    """The crop scale range, after checking the options a user can get wrong: one check for
-    `dataset=video_folder` and `dataset=streaming_video` (data/video/streaming.py)."""
+    """The options a user can get wrong: one check for `dataset=video_folder` and
+    `dataset=streaming_video` (data/video/streaming.py)."""
     for key, value, low in (
-        ("frames", frames, 1), ("frame_stride", stride, 1), ("image_size", size, 1),
+        ("frames", frames, 1), ("frame_stride", stride or 1, 1), ("image_size", size, 1),
         ("eval_clips", clips, 1), ("eval_crops", crops, 1), ("decode_threads", threads, 0),
     ):  # fmt: skip
         if value < low:
@@ -179,7 +246,7 @@ def check_options(frames, stride, fps, size, resize_size, crop_scale, clips, cro
     if fps is not None and not fps > 0:
         raise UserError(
             f"dataset.fps={fps} must be > 0 (the frame rate clips are sampled at), or null to "
-            "take every dataset.frame_stride-th frame."
+            "take every frame (or set dataset.frame_stride)."
         )
     if resize_size < size:
         raise UserError(
@@ -192,13 +259,6 @@ def check_options(frames, stride, fps, size, resize_size, crop_scale, clips, cro
             f"dataset.decode={decode!r} is not one of {', '.join(DECODES)}: `cpu` decodes in "
             "the loader workers (FFmpeg), `gpu` on the CUDA device (NVDEC)."
         )
-    lo, hi = (float(x) for x in crop_scale) if len(crop_scale) == 2 else (0.0, -1.0)
-    if not 0 < lo <= hi <= 1:
-        raise UserError(
-            f"dataset.crop_scale={list(crop_scale)} must be two numbers 0 < min <= max <= 1: "
-            "the random crop's area as a share of the frame, e.g. `dataset.crop_scale=[0.08,1.0]`."
-        )
-    return lo, hi
 
 
 # ---- where the videos are ------------------------------------------------------------------
@@ -409,8 +469,8 @@ class VideoClipSplit(Dataset):
 
     def __init__(self, videos: VideoList, metas: dict[str, VideoMeta], indices: torch.Tensor, *,
                  timing: Timing, size: int, resize_to: int, seed: int, threads: int, decode: str,
-                 shuffle_frames: bool, crop: RandomResizedCrop | None = None, clips: int = 1,
-                 crops: int = 1):  # fmt: skip
+                 shuffle_frames: bool, crop: RandomResizedCrop | ResizedRandomCrop | None = None,
+                 clips: int = 1, crops: int = 1):  # fmt: skip
         idx = indices.tolist()
         self.paths = np.array([os.fsencode(videos.paths[j]) for j in idx])
         self.labels = videos.labels[indices]  # int64 [N]: the labels without decoding

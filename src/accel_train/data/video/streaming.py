@@ -23,12 +23,18 @@ from typing import Any
 
 import torch
 
-from accel_train.data.crops import RandomResizedCrop
+from accel_train.data.crops import RandomResizedCrop, ResizedRandomCrop
 from accel_train.data.shards.reader import StreamingEvalSplit, StreamingSource, StreamingTrainSplit
 from accel_train.data.shards.shard_set import SPLITS, check_shards, open_shard_set
 from accel_train.data.splits import Splits
 from accel_train.data.video.clips import Timing
-from accel_train.data.video.folder import ClipPlan, check_options, draw_clips
+from accel_train.data.video.folder import (
+    ClipPlan,
+    check_options,
+    clip_timing,
+    draw_clips,
+    train_crop,
+)
 from accel_train.errors import UserError
 
 SHOWN = 5  # samples named in a refusal
@@ -46,7 +52,7 @@ class ClipDecoder:
         seed: int,
         threads: int,
         shuffle_frames: bool,
-        crop: RandomResizedCrop | None,
+        crop: RandomResizedCrop | ResizedRandomCrop | None,
         clips: int,
         crops: int,
     ):
@@ -91,11 +97,12 @@ def build_streaming_video(
     cache_limit: Any = "20gb",
     seed: int = 0,
     frames: int = 16,
-    frame_stride: int = 2,
-    fps: float | None = None,
+    frame_stride: int | None = None,
+    fps: float | None = 15,
     image_size: int = 112,
     resize_size: int = 128,
-    crop_scale: Sequence[float] = (0.08, 1.0),
+    train_resize: Sequence[int] | None = None,
+    crop_scale: Sequence[float] | None = None,
     random_hflip: bool = True,
     eval_clips: int = 5,
     eval_crops: int = 1,
@@ -110,8 +117,9 @@ def build_streaming_video(
 
     Long because its signature lists every key of the option, one a line (the builder's
     keyword arguments)."""
-    scale = check_options(frames, frame_stride, fps, image_size, resize_size, crop_scale,
-                           eval_clips, eval_crops, decode_threads, decode)  # fmt: skip
+    check_options(frames, frame_stride, fps, image_size, resize_size, eval_clips, eval_crops,
+                  decode_threads, decode)  # fmt: skip
+    crop = train_crop(image_size, resize_size, train_resize, crop_scale, random_hflip)
     if decode != "cpu":
         raise UserError(
             "dataset.decode=gpu with dataset=streaming_video: the shards' videos are decoded "
@@ -119,7 +127,7 @@ def build_streaming_video(
             "from the files with `dataset=video_folder dataset.decode=gpu`."
         )
     remote, meta, cache, limit = open_shard_set(remote, local, cache_limit, "video_folder")
-    timing = Timing(int(frames), int(frame_stride), float(fps) if fps else None)
+    timing = clip_timing(frames, frame_stride, fps)
     check_windows(meta, timing, bool(pad_short), remote)
     common = dict(timing=timing, size=int(image_size), resize_to=int(resize_size), seed=seed,
                   threads=int(decode_threads), shuffle_frames=bool(shuffle_frames))  # fmt: skip
@@ -131,8 +139,8 @@ def build_streaming_video(
             continue
         check_shards(remote, name, int(info["samples"]))
         train = name == "train"
-        crop = RandomResizedCrop(int(image_size), scale, bool(random_hflip)) if train else None
-        decoder = ClipDecoder(**common, crop=crop, clips=int(eval_clips), crops=int(eval_crops))
+        decoder = ClipDecoder(**common, crop=crop if train else None, clips=int(eval_clips),
+                              crops=int(eval_crops))  # fmt: skip
         source = StreamingSource(remote, name, cache, limit, decoder)
         labels = torch.tensor(info["labels"], dtype=torch.int64)
         splits[name] = (StreamingTrainSplit if train else StreamingEvalSplit)(source, labels)
