@@ -162,6 +162,15 @@ def test_a_tiny_unet_learns_the_organ_validated_by_sliding_window(runs):
     assert "loader.batch_size=2 volumes x dataset.samples_per_volume=2 patches" in text
 
 
+def test_accel_eval_scores_the_held_out_volumes_as_validation_did(runs, run_cli, tmp_path):
+    out = tmp_path / "eval.json"
+    ckpt = runs["full"] / "checkpoints" / "best.pt"
+    check_ok(run_cli([f"ckpt_path={ckpt}", f"out_path={out}"], prog="accel-eval"))
+    result = json.loads(out.read_text())
+    assert result["split"] == "val"  # (no test split: imagesTs/ has no labels)
+    assert result["val/dice/organ"] == pytest.approx(summary(runs["full"])["best_val_dice"])
+
+
 def test_the_disk_cache_is_reused_and_rebuilt_when_a_setting_changes(runs):
     assert "(0 reused, 8 written" in cache_line(runs["full_proc"])
     assert "(8 reused, 0 written" in cache_line(runs["stopped_proc"])

@@ -186,7 +186,7 @@ class _Preprocessed:
 
     def entry(self, case: Case, lazy: bool) -> Callable[[], dict] | dict:
         if lazy:
-            return lambda: self.run(case)
+            return _Lazy(self, case)
         key = disk.key_of([*case.images, case.label], self.settings)
         found = self.store.load(key) if self.store is not None else None
         if found is None:
@@ -212,6 +212,17 @@ class _Preprocessed:
         return {"image": np.asarray(img.array, np.float32),
                 "label": label.astype(np.uint8 if label.max(initial=0) < 256 else np.int16),
                 "meta": meta}  # fmt: skip
+
+
+class _Lazy:
+    """dataset.cache=none: the case preprocessed at each read (a class, not a lambda, so that
+    it pickles into spawned loader workers)."""
+
+    def __init__(self, made: _Preprocessed, case: Case):
+        self.made, self.case = made, case
+
+    def __call__(self) -> dict:
+        return self.made.run(self.case)
 
 
 def _log_summary(layout, train, val, settings, cache, store, made) -> None:
