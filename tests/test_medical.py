@@ -214,6 +214,16 @@ def _copy(volumes: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(volumes, tmp_path / "data"))
 
 
+def test_another_task_is_refused_naming_the_one_it_feeds(volumes, run_cli, tmp_path):
+    argv = [
+        a for a in args(volumes, tmp_path / "run", tmp_path / "cache") if a != "task=segmentation"
+    ]
+    proc = run_cli([*argv, "trainer.max_steps=1"])  # the default task: classification
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "dataset=volume_folder feeds only task=segmentation" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_an_image_without_a_label_is_refused_by_name(volumes, run_cli, tmp_path):
     root = _copy(volumes, tmp_path)
     (root / "labelsTr" / "organ_003.nii.gz").unlink()

@@ -92,6 +92,8 @@ def build_volume_folder(
         image_size=int(patch[0]),
         num_classes=len(layout.classes),
         model_args={"spatial_dims": 3},
+        only_task="segmentation",
+        only_task_items="patches of volumes and their label maps, no class labels",
     )
 
 
