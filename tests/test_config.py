@@ -42,6 +42,9 @@ REFUSED = {
     "task=custom": "task.step",
     "dataset=image_folder": "dataset.root",
     "dataset=video_folder": "dataset.root",
+    "dataset=volume_folder": "dataset.root",
+    "model=monai": "model.name",
+    "+experiment=spleen_unet": "dataset.root",
     "dataset=streaming": "dataset.remote",
     "dataset=streaming_video": "dataset.remote",
     # Fine-tuning needs a model folder and records on disk (tests/test_finetune.py runs them).

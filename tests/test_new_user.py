@@ -139,6 +139,21 @@ def _videos(cwd: Path, run_cli) -> list[str]:
 
 
 # Each experiment's data, made by the test: a new experiment must say what it needs here.
+def _volumes(cwd: Path, run_cli) -> list[str]:
+    # MONAI's fast spleen program shrunk: tests/test_medical.py's generated CT-like organ cases
+    # (32^3), 16^3 patches (the UNet's 4 strides still fit) and 32^3 windows.
+    from test_medical import write_decathlon
+
+    root = write_decathlon(cwd / "Task01_Organ")
+    return [
+        f"dataset.root={root}",
+        f"dataset.cache_dir={cwd / 'volume-cache'}",
+        "dataset.patch_size=[16,16,16]",
+        "task.roi_size=[32,32,32]",
+        "loader.num_workers=0",
+    ]
+
+
 EXPERIMENT_DATA = {
     "cifar10_resnet18_bf16": _cifar_shaped,
     "dpo_lora": _prefs,
@@ -153,6 +168,7 @@ EXPERIMENT_DATA = {
     "sft_lora": _sft,
     "vit_finetune": _vit,
     "video_r2plus1d": _videos,
+    "spleen_unet": _volumes,
 }
 # The experiments whose warm-up is longer than the smoke run's one step.
 WARMUP = {"gpt_char": 100, "gpt_char_fast": 20, "gpt2_small": 200, "sft_lora": 10}

@@ -66,6 +66,15 @@ class Regression(TaskFacts):
         return {"loss": "min", "mse": "min", "mae": "min"}
 
 
+class Segmentation(TaskFacts):
+    name = "segmentation"
+
+    @classmethod
+    def metric_modes(cls, cfg: DictConfig) -> dict[str, str]:
+        # (val/dice/<class> too, named from the data: declared by the task's setup.)
+        return {"loss": "min", "dice": "max"}
+
+
 class LanguageModel(TaskFacts):
     name = "language_model"
     generates_text = True
@@ -92,6 +101,7 @@ class ModelLoss(TaskFacts):
 BUILTIN_TASKS: dict[str, type[TaskFacts]] = {
     "accel_train.tasks.classification.Classification": Classification,
     "accel_train.tasks.regression.Regression": Regression,
+    "accel_train.tasks.segmentation.Segmentation": Segmentation,
     "accel_train.tasks.language_model.LanguageModel": LanguageModel,
     "accel_train.tasks.custom.Custom": Custom,
     "accel_train.tasks.model_loss.ModelLoss": ModelLoss,

@@ -74,8 +74,8 @@ def check_task_fits(
     if ours and (labelled or task is not None):
         have = task.get("name") if task is not None else "classification"
         raise UserError(
-            f"dataset={ds.name} feeds only task={want} (its items are token ids and the next "
-            f"tokens, no class labels), but the run's task is {have}. Set "
+            f"dataset={ds.name} feeds only task={want} (its items are "
+            f"{splits.only_task_items}), but the run's task is {have}. Set "
             f"`task={want}` (or leave task= out: dataset={ds.name} picks it), or use "
             "`task=custom` with a step of your own."
         )

@@ -63,6 +63,8 @@ class Splits:
     model_args: dict = field(default_factory=dict)
     # The one task option this data can feed (token windows: "language_model"); None: any.
     only_task: str | None = None
+    # What its items are, for the refusal of another task (data/build.py's check_task_fits).
+    only_task_items: str = "token ids and the next tokens, no class labels"
 
     @property
     def data_args(self) -> dict:

@@ -42,6 +42,7 @@ from accel_train.config.schema.dataset import (
     TokensDatasetConfig,
     TorchvisionDatasetConfig,
     VideoFolderDatasetConfig,
+    VolumeFolderDatasetConfig,
 )
 from accel_train.config.schema.launcher import (
     KubernetesLauncherConfig,
@@ -64,6 +65,7 @@ from accel_train.config.schema.model import (
     MlpConfig,
     MnistCnnConfig,
     ModelConfig,
+    MonaiModelConfig,
     Resnet18Config,
     SmallCnnConfig,
     TimmModelConfig,
@@ -93,6 +95,7 @@ from accel_train.config.schema.task import (
     LanguageModelTaskConfig,
     PreferenceTaskConfig,
     RegressionTaskConfig,
+    SegmentationTaskConfig,
     TaskConfig,
 )
 from accel_train.config.schema.techniques import (
@@ -127,6 +130,7 @@ __all__ = [
     "GptConfig",
     "HfModelConfig",
     "TimmModelConfig",
+    "MonaiModelConfig",
     "TorchvisionModelConfig",
     "DATASET_COMMON_KEYS",
     "DatasetConfig",
@@ -140,6 +144,7 @@ __all__ = [
     "DATASET_RECIPE_KEYS",
     "ImageFolderDatasetConfig",
     "VideoFolderDatasetConfig",
+    "VolumeFolderDatasetConfig",
     "StreamingVideoDatasetConfig",
     "StreamingDatasetConfig",
     "StreamingSftDatasetConfig",
@@ -150,6 +155,7 @@ __all__ = [
     "TaskConfig",
     "ClassificationTaskConfig",
     "RegressionTaskConfig",
+    "SegmentationTaskConfig",
     "LanguageModelTaskConfig",
     "PreferenceTaskConfig",
     "GrpoTaskConfig",

@@ -32,6 +32,7 @@ from accel_train.config.schema.dataset import (
     TokensDatasetConfig,
     TorchvisionDatasetConfig,
     VideoFolderDatasetConfig,
+    VolumeFolderDatasetConfig,
 )
 from accel_train.config.schema.launcher import (
     KubernetesLauncherConfig,
@@ -48,6 +49,7 @@ from accel_train.config.schema.model import (
     MlpConfig,
     MnistCnnConfig,
     ModelConfig,
+    MonaiModelConfig,
     Resnet18Config,
     SmallCnnConfig,
     TimmModelConfig,
@@ -77,6 +79,7 @@ from accel_train.config.schema.task import (
     LanguageModelTaskConfig,
     PreferenceTaskConfig,
     RegressionTaskConfig,
+    SegmentationTaskConfig,
     TaskConfig,
 )
 from accel_train.config.schema.techniques import (
@@ -107,6 +110,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "hf": HfModelConfig,
         "timm": TimmModelConfig,
         "torchvision": TorchvisionModelConfig,
+        "monai": MonaiModelConfig,
         "custom": ModelConfig,
     },
     "dataset": {
@@ -116,6 +120,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "synthetic": SyntheticDatasetConfig,
         "image_folder": ImageFolderDatasetConfig,
         "video_folder": VideoFolderDatasetConfig,
+        "volume_folder": VolumeFolderDatasetConfig,
         "streaming_video": StreamingVideoDatasetConfig,
         "tokens": TokensDatasetConfig,
         "sft": SftDatasetConfig,
@@ -131,6 +136,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     "task": {
         "classification": ClassificationTaskConfig,
         "regression": RegressionTaskConfig,
+        "segmentation": SegmentationTaskConfig,
         "model_loss": TaskConfig,
         "language_model": LanguageModelTaskConfig,
         "preference": PreferenceTaskConfig,

@@ -154,6 +154,24 @@ class VideoFolderDatasetConfig(DatasetConfig):
 
 
 @dataclass
+class VolumeFolderDatasetConfig(DatasetConfig):
+    # data/volumes/folder.py (issue 63); the defaults are configs/dataset/volume_folder.yaml's.
+    root: str = MISSING
+    val_fraction: float = 0.2
+    orientation: str = "RAS"
+    spacing: list[float] | None = None
+    intensity_range: list[float] | None = None
+    crop_foreground: bool = True
+    foreground_threshold: float | None = None
+    cache: str = "memory"
+    cache_dir: str | None = None
+    patch_size: list[int] = field(default_factory=lambda: [96, 96, 96])
+    samples_per_volume: int = 4
+    pos_neg_ratio: float = 1.0
+    random_flip: bool = True
+
+
+@dataclass
 class StreamingVideoDatasetConfig(DatasetConfig):
     # data/video/streaming.py: video shards, clips drawn as dataset=video_folder draws them.
     remote: str = MISSING

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -78,6 +79,13 @@ class HfModelConfig(ModelConfig):
 class TimmModelConfig(ModelConfig):
     _target_: str = "accel_train.models.timm.timm_model"
     name: str = MISSING
+
+
+@dataclass
+class MonaiModelConfig(ModelConfig):
+    _target_: str = "accel_train.models.monai.monai_model"
+    name: str = MISSING
+    args: dict[str, Any] = field(default_factory=dict)  # the network's own arguments
 
 
 @dataclass

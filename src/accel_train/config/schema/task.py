@@ -36,6 +36,20 @@ class RegressionTaskConfig(TaskConfig):
 
 
 @dataclass
+class SegmentationTaskConfig(TaskConfig):
+    # tasks/segmentation.py (issue 63); the defaults are configs/task/segmentation.yaml's.
+    monitor: str = "val/dice"
+    monitor_mode: str = "max"
+    loss: str = "dice_ce"
+    include_background: bool = True
+    roi_size: list[int] | None = None
+    sw_batch_size: int = 4
+    overlap: float = 0.25
+    sw_mode: str = "constant"
+    loss_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class LanguageModelTaskConfig(TaskConfig):
     ignore_index: int = -1
     sample_lines: int = 0
