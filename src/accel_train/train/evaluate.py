@@ -94,7 +94,7 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     loader = _eval_loader(data, cfg, device, splits, task)
     transform = BatchTransform(cfg.dataset, splits, device, precision.param_dtype, seed=0, rank=0)
     batch = sample_batch(splits, device)
-    task.setup(TaskContext(cfg, device, splits.data_args, transform, model, batch))
+    task.setup(TaskContext(cfg, device, splits.data_args, transform, model, batch, splits=splits))
     scored = score(model, loader, task, precision, env)
     result = {
         "ckpt_path": str(ckpt_path),
