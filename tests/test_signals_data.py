@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import check_ok, read_jsonl
+from helpers import assert_same_weights, check_ok, read_jsonl
 
 sf = pytest.importorskip("soundfile")
 pytest.importorskip("torchcodec")
@@ -72,6 +72,7 @@ def audio_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
         "optimizer.lr=0.001",  # (0.003: BatchNorm's running statistics lag, val/acc flips)
         "loader.batch_size=8",
         "trainer.max_epochs=8",
+        "trainer.deterministic=true",
         "trainer.progress=none",
         "logger=none",
         f"hydra.run.dir={run_dir}",
@@ -79,17 +80,40 @@ def audio_args(root: Path, run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-def test_chirps_train_to_90_percent_with_the_default_model(chirps, run_cli, tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_cli(audio_args(chirps, run_dir, "dataset.features.time_mask=8"))
+STEPS_PER_EPOCH = 5  # 36 training recordings (12 held out) in batches of 8, the last one short
+
+
+@pytest.fixture(scope="module")
+def chirp_runs(chirps, tmp_path_factory, run_cli_in) -> dict:
+    """The reference run (no loader workers), and the same with 2 workers stopped mid-epoch
+    (in the second epoch), then resumed."""
+    cwd = tmp_path_factory.mktemp("chirp-runs")
+    dirs = {"ordered": cwd / "ordered", "resumed": cwd / "resumed"}
+    mask = "dataset.features.time_mask=8"
+    proc = run_cli_in(audio_args(chirps, dirs["ordered"], mask), cwd)
     check_ok(proc)
+    common = audio_args(chirps, dirs["resumed"], mask, "loader.num_workers=2", "resume=auto")
+    check_ok(run_cli_in([*common, f"trainer.max_steps={STEPS_PER_EPOCH + 2}"], cwd))
+    check_ok(run_cli_in(common, cwd))
+    return {**dirs, "output": proc.stdout + proc.stderr}
+
+
+def test_chirps_train_to_90_percent_with_the_default_model(chirp_runs):
+    run_dir = chirp_runs["ordered"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_val_acc"] >= 0.9, summary
     cfg = (run_dir / ".hydra" / "config.yaml").read_text()
     assert "accel_train.models.signals.spec_cnn" in cfg  # no model named: the spectrogram CNN
-    assert "2 classes (falling, rising)" in proc.stdout + proc.stderr
+    assert "2 classes (falling, rising)" in chirp_runs["output"]  # _background_noise_: no class
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "val/clip_acc" in r]
     assert rows, "evaluation scores 2 windows per recording, averaged"
+
+
+def test_a_resume_with_workers_gives_the_uninterrupted_weights(chirp_runs):
+    """The windows and SpecAugment's masks are drawn from (seed, epoch, index): the batches do
+    not depend on the number of loader workers or on a mid-epoch resume."""
+    assert_same_weights(chirp_runs["ordered"] / "checkpoints" / "last.pt",
+                        chirp_runs["resumed"] / "checkpoints" / "last.pt")  # fmt: skip
 
 
 # ---- arrays: an HDF5 file in RadioML 2018's layout ------------------------------------------
@@ -179,6 +203,47 @@ def test_a_window_has_the_samples_of_the_same_span_of_a_whole_decode(tmp_path, f
         )
 
 
+# ---- the features -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("scale", "norm"), [("htk", None), ("slaney", "slaney")])
+def test_log_mel_matches_librosa_in_db(scale, norm):
+    """The same mel scale, norm and padding (centred frames, reflected edges) as librosa's, in
+    dB with an absolute tolerance (a relative one fails in near-silent bins)."""
+    import torch
+
+    from accel_train.data.signals.features import build_features
+
+    librosa = pytest.importorskip("librosa")
+    sr, rng = 16000, np.random.default_rng(0)
+    t = np.arange(sr) / sr
+    y = 0.5 * np.sin(2 * np.pi * 440 * t) * np.linspace(0, 1, sr) + 0.01 * rng.standard_normal(sr)
+    y = y.astype(np.float32)
+    mel = dict(n_fft=512, hop_length=160, n_mels=40, norm=norm)
+    features = build_features({"kind": "log_mel", "mel_scale": scale, **mel}, sr, "audio")
+    ours = features(torch.from_numpy(y)[None, None], False, None)[0, 0].numpy()
+    power = librosa.feature.melspectrogram(y=y, sr=sr, htk=scale == "htk", center=True,
+                                           pad_mode="reflect", power=2.0, **mel)  # fmt: skip
+    theirs = librosa.power_to_db(power, ref=1.0, amin=1e-10, top_db=80.0)
+    np.testing.assert_allclose(ours, theirs, atol=0.01)
+
+
+def test_the_db_cut_is_per_example():
+    """A quiet example's log-mel does not depend on a loud batch mate (torchaudio's 3-D batch
+    would share one top_db cut)."""
+    import torch
+
+    from accel_train.data.signals.features import build_features
+
+    features = build_features({"kind": "log_mel"}, 16000, "audio")
+    gen = torch.Generator().manual_seed(0)
+    quiet = 1e-3 * torch.randn(1, 1, 16000, generator=gen)
+    loud = torch.randn(1, 1, 16000, generator=gen)
+    alone = features(quiet, False, None)
+    together = features(torch.cat([quiet, loud]), False, None)[:1]
+    torch.testing.assert_close(alone, together)
+
+
 # ---- refusals ---------------------------------------------------------------------------------
 
 
@@ -197,8 +262,11 @@ def test_refusals_by_name(run_cli, tmp_path):
     pickle.write_bytes(b"\x80\x04N.")
     refused(run_cli(["dataset=signal_arrays", f"dataset.path={pickle}", *common]),
             "accel-data convert", str(pickle))  # fmt: skip
-    data = write_radio(tmp_path / "radio.hdf5", per_cell=2, length=64)
-    refused(run_cli(["dataset=signal_arrays", f"dataset.path={data}", "dataset.window=65",
+    arrays = tmp_path / "arrays"  # a folder of .npy files (memory-mapped), complex I/Q
+    arrays.mkdir()
+    np.save(arrays / "X.npy", np.ones((6, 64), np.complex64))
+    np.save(arrays / "Y.npy", np.arange(6) % 2)
+    refused(run_cli(["dataset=signal_arrays", f"dataset.path={arrays}", "dataset.window=65",
                      *common]), "dataset.window=65", "64 samples")  # fmt: skip
     nan = write_radio(tmp_path / "nan.npz", per_cell=2, length=64, nan_row=5)
     refused(run_cli(["dataset=signal_arrays", f"dataset.path={nan}", *common]),
