@@ -224,11 +224,11 @@ class Classification(facts.Classification, Task):
 
     def _group_accuracy(self, correct: torch.Tensor, group: torch.Tensor) -> None:
         """acc_<group>/<value>: hits and samples per group, summed on the device (no host read:
-        the counts are device counts)."""
+        the counts are device counts). A one-hot product rather than bincount/index_add_, whose
+        CUDA kernels are refused under trainer.deterministic (atomic adds)."""
         n = len(self.group_names)
-        hits = torch.zeros(n, dtype=torch.float64, device=correct.device)
-        hits.index_add_(0, group, correct.double())
-        counts = torch.bincount(group, minlength=n).double()
+        onehot = torch.nn.functional.one_hot(group, n).double()  # (batch, groups)
+        hits, counts = correct.double() @ onehot, onehot.sum(0)
         for i, name in enumerate(self.group_names):
             self.eval_metrics.add(name, hits[i], counts[i])
 
