@@ -277,6 +277,9 @@ def test_refusals_by_name(run_cli, tmp_path):
         sf.write(sounds / name / "ok.wav", np.zeros(800, np.float32) + 0.1, RATE)
     (sounds / "a" / "empty.wav").write_bytes(b"")
     (sounds / "b" / "corrupt.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk" * 4)
-    refused(run_cli(["dataset=audio_folder", f"dataset.root={sounds}", *common]),
+    listed = sounds / "list.csv"  # (the class folders are read by the chirps' runs)
+    listed.write_text("path,label\na/ok.wav,a\na/empty.wav,a\nb/ok.wav,b\nb/corrupt.wav,b\n")
+    refused(run_cli(["dataset=audio_folder", f"dataset.root={sounds}",
+                     f"dataset.list_file={listed}", *common]),
             "empty.wav", "corrupt.wav", "2 file(s) cannot be read")  # fmt: skip
     assert not (tmp_path / "run" / "checkpoints").exists()
