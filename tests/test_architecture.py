@@ -164,7 +164,7 @@ def test_accel_train_imports_no_plugin():
 # of them need moves to the root); a source imports no modality and no other source; the root
 # imports no modality. A new modality is a new sub-package, named here.
 DATA = "accel_train.data"
-MODALITIES = ("images", "video", "text", "volumes")
+MODALITIES = ("images", "video", "text", "volumes", "signals")
 SOURCES = ("shards", "remote")  # shard sets (every streaming option), Ray's loader
 
 

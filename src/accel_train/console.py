@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
+from accel_train.loggers.group_plot import draw_group_accuracy, last_group_accuracy
+
 log = logging.getLogger("accel_train")
 
 
@@ -420,22 +422,26 @@ def start_curves_plot(run_dir: Path) -> Callable[[], Path | None]:
             )
         return lambda: None
     series: dict[str, tuple[list[int], list[float]]] = {}
+    rows = []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        rows.append(row)
         for key in CURVES:
             if isinstance(row.get(key), int | float):
                 steps, values = series.setdefault(key, ([], []))
                 steps.append(row["step"])
                 values.append(row[key])
+    groups = last_group_accuracy(rows)  # accuracy per SNR: accuracy_vs_snr.png
     if not series:
         return lambda: None
     result: list[Path | BaseException] = []
 
     def draw() -> None:
         try:
+            draw_group_accuracy(groups, run_dir)
             result.append(_draw_curves(series, run_dir / "curves.png"))
         except BaseException as e:  # re-raised in the caller's thread by wait()
             result.append(e)

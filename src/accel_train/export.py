@@ -298,7 +298,7 @@ def _batches(split, cfg: DictConfig, splits: Splits, transform, limit: int):
         labelled=transform is not None,  # token windows: the targets are ids, not classes
     )
     out, n = [], 0
-    for images, labels in loader.epoch(0):
+    for images, labels, *_ in loader.epoch(0):  # (a per-sample group, Splits.groups: unused)
         x = images if transform is None else transform(images, train=False).contiguous()
         if len(x) != len(labels):  # several views of each sample (a video's clips): per view
             labels = labels.repeat_interleave(len(x) // len(labels))

@@ -32,7 +32,8 @@ IGNORE_INDEX = -100
 
 class _Items(Dataset):
     """The split seen through (epoch, index) keys; index -1 is a padding sample. Labelled
-    items (classification) are (input, int class); other items pass as they are."""
+    items (classification) are (input, int class), or (input, int class, group) where the
+    evaluation scores a per-sample field apart (Splits.groups); other items pass as they are."""
 
     def __init__(self, split: Dataset, labelled: bool = True):
         self.split, self.labelled = split, labelled
@@ -44,12 +45,13 @@ class _Items(Dataset):
     def __getitem__(self, key: tuple[int, int]):
         epoch, i = key
         if i < 0:  # padding: sliced off by the evaluation (ShardedOrder.valid_len)
-            return (self.split[0][0], IGNORE_INDEX) if self.labelled else self.split[0]
+            first = self.split[0]
+            return (first[0], IGNORE_INDEX, *first[2:]) if self.labelled else first
         item = self.split.getitem(i, epoch) if self.epoch_aware else self.split[i]
         if not self.labelled:
             return item
-        x, y = item
-        return x, int(y)
+        x, y, *group = item
+        return (x, int(y), *group)
 
 
 class CheckedCollate:
@@ -63,9 +65,9 @@ class CheckedCollate:
         self.num_classes, self.collate = num_classes, collate
 
     def __call__(self, items):
-        images, labels = self.collate(items)
+        images, labels, *group = self.collate(items)
         check_labels(labels, self.num_classes)
-        return images, labels
+        return (images, labels, *group)
 
 
 def ignore_stop_signals(worker_id: int) -> None:

@@ -22,6 +22,22 @@ from torch.utils.data import Dataset
 # A batch of uint8 images on the device -> augmented uint8 images of the training size
 # (e.g. a random resized crop done for the whole batch at once). Seeded by the generator.
 DeviceAugment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+# A batch of float signal windows on the device -> the model's features (a log-mel spectrogram,
+# I/Q normalised per example): (windows, train, generator or None in evaluation).
+DeviceFeatures = Callable[[torch.Tensor, bool, torch.Generator | None], torch.Tensor]
+
+
+@dataclass
+class EvalGroups:
+    """A per-sample field that evaluation scores apart (a radio burst's SNR): evaluation items
+    are ``(input, class, group index)``, and the classifier logs ``acc_<name>/<value>`` for each
+    of ``values`` (the group index's meaning, in order)."""
+
+    name: str
+    values: list[float]
+
+    def metric(self, i: int) -> str:
+        return f"acc_{self.name}/{self.values[i]:g}"
 
 
 @dataclass
@@ -65,6 +81,11 @@ class Splits:
     only_task: str | None = None
     # What its items are, for the refusal of another task (data/build.py's check_task_fits).
     only_task_items: str = "token ids and the next tokens, no class labels"
+    # Float signal batches on the device -> the model's input (data/signals/features.py); the
+    # device transform applies it after the copy. None: none of its own.
+    device_features: DeviceFeatures | None = None
+    # A per-sample field validation scores apart (a radio set's SNR), or None.
+    groups: EvalGroups | None = None
 
     @property
     def data_args(self) -> dict:

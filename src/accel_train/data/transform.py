@@ -8,6 +8,9 @@ Video clips are (N, C, T, H, W), normalised the same way; evaluation items of se
 (data/video/folder.py: clips x crops per video) are (N, V, C, T, H, W) and leave here as N * V
 clips in a row, which the task scores and averages per video. channels_last means
 channels_last_3d for 5-D clips.
+Signal windows (data/signals/) are float and go through their data set's own features
+(``Splits.device_features``: a log-mel spectrogram, I/Q normalised per example) here, after the
+copy, where a whole batch costs about what one item costs on the host.
 Float inputs (a user's dataset that normalises itself) are only cast to the compute dtype and
 memory format; integer inputs other than uint8 (token ids) pass unchanged. Random augmentation
 is seeded by (seed, epoch, batch, rank), not by a running RNG, so a mid-epoch resume gives the
@@ -48,6 +51,7 @@ class BatchTransform:
         self.bias = (-mean_t / std_t).to(device)
         self.shift, self.hflip = splits.random_shift, splits.random_hflip
         self.device_augment = splits.device_augment
+        self.features = splits.device_features
         self.dtype, self.device = dtype, device
         # Contiguous (NCHW) unless trainer.channels_last asks otherwise: the shift augmentation
         # gathers NHWC and permutes, and with `preserve_format` that layout reached the convs,
@@ -58,6 +62,9 @@ class BatchTransform:
         self.seed, self.rank = seed, rank
 
     def __call__(self, images: torch.Tensor, train: bool, epoch: int = 0, batch: int = 0):
+        if self.features is not None:  # signal windows: the data set's features, then the dtype
+            gen = self._generator(epoch, batch) if train else None
+            return self.features(images, train, gen).to(self.dtype)
         decode = getattr(images, "decode_on", None)
         if decode is not None:  # encoded images (dataset.decode=gpu): uint8 [N, 3, S, S] here
             images = decode(self.device)
@@ -65,9 +72,7 @@ class BatchTransform:
             images = images.flatten(0, 1)
         if images.dtype == torch.uint8:
             if train and (self.shift or self.hflip or self.device_augment):
-                gen = torch.Generator(self.device)
-                gen.manual_seed(hash((self.seed, epoch, batch, self.rank)) & 0x7FFF_FFFF_FFFF)
-                images = self._augment(images, gen)
+                images = self._augment(images, self._generator(epoch, batch))
             # In place: one float batch allocated, not two (on the CPU the second allocation's
             # page faults cost more than the arithmetic), and mul_ then add_ rather than one
             # addcmul, whose broadcast bias is the slower kernel on the CPU: 14.5 vs 21.8 ms
@@ -83,6 +88,12 @@ class BatchTransform:
         else:
             x = images
         return x.to(self.dtype, memory_format=self._format(x))
+
+    def _generator(self, epoch: int, batch: int) -> torch.Generator:
+        """The batch's random draws, seeded by (seed, epoch, batch, rank): a resume redraws them."""
+        gen = torch.Generator(self.device)
+        gen.manual_seed(hash((self.seed, epoch, batch, self.rank)) & 0x7FFF_FFFF_FFFF)
+        return gen
 
     def _format(self, x: torch.Tensor) -> torch.memory_format:
         """The memory format asked for, in its 5-D spelling for clips (N, C, T, H, W)."""

@@ -33,6 +33,8 @@ PLAIN_MODELS = (
     "accel_train.models.resnet18",
     "accel_train.models.small_cnn",
     "accel_train.models.video_cnn.video_cnn",
+    "accel_train.models.signals.resnet1d",
+    "accel_train.models.signals.spec_cnn",
 )
 OUR_MODELS = "accel_train.models."
 

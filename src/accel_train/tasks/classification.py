@@ -13,7 +13,12 @@ it. train/acc stays the top-1 on the hard labels; validation and test never mix.
 Evaluation batches with several views of each sample (a video's clips x crops: the data's
 evaluation items are (V, C, T, H, W), data/transform.py hands N * V clips to the model) are
 scored per sample by the mean of its views' softmax, the standard multi-view test: val/acc is
-then the video accuracy, val/clip_acc each clip's own top-1."""
+then the video accuracy, val/clip_acc each clip's own top-1.
+
+Accuracy per group (issue 64): where the data scores a per-sample field apart (Splits.groups, a
+radio set's SNR), evaluation items carry the group's index as a third element and the task
+logs `acc_<name>/<value>` (val/acc_snr/10: the accuracy of the bursts at +10 dB), counted on the
+device, one sum per group declared at setup so every rank packs the same ones."""
 
 from __future__ import annotations
 
@@ -55,6 +60,7 @@ class Classification(facts.Classification, Task):
         self.transform: Any = None
         self.device: torch.device | None = None
         self.mix: BatchMix | None = None  # the batch switches on training batches (or None)
+        self.group_names: list[str] = []  # acc_<group>/<value>, one per group (Splits.groups)
 
     def setup(self, ctx: TaskContext) -> None:
         if ctx.num_classes < 2:
@@ -91,6 +97,10 @@ class Classification(facts.Classification, Task):
         if self.mix is not None and self.mix.soft_targets:
             self._check_soft_loss()
         super().setup(ctx)
+        groups = getattr(ctx.splits, "groups", None)
+        self.group_names = [groups.metric(i) for i in range(len(groups.values))] if groups else []
+        for name in self.group_names:
+            self.eval_metrics.declare(name, ctx.device)
         x = ctx.prepared(self)[0]
         check_output(ctx.model, x, ctx.num_classes, ctx.cfg.model._target_)
 
@@ -115,11 +125,11 @@ class Classification(facts.Classification, Task):
             )
 
     def prepare(self, batch: Any, *, train: bool, epoch: int = 0, index: int = 0) -> Any:
-        images, labels = batch
+        images, labels, *group = batch  # (group: evaluation items of Splits.groups)
         x = self.transform(images, train=train, epoch=epoch, batch=index)
         if train and self.mix is not None:  # (x, labels) or (x, soft targets, labels)
             return self.mix(x, labels, epoch, index)
-        return x, labels
+        return (x, labels, *group) if not train else (x, labels)
 
     def inputs(self, batch: Any) -> Any:
         return batch[0]
@@ -190,7 +200,7 @@ class Classification(facts.Classification, Task):
         valid: int,
         autocast: Callable[[], AbstractContextManager],
     ) -> None:
-        images, labels = batch
+        images, labels = batch[0], batch[1]
         with autocast():
             logits = model(images)
         # Several views of each sample (a video's clips x crops, data/transform.py): N * V rows.
@@ -210,6 +220,18 @@ class Classification(facts.Classification, Task):
             if top != 1:
                 hits = (logits.topk(top, dim=1).indices == labels[:, None]).any(1).sum()
                 m.add(f"acc_top{top}", hits, k)
+        if self.group_names and len(batch) > 2:
+            self._group_accuracy(logits.argmax(1) == labels, batch[2][:k])
+
+    def _group_accuracy(self, correct: torch.Tensor, group: torch.Tensor) -> None:
+        """acc_<group>/<value>: hits and samples per group, summed on the device (no host read:
+        the counts are device counts). A one-hot product rather than bincount/index_add_, whose
+        CUDA kernels are refused under trainer.deterministic (atomic adds)."""
+        n = len(self.group_names)
+        onehot = torch.nn.functional.one_hot(group, n).double()  # (batch, groups)
+        hits, counts = correct.double() @ onehot, onehot.sum(0)
+        for i, name in enumerate(self.group_names):
+            self.eval_metrics.add(name, hits[i], counts[i])
 
     def _video_scores(self, logits: torch.Tensor, labels: torch.Tensor, views: int):
         """The multi-view test: per video (sample) the mean of its views' softmax, returned as

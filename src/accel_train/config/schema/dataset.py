@@ -238,3 +238,51 @@ class StreamingTokensDatasetConfig(DatasetConfig):
     cache_limit: str = "20gb"
     block_size: int = 256
     eval_windows: int = 200
+
+
+# Signals (issue 64): data/signals/. `features` is applied on the device after the copy
+# (data/signals/features.py); its keys are the same for both options.
+@dataclass
+class SignalFeaturesConfig:
+    kind: str = "none"
+    n_fft: int = 400
+    hop_length: int = 160
+    n_mels: int = 64
+    f_min: float = 0.0
+    f_max: float | None = None
+    mel_scale: str = "htk"
+    norm: str | None = None
+    top_db: float | None = 80.0
+    freq_mask: int = 0
+    time_mask: int = 0
+
+
+@dataclass
+class SignalKeysConfig:
+    signal: str = "X"
+    label: str = "Y"
+    snr: str | None = "Z"
+
+
+@dataclass
+class SignalArraysDatasetConfig(DatasetConfig):
+    path: str = MISSING
+    keys: SignalKeysConfig = field(default_factory=SignalKeysConfig)
+    class_names: list[str] | None = None
+    channels_last: bool | None = None
+    window: int | None = None
+    features: SignalFeaturesConfig = field(default_factory=SignalFeaturesConfig)
+
+
+@dataclass
+class AudioFolderDatasetConfig(DatasetConfig):
+    root: str = MISSING
+    list_file: str | None = None
+    sample_rate: int = 16000
+    channels: int = 1
+    clip_seconds: float = 1.0
+    pad: str = "zeros"
+    eval_clips: int = 1
+    features: SignalFeaturesConfig = field(
+        default_factory=lambda: SignalFeaturesConfig(kind="log_mel")
+    )

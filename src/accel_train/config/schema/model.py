@@ -36,6 +36,21 @@ class VideoCnnConfig(ModelConfig):
 
 
 @dataclass
+class Resnet1dConfig(ModelConfig):
+    # models/signals.py (issue 64): a 1-D ResNet on raw windows.
+    width: int = 32
+    depth: int = 1
+    dropout: float = 0.0
+
+
+@dataclass
+class SpecCnnConfig(ModelConfig):
+    # models/signals.py (issue 64): a small 2-D CNN on spectrograms.
+    width: int = 32
+    dropout: float = 0.2
+
+
+@dataclass
 class MlpConfig(ModelConfig):
     dropout: float = 0.1
     hidden_dims: list[int] = field(default_factory=lambda: [512, 256])
