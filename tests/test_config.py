@@ -68,6 +68,11 @@ REFUSED = {
     "+experiment=imagenet_resnet50": "dataset.root",
     "+experiment=vit_finetune": "dataset.root",
     "+experiment=video_r2plus1d": "dataset.root",
+    # Signals need their files (tests/test_signals_data.py and test_new_user run them).
+    "dataset=audio_folder": "dataset.root",
+    "dataset=signal_arrays": "dataset.path",
+    "+experiment=audio_spec_cnn": "dataset.root",
+    "+experiment=radio_resnet1d": "dataset.path",
 }
 # Trackers that are optional extras are refused, naming the extra, where not installed.
 REFUSED.update(
@@ -85,6 +90,8 @@ COMPANIONS["dataset=streaming_tokens"] = [*LANGUAGE_MODEL[:2], "dataset.remote=s
 
 # Models of clips (N, C, T, H, W) rather than images.
 VIDEO_MODELS = {"model=video_cnn"}
+# Models of windows (N, C, L): a signal's channels and samples.
+SIGNAL_MODELS = {"model=resnet1d"}
 
 OVERRIDES = [f"{g}={o}" for g in PLAIN_GROUPS for o in _options(g)] + [
     f"+{g}={o}" for g in ADDED_GROUPS for o in _options(g)
@@ -135,6 +142,7 @@ def test_compose_validate_instantiate(override, compose_cfg, tmp_path):
         model.eval()
         # A video model's clips (N, C, T, H, W): 4 frames.
         shape = (2, 3, 4, 32, 32) if override in VIDEO_MODELS else (2, 3, 32, 32)
+        shape = (2, 3, 64) if override in SIGNAL_MODELS else shape
         with torch.no_grad():
             assert model(torch.zeros(shape)).shape == (2, 7)
     assert build_loss(resolved.loss, 7)(torch.zeros(2, 7), torch.tensor([1, 2])) > 0

@@ -138,6 +138,38 @@ def _videos(cwd: Path, run_cli) -> list[str]:
     ]
 
 
+def _sounds(cwd: Path, run_cli) -> list[str]:
+    # tests/test_signals_data.py's rising and falling chirps, 0.5-s windows, small features.
+    import numpy as np
+    import soundfile as sf
+    from test_signals_data import RATE, chirp
+
+    rng = np.random.default_rng(0)
+    for name, rising in (("rising", True), ("falling", False)):
+        (cwd / "sounds" / name).mkdir(parents=True)
+        for i in range(4):
+            sf.write(cwd / "sounds" / name / f"{i}.wav", chirp(rising, 1.0, rng), RATE)
+    return [
+        f"dataset.root={cwd / 'sounds'}",
+        f"dataset.sample_rate={RATE}",
+        "dataset.clip_seconds=0.5",
+        "dataset.val_fraction=0.25",
+        "dataset.features.n_fft=256",
+        "dataset.features.hop_length=64",
+        "dataset.features.n_mels=32",
+        "loader.batch_size=4",
+        "loader.num_workers=0",
+    ]
+
+
+def _radio(cwd: Path, run_cli) -> list[str]:
+    # tests/test_signals_data.py's generated modulations in RadioML 2018's HDF5 layout.
+    from test_signals_data import write_radio
+
+    path = write_radio(cwd / "radio.hdf5", per_cell=4, length=128)
+    return [f"dataset.path={path}", "dataset.val_fraction=0.25", "loader.batch_size=8", "loader.num_workers=0"]
+
+
 # Each experiment's data, made by the test: a new experiment must say what it needs here.
 def _volumes(cwd: Path, run_cli) -> list[str]:
     # MONAI's fast spleen program shrunk: tests/test_medical.py's generated CT-like organ cases
@@ -169,13 +201,17 @@ EXPERIMENT_DATA = {
     "vit_finetune": _vit,
     "video_r2plus1d": _videos,
     "spleen_unet": _volumes,
+    "audio_spec_cnn": _sounds,
+    "radio_resnet1d": _radio,
 }
 # The experiments whose warm-up is longer than the smoke run's one step.
 WARMUP = {"gpt_char": 100, "gpt_char_fast": 20, "gpt2_small": 200, "sft_lora": 10}
 WARMUP["dpo_lora"] = WARMUP["simpo_lora"] = 10
 WARMUP["gpt2_long"] = 200
+WARMUP["radio_resnet1d"] = 500
+WARMUP["audio_spec_cnn"] = 200
 WARMUP["vit_finetune"] = 6250
-WARMUP["video_r2plus1d"] = 50  # warmup_epochs=50 of its 1-step epochs
+WARMUP["video_r2plus1d"] = 10  # warmup_epochs=10 of its 1-step epochs
 
 
 def test_every_experiment_names_its_test_data():
