@@ -167,7 +167,7 @@ def _radio(cwd: Path, run_cli) -> list[str]:
     from test_signals_data import write_radio
 
     path = write_radio(cwd / "radio.hdf5", per_cell=4, length=128)
-    return [f"dataset.path={path}", "dataset.val_fraction=0.25", "loader.batch_size=8", "loader.num_workers=0"]
+    return [f"dataset.path={path}", "dataset.val_fraction=0.25", "loader.batch_size=8"]
 
 
 # Each experiment's data, made by the test: a new experiment must say what it needs here.
