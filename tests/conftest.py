@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import BASE_ENV, BIN, WARM, base_env, free_port, write_mnist
+from helpers import BASE_ENV, BIN, RUNS, WARM, base_env, free_port, write_mnist
 from helpers import run_cli as _run_cli
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -113,10 +113,19 @@ def pytest_runtest_protocol(item, nextitem):
     machine is about the sum over 2 (tests/cpu_report.py sums a file up)."""
     log = os.environ.get("ACCEL_TEST_CPU_LOG")
     cpu, wall = _cpu_s(), time.monotonic()
+    warm, fresh = RUNS["warm"], RUNS["fresh"]
+    because = dict(RUNS["fresh_because"])
     yield
     if log:
         row = {"test": item.nodeid, "cpu_s": round(_cpu_s() - cpu, 2)}
         row["wall_s"] = round(time.monotonic() - wall, 2)
+        # Its CLI runs: forked warm, started fresh, and the variables that sent them fresh.
+        row["warm_runs"], row["fresh_runs"] = RUNS["warm"] - warm, RUNS["fresh"] - fresh
+        row["fresh_because"] = {
+            k: n - because.get(k, 0)
+            for k, n in RUNS["fresh_because"].items()
+            if n > because.get(k, 0)
+        }
         with open(log, "a") as f:
             f.write(json.dumps(row) + "\n")
 

@@ -19,6 +19,19 @@ def main() -> None:
     print(f"{len(rows)} tests, {total:.0f} CPU s (~{total / 2 / 60:.1f} min on 2 busy cores)")
     for module, cpu in sorted(per_module.items(), key=lambda kv: -kv[1]):
         print(f"{cpu:8.1f}  {module}")
+    warm, fresh = (sum(r.get(k, 0) for r in rows) for k in ("warm_runs", "fresh_runs"))
+    because: dict[str, int] = defaultdict(int)
+    for r in rows:
+        for key, n in r.get("fresh_because", {}).items():
+            because[key] += n
+    print(f"\nCLI runs: {warm} warm, {fresh} fresh; of those that could have forked, sent fresh by")
+    print(
+        "  "
+        + (
+            ", ".join(f"{k} x{n}" for k, n in sorted(because.items(), key=lambda kv: -kv[1]))
+            or "nothing"
+        )
+    )
     print()
     for r in sorted(rows, key=lambda r: -r["cpu_s"])[:top]:
         print(f"{r['cpu_s']:8.1f} cpu {r['wall_s']:8.1f} wall  {r['test']}")

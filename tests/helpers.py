@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from warm_cli import WarmServer, warm_env_ok
+from warm_cli import WarmServer, env_differences, warm_env_ok
 
 BIN = Path(sys.executable).parent
 
@@ -60,7 +60,9 @@ def run_cli(
     if prog == "accel-train" and not any("plot_curves" in a or a == "--help" for a in args):
         # matplotlib's import and a plot cost ~1 CPU s a run: only the tests of curves.png plot.
         args.append("trainer.plot_curves=false")
-    if warm if warm is not None else warm_allowed(prog, full_env):
+    warm = warm if warm is not None else warm_allowed(prog, full_env)
+    _count(prog, warm, full_env)
+    if warm:
         return warm_server().run(
             [str(BIN / prog), *args], cwd=Path(cwd), env=full_env, timeout=timeout, input=input
         )
@@ -113,6 +115,19 @@ def warm_allowed(prog: str, env: dict[str, str]) -> bool:
     if not (WARM["enabled"] and prog in WARM_PROGS):
         return False
     return warm_env_ok(env, BASE_ENV, warm_server().imported)
+
+
+# This process's CLI runs, warm and fresh, and why runs that could have forked did not (the
+# variables their environment set otherwise): conftest.py's CPU log records them per test, so
+# a change that silently sends every run fresh shows in tests/cpu_report.py.
+RUNS: dict = {"warm": 0, "fresh": 0, "fresh_because": {}}
+
+
+def _count(prog: str, warm: bool, env: dict[str, str]) -> None:
+    RUNS["warm" if warm else "fresh"] += 1
+    if not warm and WARM["enabled"] and prog in WARM_PROGS and BASE_ENV:
+        for key in sorted(env_differences(env, BASE_ENV)) or ["(forced fresh)"]:
+            RUNS["fresh_because"][key] = RUNS["fresh_because"].get(key, 0) + 1
 
 
 def warm_server() -> WarmServer:

@@ -64,6 +64,10 @@ RUNTIME_ENV = {
     # pytest's name of the running test: set in os.environ during each test (never at the
     # session's start, when the server's environment is taken), read by no import.
     "PYTEST_CURRENT_TEST",
+    # Inductor's cache folder: read when it compiles (torch._inductor's cache_dir()), and set
+    # in the pytest process by an import there (a test's own transformers/torchao): without
+    # it here, every run after that import in the process went fresh.
+    "TORCHINDUCTOR_CACHE_DIR",
 }
 # What the server imports: what a training run, an evaluation, an export and a sample import
 # on their way (torch._dynamo: torch imports it at the first optimizer step, ~1.7 CPU s).
@@ -102,11 +106,16 @@ def warm_env_ok(env: dict[str, str], server_env: dict[str, str], imported: set[s
     """True when `env` differs from the server's only in variables read at run time, and in a
     PYTHONPATH that puts folders before the server's (a test's user code) holding no module the
     server has imported (`imported`: its top-level names), which they would shadow."""
-    keys = set(env) | set(server_env)
-    differ = {k for k in keys if env.get(k) != server_env.get(k)} - RUNTIME_ENV
+    differ = env_differences(env, server_env)
     if differ - {"PYTHONPATH"}:
         return False
     return not differ or _added_path(env, server_env, imported) is not None
+
+
+def env_differences(env: dict[str, str], server_env: dict[str, str]) -> set[str]:
+    """The variables `env` sets otherwise than the server's, run-time ones aside."""
+    keys = set(env) | set(server_env)
+    return {k for k in keys if env.get(k) != server_env.get(k)} - RUNTIME_ENV
 
 
 def _added_path(env: dict[str, str], server_env: dict[str, str], imported: set[str]):
