@@ -50,6 +50,17 @@ COMMANDS = {
             "hydra.sweep.dir={run}",
         ],
     ),
+    # Two torchrun workers: on the warm side they fork from the warm parent too (worker_stub).
+    "ddp": (
+        "accel-train",
+        [
+            *EXACT,
+            "trainer.max_epochs=1",
+            "launcher.nproc_per_node=2",
+            "strategy=ddp",
+            "hydra.run.dir={run}",
+        ],
+    ),
     "refuse-value": ("accel-train", ["trainer.max_epochs=-1", "hydra.run.dir={run}"]),
     "refuse-key": ("accel-train", ["trainer.max_epoch=1", "hydra.run.dir={run}"]),
     "refuse-option": ("accel-train", ["strategy=fdsp", "hydra.run.dir={run}"]),
@@ -74,7 +85,9 @@ def _run_both(tmp_path: Path) -> dict[str, dict[str, tuple[subprocess.CompletedP
 
 
 def _files(run: Path) -> set[str]:
-    return {str(p.relative_to(run)) for p in run.rglob("*")} if run.exists() else set()
+    """The run dir's files, torchrun's per-run log folder (logs/node0/<random id>) named alike."""
+    names = {str(p.relative_to(run)) for p in run.rglob("*")} if run.exists() else set()
+    return {re.sub(r"^(logs/node\d+/)[^/]+", r"\1<id>", name) for name in names}
 
 
 def _untimed(rows: list[dict], way_dir: Path) -> list[dict]:
@@ -107,7 +120,7 @@ def test_warm_and_fresh_runs_are_the_same(tmp_path):
             assert _error_text(warm, tmp_path / "warm") == _error_text(fresh, tmp_path / "fresh")
     # What the runs ended with, the same both ways: the trained and the resumed run's summaries
     # (timings aside), the evaluation's scores, the help text.
-    for name in ("train", "resume"):
+    for name in ("train", "resume", "ddp"):
         warm_summary, fresh_summary = (
             _untimed(
                 [json.loads((results[way][name][1] / "summary.json").read_text())], tmp_path / way
