@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,7 +38,14 @@ def test_help_is_ours_and_lists_every_group_and_option(run_cli):
         assert "_schema" not in line  # the ConfigStore's typed schemas are not options
     assert "mnist_cnn*" in text and "+experiment=" in text  # the default marked; `+` groups
     examples = text.split("== Examples ==")[1].split("==")[0]
-    assert sum(ln.strip().startswith("accel-train ") for ln in examples.splitlines()) == 5
+    assert sum(ln.strip().startswith("accel-train ") for ln in examples.splitlines()) >= 5
+    # What users of the anchors look for first (issue 60 B.14): video, GRPO, timm, loader=ray.
+    for needle in ("video_r2plus1d", "grpo_lora", "model=timm", "loader=ray"):
+        assert needle in examples, needle
+    # Each option with a line of its own saying what it is; every sibling command.
+    assert re.search(r"^ +video_folder +Your own videos", text, re.M), text
+    for sibling in ("accel-eval", "accel-data", "accel-export", "accel-sample", "accel-report"):
+        assert f"  {sibling} " in text, sibling
     # The fast_dev_run example says what the config runs: one batch of each split.
     fdr = OmegaConf.load(CONFIG_DIR / "debug" / "fast_dev_run.yaml").trainer
     assert (fdr.limit_train_batches, fdr.limit_val_batches, fdr.limit_test_batches) == (1, 1, 1)

@@ -76,7 +76,23 @@ def config_groups_help() -> str:
         marked = [f"{o}*" if defaults.get(group.name) == o else o for o in options]
         spelling = f"+{group.name}=" if group.name in _ADDED_GROUPS else f"{group.name}="
         lines.append(f"  {spelling:<17} {', '.join(marked)}")
+        if len(options) > 1:  # each option with the first line of its file's comment
+            lines += [f"      {o:<22} {_described(group / f'{o}.yaml')}" for o in marked]
     return "\n".join(lines)
+
+
+def _described(path: Path, width: int = 70) -> str:
+    """An option's one-line description: its YAML's first comment line, its first clause."""
+    path = path.with_name(path.name.replace("*", ""))
+    if not path.is_file():
+        return "(a plugin's option)"
+    comments = [ln for ln in path.read_text().splitlines() if ln.startswith("#")]
+    first = next((ln for ln in comments if "@package" not in ln), "# ")
+    text = first.lstrip("# ").strip()
+    text = text.split(": `")[0].split(". ")[0].rstrip(":.")
+    if text.count("(") > text.count(")"):  # a first line that ends inside its parenthesis
+        text = text[: text.rfind("(")].rstrip(" ,:")
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
 
 
 register_configs()
