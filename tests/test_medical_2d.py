@@ -72,6 +72,18 @@ def test_the_seg2d_recipe_reaches_mean_iou_08(shapes, run_cli, tmp_path):
     assert done["final_val_dice"] >= done["final_val_iou"]  # Dice >= IoU on every case
     text = proc.stdout + proc.stderr
     assert "dataset=mask_folder: 64 train / 12 val image-mask pairs, 3 classes" in text
+    # accel-eval: the per-case table and the predicted label maps as PNGs.
+    out = tmp_path / "eval.json"
+    ckpt = run / "checkpoints" / "last.pt"
+    check_ok(run_cli([f"ckpt_path={ckpt}", f"out_path={out}"], prog="accel-eval"))
+    result = json.loads(out.read_text())
+    assert result["val/iou"] == pytest.approx(done["final_val_iou"])
+    rows = json.loads((tmp_path / "eval_cases" / "cases.json").read_text())
+    assert [r["case"] for r in rows] == [f"case_{i:03d}" for i in range(12)]
+    assert sum(r["iou"] for r in rows) / 12 == pytest.approx(result["val/iou"])
+    pred = np.asarray(Image.open(tmp_path / "eval_cases" / "case_000.png"))
+    truth = np.asarray(Image.open(shapes / "val" / "masks" / "case_000.png"))
+    assert pred.shape == truth.shape and (pred == truth).mean() > 0.9
 
 
 def test_smp_unet_trains_on_a_held_out_mask_folder(shapes, run_cli, tmp_path):

@@ -23,9 +23,12 @@ training and sliding-window validation.
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -83,6 +86,7 @@ class Segmentation(facts.Segmentation, Task):
         self.loss_args = dict(loss_args or {})
         self.loss_fn: nn.Module | None = None
         self.spatial_dims = 3  # from the data at setup (dataset=mask_folder: 2)
+        self.cases: CaseTable | None = None  # accel-eval's per-case outputs (keep_cases)
         self.classes: list[str] = []
 
     # ---- build time ----------------------------------------------------------------------
@@ -218,7 +222,59 @@ class Segmentation(facts.Segmentation, Task):
             m.add("dice", dice.mean(), 1)
             for name, value in zip(self.classes[1:], dice, strict=True):
                 m.add(f"dice/{name}", value, 1)
+            iou = None
             if self.spatial_dims == 2:  # mean IoU over the foreground classes, the same policy
                 iou = compute_iou(one_hot(pred, k), one_hot(y, k), include_background=False,
                                   ignore_empty=False)[0].double()  # fmt: skip
                 m.add("iou", iou.mean(), 1)
+            if self.cases is not None:
+                self.cases.add(pred[0, 0], dice, iou)
+
+    # ---- accel-eval's per-case outputs -------------------------------------------------
+
+    def keep_cases(self, folder: Path, data: Any) -> None:
+        """accel-eval (train/evaluate.py): record each scored case's Dice per class in a table
+        and write its predicted label map into `folder` (the data set's format: PNG for
+        2-D images, NIfTI for volumes), in the order the loader gives the cases."""
+        self.cases = CaseTable(folder, data, self.classes)
+
+    def write_cases(self) -> list[str]:
+        return self.cases.write() if self.cases is not None else []
+
+
+class CaseTable:
+    """The per-case rows and predicted label maps of an accel-eval pass."""
+
+    def __init__(self, folder: Path, data: Any, classes: list[str]):
+        if folder.exists() and any(folder.iterdir()):
+            raise UserError(
+                f"{folder}: accel-eval writes the per-case predictions there, and it already "
+                "holds files, which are never replaced. Give another `out_path=` (the folder "
+                "is named after it) or move that folder away."
+            )
+        self.folder, self.data, self.classes = folder, data, classes
+        self.rows: list[dict] = []
+
+    def add(self, pred: torch.Tensor, dice: torch.Tensor, iou: torch.Tensor | None) -> None:
+        i = len(self.rows)
+        name = self.data.case_name(i) if hasattr(self.data, "case_name") else str(i)
+        row: dict = {"case": name, "dice": float(dice.mean())}
+        row.update({f"dice/{c}": float(v) for c, v in zip(self.classes[1:], dice, strict=True)})
+        if iou is not None:
+            row["iou"] = float(iou.mean())
+        writer = getattr(self.data, "write_prediction", None)
+        if writer is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            path = writer(i, pred.to(torch.uint8).cpu().numpy(), self.folder)
+            row["prediction"] = path.name
+        self.rows.append(row)
+
+    def write(self) -> list[str]:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        table = self.folder / "cases.csv"
+        with table.open("w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=list(self.rows[0]) if self.rows else ["case"])
+            out.writeheader()
+            out.writerows(self.rows)
+        (self.folder / "cases.json").write_text(json.dumps(self.rows, indent=1) + "\n")
+        return [str(table), str(self.folder / "cases.json")]

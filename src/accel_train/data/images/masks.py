@@ -250,3 +250,11 @@ class WholeSet(Dataset):
 
     def case_name(self, i: int) -> str:
         return self.pairs[i][0].stem
+
+    def write_prediction(self, i: int, labels: np.ndarray, folder: Path) -> Path:
+        """accel-eval: the predicted label map of pair i as a PNG (mode L), named as its mask."""
+        from PIL import Image
+
+        path = folder / f"{self.case_name(i)}.png"
+        Image.fromarray(np.asarray(labels, np.uint8)).save(path)
+        return path
