@@ -45,6 +45,9 @@ REFUSED = {
     "dataset=volume_folder": "dataset.root",
     "model=monai": "model.name",
     "+experiment=spleen_unet": "dataset.root",
+    "dataset=mask_folder": "dataset.root",
+    "model=smp": "model.name",
+    "+experiment=seg2d_unet": "dataset.root",
     "dataset=streaming": "dataset.remote",
     "dataset=streaming_video": "dataset.remote",
     # Fine-tuning needs a model folder and records on disk (tests/test_finetune.py runs them).

@@ -169,6 +169,19 @@ def test_accel_eval_scores_the_held_out_volumes_as_validation_did(runs, run_cli,
     result = json.loads(out.read_text())
     assert result["split"] == "val"  # (no test split: imagesTs/ has no labels)
     assert result["val/dice/organ"] == pytest.approx(summary(runs["full"])["best_val_dice"])
+    # The per-case table (case, Dice per class) and each case's predicted label map (NIfTI on
+    # the preprocessed grid, with its affine), in a folder named after out_path.
+    rows = json.loads((tmp_path / "eval_cases" / "cases.json").read_text())
+    assert len(rows) == 2 and all(r["case"].startswith("organ_") for r in rows)
+    mean = sum(r["dice/organ"] for r in rows) / len(rows)
+    assert mean == pytest.approx(result["val/dice/organ"])
+    header = (tmp_path / "eval_cases" / "cases.csv").read_text().splitlines()[0]
+    assert header == "case,dice,dice/organ,prediction"
+    pred = nib.load(tmp_path / "eval_cases" / rows[0]["prediction"])
+    assert set(np.unique(np.asarray(pred.dataobj)).tolist()) <= {0, 1}
+    assert result["cases"] == [
+        str(tmp_path / "eval_cases" / n) for n in ("cases.csv", "cases.json")
+    ]
 
 
 def test_the_disk_cache_is_reused_and_rebuilt_when_a_setting_changes(runs):

@@ -186,6 +186,14 @@ def _volumes(cwd: Path, run_cli) -> list[str]:
     ]
 
 
+def _shapes(cwd: Path, run_cli) -> list[str]:
+    # tests/test_medical_2d.py's generated shapes and masks (48 px: 32 px crops, not the 64).
+    from test_medical_2d import write_masks
+
+    root = write_masks(cwd / "shapes", "train", 8, seed=0)
+    return [f"dataset.root={root}", "dataset.crop_size=32", "loader.num_workers=0"]
+
+
 EXPERIMENT_DATA = {
     "cifar10_resnet18_bf16": _cifar_shaped,
     "dpo_lora": _prefs,
@@ -201,6 +209,7 @@ EXPERIMENT_DATA = {
     "vit_finetune": _vit,
     "video_r2plus1d": _videos,
     "spleen_unet": _volumes,
+    "seg2d_unet": _shapes,
     "audio_spec_cnn": _sounds,
     "radio_resnet1d": _radio,
 }

@@ -1,5 +1,6 @@
-"""task=segmentation: a class per voxel (3-D volumes, dataset=volume_folder) with MONAI's losses,
-patch training and sliding-window validation.
+"""task=segmentation: a class per voxel (3-D volumes, dataset=volume_folder) or per pixel (2-D
+images, dataset=mask_folder: one patch per image, `val/iou` too) with MONAI's losses, patch
+training and sliding-window validation.
 
 - Training batches are (images (B, S, C, X, Y, Z), labels (B, S, 1, X, Y, Z)): B volumes of
   `loader.batch_size`, S = `dataset.samples_per_volume` random patches each; the step runs the
@@ -17,13 +18,17 @@ patch training and sliding-window validation.
 - The one policy for a class absent from both the prediction and the label of a volume: it
   counts as a Dice of 1.0 (nothing to find, nothing found: MONAI's `ignore_empty=False`), in the
   per-class values and in the mean alike. A class absent from the label but predicted counts 0.
+  `val/iou` (2-D data) is the mean IoU over the foreground classes under the same policy.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -80,6 +85,8 @@ class Segmentation(facts.Segmentation, Task):
         self.sw_batch_size, self.overlap, self.sw_mode = int(sw_batch_size), float(overlap), sw_mode
         self.loss_args = dict(loss_args or {})
         self.loss_fn: nn.Module | None = None
+        self.spatial_dims = 3  # from the data at setup (dataset=mask_folder: 2)
+        self.cases: CaseTable | None = None  # accel-eval's per-case outputs (keep_cases)
         self.classes: list[str] = []
 
     # ---- build time ----------------------------------------------------------------------
@@ -93,29 +100,35 @@ class Segmentation(facts.Segmentation, Task):
             )
         named = getattr(ctx.splits.train, "classes", None) if ctx.splits is not None else None
         self.classes = list(named) if named and len(named) == k else [str(i) for i in range(k)]
+        args = ctx.splits.model_args if ctx.splits is not None else {}
+        self.spatial_dims = int(args.get("spatial_dims", 3))
         images = ctx.batch[0]
-        if isinstance(images, list) or images.dim() != 6:
+        if isinstance(images, list) or images.dim() != 3 + self.spatial_dims:
             raise UserError(
-                "task=segmentation trains on patches of volumes: batches of (images (volumes, "
-                "patches, channels, X, Y, Z), labels): `dataset=volume_folder` gives them "
-                f"(docs/medical.md). This data set gives {type(images).__name__} "
-                f"{tuple(getattr(images, 'shape', ()))}."
+                "task=segmentation trains on patches: batches of (images (items, patches, "
+                "channels, [X,] Y, Z), labels): `dataset=volume_folder` (volumes) and "
+                "`dataset=mask_folder` (2-D images) give them (docs/medical.md). This data set "
+                f"gives {type(images).__name__} {tuple(getattr(images, 'shape', ()))}."
             )
         if self.roi_size is None:
-            self.roi_size = [int(s) for s in images.shape[-3:]]
+            self.roi_size = [int(s) for s in images.shape[-self.spatial_dims :]]
         self.loss_fn = self._build_loss()
         super().setup(ctx)
         for name in self.classes[1:]:
             self.eval_metrics.declare(f"dice/{name}", ctx.device)
+        if self.spatial_dims == 2:
+            self.eval_metrics.declare("iou", ctx.device)
         self._check_model(ctx)
         if ctx.warn and ctx.val_samples:
             b, s = images.shape[:2]
+            what = "volumes" if self.spatial_dims == 3 else "images"
             log.info(
-                "batch: loader.batch_size=%d volumes x dataset.samples_per_volume=%d patches of "
-                "%s = %d patches per step and device; validation: whole volumes by sliding "
+                "batch: loader.batch_size=%d %s x dataset.samples_per_volume=%d patches of "
+                "%s = %d patches per step and device; validation: whole %s by sliding "
                 "window %s (overlap %g, %s)",
-                ctx.cfg.loader.batch_size, s, "x".join(map(str, images.shape[-3:])),
-                ctx.cfg.loader.batch_size * s, "x".join(map(str, self.roi_size)),
+                ctx.cfg.loader.batch_size, what, s,
+                "x".join(map(str, images.shape[-self.spatial_dims :])),
+                ctx.cfg.loader.batch_size * s, what, "x".join(map(str, self.roi_size)),
                 self.overlap, self.sw_mode,
             )  # fmt: skip
 
@@ -184,7 +197,7 @@ class Segmentation(facts.Segmentation, Task):
         autocast: Callable[[], AbstractContextManager],
     ) -> None:
         from monai.inferers import sliding_window_inference
-        from monai.metrics import compute_dice
+        from monai.metrics import compute_dice, compute_iou
         from monai.networks.utils import one_hot
 
         images, labels = batch
@@ -209,3 +222,59 @@ class Segmentation(facts.Segmentation, Task):
             m.add("dice", dice.mean(), 1)
             for name, value in zip(self.classes[1:], dice, strict=True):
                 m.add(f"dice/{name}", value, 1)
+            iou = None
+            if self.spatial_dims == 2:  # mean IoU over the foreground classes, the same policy
+                iou = compute_iou(one_hot(pred, k), one_hot(y, k), include_background=False,
+                                  ignore_empty=False)[0].double()  # fmt: skip
+                m.add("iou", iou.mean(), 1)
+            if self.cases is not None:
+                self.cases.add(pred[0, 0], dice, iou)
+
+    # ---- accel-eval's per-case outputs -------------------------------------------------
+
+    def keep_cases(self, folder: Path, data: Any) -> None:
+        """accel-eval (train/evaluate.py): record each scored case's Dice per class in a table
+        and write its predicted label map into `folder` (the data set's format: PNG for
+        2-D images, NIfTI for volumes), in the order the loader gives the cases."""
+        self.cases = CaseTable(folder, data, self.classes)
+
+    def write_cases(self) -> list[str]:
+        return self.cases.write() if self.cases is not None else []
+
+
+class CaseTable:
+    """The per-case rows and predicted label maps of an accel-eval pass."""
+
+    def __init__(self, folder: Path, data: Any, classes: list[str]):
+        if folder.exists() and any(folder.iterdir()):
+            raise UserError(
+                f"{folder}: accel-eval writes the per-case predictions there, and it already "
+                "holds files, which are never replaced. Give another `out_path=` (the folder "
+                "is named after it) or move that folder away."
+            )
+        self.folder, self.data, self.classes = folder, data, classes
+        self.rows: list[dict] = []
+
+    def add(self, pred: torch.Tensor, dice: torch.Tensor, iou: torch.Tensor | None) -> None:
+        i = len(self.rows)
+        name = self.data.case_name(i) if hasattr(self.data, "case_name") else str(i)
+        row: dict = {"case": name, "dice": float(dice.mean())}
+        row.update({f"dice/{c}": float(v) for c, v in zip(self.classes[1:], dice, strict=True)})
+        if iou is not None:
+            row["iou"] = float(iou.mean())
+        writer = getattr(self.data, "write_prediction", None)
+        if writer is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            path = writer(i, pred.to(torch.uint8).cpu().numpy(), self.folder)
+            row["prediction"] = path.name
+        self.rows.append(row)
+
+    def write(self) -> list[str]:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        table = self.folder / "cases.csv"
+        with table.open("w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=list(self.rows[0]) if self.rows else ["case"])
+            out.writeheader()
+            out.writerows(self.rows)
+        (self.folder / "cases.json").write_text(json.dumps(self.rows, indent=1) + "\n")
+        return [str(table), str(self.folder / "cases.json")]

@@ -97,7 +97,12 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     transform = BatchTransform(cfg.dataset, splits, device, precision.param_dtype, seed=0, rank=0)
     batch = sample_batch(splits, device)
     task.setup(TaskContext(cfg, device, splits.data_args, transform, model, batch, splits=splits))
+    out = Path(ecfg.out_path) if ecfg.out_path else _default_out(ckpt_path, split)
+    keep_cases = getattr(task, "keep_cases", None)  # a task's per-case table and predictions
+    if keep_cases is not None:
+        keep_cases(out.parent / f"{out.stem}_cases", data)
     scored = score(model, loader, task, precision, env)
+    cases = task.write_cases() if keep_cases is not None else []
     result = {
         "ckpt_path": str(ckpt_path),
         "dataset": cfg.dataset.get("name", "custom"),
@@ -110,8 +115,8 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         "step": state["progress"]["step"],
         "epoch": state["progress"]["epoch"],
         "precision": precision.describe(),
+        **({"cases": cases} if cases else {}),
     }
-    out = Path(ecfg.out_path) if ecfg.out_path else _default_out(ckpt_path, split)
     # The result first: a failed write below still leaves it on the screen.
     shown = "  ".join(f"{split}/{name}={value:.4f}" for name, value in scored.items())
     log.info("%s  (%s)  -> %s", shown, _counted(data), out)

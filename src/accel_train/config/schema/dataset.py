@@ -172,6 +172,15 @@ class VolumeFolderDatasetConfig(DatasetConfig):
 
 
 @dataclass
+class MaskFolderDatasetConfig(DatasetConfig):
+    # data/images/masks.py (issue 63); the defaults are configs/dataset/mask_folder.yaml's.
+    root: str = MISSING
+    crop_size: int | None = None
+    random_flip: bool = True
+    classes: list[str] | None = None
+
+
+@dataclass
 class StreamingVideoDatasetConfig(DatasetConfig):
     # data/video/streaming.py: video shards, clips drawn as dataset=video_folder draws them.
     remote: str = MISSING

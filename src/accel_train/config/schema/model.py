@@ -104,6 +104,13 @@ class MonaiModelConfig(ModelConfig):
 
 
 @dataclass
+class SmpModelConfig(ModelConfig):
+    _target_: str = "accel_train.models.smp.smp_model"
+    name: str = MISSING
+    encoder: str = "resnet34"
+
+
+@dataclass
 class TorchvisionModelConfig(ModelConfig):
     _target_: str = "accel_train.models.torchvision.torchvision_model"
     name: str = MISSING

@@ -301,3 +301,19 @@ class VolumeSet(Dataset):
         return torch.from_numpy(np.array(found["image"])), torch.from_numpy(
             np.array(found["label"])
         )
+
+    def case_name(self, i: int) -> str:
+        entry = self.entries[i]
+        return entry.case.name if isinstance(entry, _Lazy) else entry["meta"]["case"]
+
+    def write_prediction(self, i: int, labels: np.ndarray, folder: Path) -> Path:
+        """accel-eval: case i's predicted label map as NIfTI on the preprocessed grid, with that
+        grid's affine (the source affine after orientation, spacing and crop): it lies where the
+        source volume lies in world coordinates; it is not resampled back to the source grid."""
+        import nibabel
+
+        meta = _arrays(self.entries[i])["meta"]
+        path = folder / f"{self.case_name(i)}.nii.gz"
+        image = nibabel.Nifti1Image(np.asarray(labels, np.uint8), np.asarray(meta["affine"]))
+        nibabel.save(image, path)
+        return path
