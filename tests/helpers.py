@@ -148,6 +148,17 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def summary(run_dir: Path) -> dict:
+    """A run's summary.json."""
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """A run's training loss by optimizer step (metrics.jsonl)."""
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)["model"]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same_weights, check_ok, read_jsonl
+from helpers import assert_same_weights, check_ok, losses, read_jsonl, summary
 
 av = pytest.importorskip("av")
 pytest.importorskip("torchcodec")
@@ -99,15 +99,6 @@ def args(root: Path, run_dir: Path, *extra: str) -> list[str]:
         f"hydra.run.dir={run_dir}",
         *extra,
     ]
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
 @pytest.fixture(scope="module")
