@@ -3,8 +3,9 @@ the same commands forked from the warm parent and started as a new interpreter, 
 
     python scripts/bench/warm_cli.py --rounds 5
 
-Commands: a 4-step training run of the suite's FAST recipe, the same run's accel-eval, and a
-refusal (`trainer.max_epochs=-1`). CPU seconds are the run's own and its children's (the fork's
+Commands: a 4-step training run of the suite's FAST recipe, the same run's accel-eval, a
+refusal (`trainer.max_epochs=-1`) and a 2-process DDP run (torchrun's workers fork from the warm
+parent too). CPU seconds are the run's own and its children's (the fork's
 from the warm parent's wait4, the new interpreter's from RUSAGE_CHILDREN); medians of the rounds.
 The warm parent's own start (once per pytest process) is reported apart.
 """
@@ -35,11 +36,16 @@ def _children_cpu() -> float:
 
 def _commands(cwd: Path) -> dict[str, tuple[str, list[str]]]:
     run = cwd / "run"
+    ddp = cwd / f"ddp-{time.monotonic_ns()}"  # a new run dir each time
     return {
         "train (4 steps)": ("accel-train", [*helpers.FAST, "trainer.max_epochs=1",
                                             f"hydra.run.dir={run}"]),
         "accel-eval": ("accel-eval", [f"ckpt_path={run}/checkpoints/best.pt"]),
         "refusal": ("accel-train", ["trainer.max_epochs=-1"]),
+        # torchrun's two workers: forked too on the warm side (warm_cli.worker_stub)
+        "ddp, 2 processes (2 steps)": ("accel-train", [*helpers.FAST, "trainer.max_epochs=1",
+                                                       "launcher.nproc_per_node=2", "strategy=ddp",
+                                                       f"hydra.run.dir={ddp}"]),
     }  # fmt: skip
 
 
