@@ -101,7 +101,8 @@ def test_gpt_grpo_samples_prompts_together_through_the_cli(tmp_path, run_cli):
     llama = write_tiny_llama(tmp_path / "llama")
     args = [*RUN[:2], "model=gpt", "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
             "model.block_size=64", f"dataset.tokenizer={llama}", f"dataset.path={data}",
-            _rewards_arg(), *RUN[5:], "task.generation_batch_size=2", "trainer.max_steps=1", "loader.batch_size=4", "task.num_completions_to_print=null",
+            _rewards_arg(), *RUN[5:], "task.generation_batch_size=2", "trainer.max_steps=1",
+            "loader.batch_size=4", "task.num_completions_to_print=null",
             f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
     check_ok(run_cli(args))
     train = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "train/loss" in r]
