@@ -5,7 +5,8 @@ arithmetic and says where each formula comes from).
 Each training micro-batch of B prompts (this process's own: a prompt's group is never split
 across processes):
 1. samples `num_generations` completions per prompt with the policy (eval mode, no gradient,
-   the model's KV cache: model=hf's `generate_ids`; model=gpt samples with nanoGPT's loop),
+   the model's KV cache: model=hf's `generate_ids`, model=gpt's `decode`; each prompt's prefill
+   once, repeated to its group's rows; `generation_batch_size` prompts per call),
    seeded by (task.seed, epoch, batch, rank): a resumed run samples the same completions;
 2. scores them with `task.rewards` (accel_train/rewards.py) and turns the weighted rewards
    into group-relative advantages;
