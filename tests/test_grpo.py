@@ -332,6 +332,7 @@ def test_combinations_that_cannot_work_are_refused(args, needles, llama, tmp_pat
         (["task.epsilon=1.5"], "the clip range"),
         (["task.temperature=0"], "temperature must be > 0"),
         (["task.chunked_loss=true", "task.loss_chunk_tokens=0"], "task.loss_chunk_tokens=0"),
+        (["task.generation_batch_size=0"], "task.generation_batch_size=0"),
         (["strategy=fsdp", "lora.rank=0", "task.beta=0.04"], "whole unsharded frozen copy"),
     ],
 )  # fmt: skip

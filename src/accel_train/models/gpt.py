@@ -121,6 +121,49 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(b, t, -1)
         return self.resid_dropout(self.proj(y))
 
+    def cached(self, x: torch.Tensor, kv: KV | None, step: Step) -> tuple[torch.Tensor, KV]:
+        """Sampling with a KV cache (eval only): the new tokens' outputs attending to the cached
+        keys and values `kv` ((b, heads, past, head size) each; None: none yet) and to
+        themselves; the cache grown by the new tokens."""
+        b, t, _ = x.shape
+        q, k, v = (
+            lin(x).view(b, t, -1, self.head_dim).transpose(1, 2) for lin in (self.q, self.k, self.v)
+        )
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        if self.rotary is not None:
+            q, k = self.rotary(q, step.positions), self.rotary(k, step.positions)
+        if kv is not None:
+            k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
+        causal = step.mask is None and kv is None  # a prefill without padding: SDPA's causal
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, is_causal=causal)
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, -1)), (k, v)
+
+
+KV = tuple[torch.Tensor, torch.Tensor]  # one layer's cached keys and values
+
+
+class Step:
+    """One forward of cached sampling: the new tokens' positions (b, t) and the attention mask
+    (b, 1, t, past + t), None where plain causal attention (or a single new token attending to
+    everything cached) is exact. `valid` (b, past + t): False on left padding."""
+
+    def __init__(self, past: int, t: int, valid: torch.Tensor | None, device: torch.device):
+        self.mask = None
+        if valid is None:
+            self.positions = (past + torch.arange(t, device=device)).unsqueeze(0)
+            if past and t > 1:
+                keys = torch.arange(past + t, device=device)
+                self.mask = (keys <= self.positions.T)[None, None]
+            return
+        # a left-padded row's positions count its real tokens only (as its unpadded run's)
+        self.positions = (valid.long().cumsum(1) - 1).clamp(min=0)[:, past:]
+        keys = torch.arange(past + t, device=device)
+        queries = past + torch.arange(t, device=device)
+        allowed = (keys <= queries[:, None])[None] & valid[:, None, :]
+        # a padding query attends to itself (its output is never used; no all-masked row)
+        self.mask = (allowed | (keys == queries[:, None])[None]).unsqueeze(1)
+
 
 class ReLU2(nn.Module):
     """ReLU squared (So et al. 2021, "Primer"): modded-nanogpt's MLP activation."""
@@ -166,6 +209,12 @@ class Block(nn.Module):
         # positional input (the residual stream) only.
         x = x + self.attn(self.ln_1(x), docs=docs)
         return x + self.mlp(self.ln_2(x))
+
+    def cached(self, x: torch.Tensor, kv: KV | None, step: Step) -> tuple[torch.Tensor, KV]:
+        """The block with a KV cache (CausalSelfAttention.cached)."""
+        a, kv = self.attn.cached(self.ln_1(x), kv, step)
+        x = x + a
+        return x + self.mlp(self.ln_2(x)), kv
 
 
 class Embed(nn.Module):
@@ -327,6 +376,26 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x, docs=docs)
         return self.head(x, head_loss=head_loss)
+
+    @torch.no_grad()
+    def decode(
+        self, idx: torch.Tensor, cache: list[KV] | None = None, valid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[KV]]:
+        """Sampling with a KV cache: the new tokens `idx` (b, t) after the `cache` (one (keys,
+        values) per block, None: nothing yet) -> (the new tokens' logits (b, t, vocab), the
+        cache grown by them). `valid` (b, past + t): False on left padding (rows of prompts of
+        different lengths). The same arithmetic as `forward`, without recomputing the past:
+        models/generate.py's `generate_cached` samples with it."""
+        past = 0 if cache is None else cache[0][0].shape[2]
+        step = Step(past, idx.shape[1], valid, idx.device)
+        x = self.embed.drop(self.embed.wte(idx))
+        if self.embed.wpe is not None:
+            x = x + self.embed.wpe(step.positions)
+        new = []
+        for i, block in enumerate(self.blocks):
+            x, kv = block.cached(x, None if cache is None else cache[i], step)
+            new.append(kv)
+        return self.head(x), new
 
     def tp_plan(self, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
         """Tensor parallelism (strategy=tp, strategy.tp): q, k, v and the MLP's up projection

@@ -191,10 +191,22 @@ class HFModel(nn.Module):
         weight to `head_loss`, never the logits, as transformers' causal-LM forward computes
         them (`lm_head(base(...)[0])`) for every model but those that change the logits after
         the head, refused by name. Inside this forward, so FSDP has gathered the head."""
+        why = self.head_loss_refusal()
+        if why:
+            raise UserError(why)
+        base = getattr(self.hf, getattr(self.hf, "base_model_prefix", ""), None)
+        head = self.hf.get_output_embeddings()
+        out = base(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        return head_loss(out[0], *output_layer(head, f"{type(self.hf).__name__}'s output layer"))
+
+    def head_loss_refusal(self) -> str | None:
+        """Why this model cannot take `head_loss` (task.chunked_loss); None: it can. A model
+        that changes the logits after the head (refused by name) or exposes no base model and
+        output layer."""
         config = self.hf.config
         for key in LOGIT_CHANGES:
             if getattr(config, key, None) not in (None, 1, 1.0):
-                raise UserError(
+                return (
                     f"task.chunked_loss=true with model.path={self.path}: this "
                     f"{config.model_type} model's config sets {key}={getattr(config, key)}, "
                     "which changes the logits after the output layer, and the chunked loss "
@@ -202,15 +214,13 @@ class HFModel(nn.Module):
                     "`task.chunked_loss=false` for this model."
                 )
         base = getattr(self.hf, getattr(self.hf, "base_model_prefix", ""), None)
-        head = self.hf.get_output_embeddings()
-        if base is None or head is None:
-            raise UserError(
+        if base is None or self.hf.get_output_embeddings() is None:
+            return (
                 f"task.chunked_loss=true with model.path={self.path}: transformers' "
                 f"{type(self.hf).__name__} exposes no base model and output layer to compute "
                 "the loss from. Set `task.chunked_loss=false` for this model."
             )
-        out = base(input_ids=input_ids, position_ids=position_ids, use_cache=False)
-        return head_loss(out[0], *output_layer(head, f"{type(self.hf).__name__}'s output layer"))
+        return None
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -232,16 +242,21 @@ class HFModel(nn.Module):
         top_p: float,
         eos_token_id: int | list[int] | None,
         attention_mask: torch.Tensor | None = None,
+        repeat: int = 1,
     ) -> torch.Tensor:
         """transformers' own generate (a KV cache, stopping on `eos_token_id`: one id or a list,
         each row at the first of them); seeded by the caller through torch's global generator.
         `attention_mask`: 0 on left padding (a batch of prompts of different lengths); None:
-        every token real."""
+        every token real. `repeat` > 1: each prompt's rows `repeat` times in a row (a GRPO
+        group), its prefill computed once (`_shared_prefill`). Returns the prompts (repeated)
+        and their completions."""
         sampling = temperature > 0
         pad = eos_token_id[0] if isinstance(eos_token_id, list | tuple) else eos_token_id
+        mask = torch.ones_like(ids) if attention_mask is None else attention_mask
+        cache = self._shared_prefill(ids, mask, repeat) if repeat > 1 else {}
         return self.hf.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids) if attention_mask is None else attention_mask,
+            input_ids=ids.repeat_interleave(repeat, 0),
+            attention_mask=mask.repeat_interleave(repeat, 0),
             max_new_tokens=max_new_tokens,
             do_sample=sampling,
             temperature=temperature if sampling else None,
@@ -250,7 +265,26 @@ class HFModel(nn.Module):
             eos_token_id=eos_token_id,
             pad_token_id=pad,
             use_cache=True,
+            **cache,
         )
+
+    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, repeat: int) -> dict:
+        """generate's cache argument holding each prompt's KV cache but its last token's,
+        computed once and repeated to its rows (`batch_repeat_interleave`, DynamicCache's):
+        generate then runs the last token on each row and samples on, as it would have from
+        the repeated prompts (the same tokens for a seed, up to float rounding). A model whose
+        cache cannot be repeated, or one-token prompts: {} (generate prefills every row)."""
+        if ids.shape[1] < 2:
+            return {}
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding: as generate's
+        out = self.hf(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
+                      position_ids=positions[:, :-1], use_cache=True)  # fmt: skip
+        key = "cache" if "cache" in out else "past_key_values"  # (transformers 5's name first)
+        cache = out.get(key)
+        if cache is None or not hasattr(cache, "batch_repeat_interleave"):
+            return {}
+        cache.batch_repeat_interleave(repeat)
+        return {key: cache}
 
     def tp_plan(self, sequence_parallel: bool = False) -> dict[str, str]:
         """The tensor-parallel plan the model declares for itself: transformers' own

@@ -5,7 +5,8 @@ arithmetic and says where each formula comes from).
 Each training micro-batch of B prompts (this process's own: a prompt's group is never split
 across processes):
 1. samples `num_generations` completions per prompt with the policy (eval mode, no gradient,
-   the model's KV cache: model=hf's `generate_ids`; model=gpt samples with nanoGPT's loop),
+   the model's KV cache: model=hf's `generate_ids`, model=gpt's `decode`; each prompt's prefill
+   once, repeated to its group's rows; `generation_batch_size` prompts per call),
    seeded by (task.seed, epoch, batch, rank): a resumed run samples the same completions;
 2. scores them with `task.rewards` (accel_train/rewards.py) and turns the weighted rewards
    into group-relative advantages;
@@ -31,6 +32,7 @@ completions.jsonl in the run dir and goes to every logger that takes text
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import math
 from collections.abc import Mapping
@@ -53,7 +55,7 @@ from accel_train.tasks import grpo_loss as L
 from accel_train.tasks.base import Running, Task, TaskContext, evaluating
 from accel_train.tasks.grpo_checks import refusal
 from accel_train.tasks.grpo_generation import gathered, nano_sample, unwrapped
-from accel_train.tasks.language_model import call
+from accel_train.tasks.language_model import HEAD_LOSS, call
 from accel_train.tasks.preference import _lora_layers, adapters_off
 
 log = logging.getLogger("accel_train")
@@ -97,8 +99,9 @@ class GRPO(Task):
         log_completions: bool = True,
         num_completions_to_print: int | None = 8,
         generation: str = "hf",
-        chunked_loss: bool = False,
+        chunked_loss: bool = True,
         loss_chunk_tokens: int = 1024,
+        generation_batch_size: int | None = None,
         seed: int = 0,
     ):
         super().__init__()
@@ -119,7 +122,9 @@ class GRPO(Task):
         self.train_metrics = _Spreads({std: mean for mean, std in self._reward_pairs()})
         self.log_completions, self.n_print = bool(log_completions), num_completions_to_print
         self.seed = int(seed)
+        self.together = int(generation_batch_size) if generation_batch_size else None
         self.chunk_tokens = int(loss_chunk_tokens) if chunked_loss else 0
+        self.head_loss = True  # the model takes forward(..., head_loss=) (setup asks)
         self.tok: Any = None
         self.eos: int | None = None
         self.model_stops: list[int] = []  # the model's generation_config eos ids (setup)
@@ -175,6 +180,10 @@ class GRPO(Task):
                 "with it. Use model=hf or model=gpt, or give the model a generate_ids method."
             )
         self._check_context(ctx, bare)
+        refused = getattr(bare, "head_loss_refusal", lambda: None)()
+        self.head_loss = HEAD_LOSS in inspect.signature(bare.forward).parameters and not refused
+        if refused and self.chunk_tokens and ctx.warn:
+            log.warning("task=grpo scores with the whole logits: %s", refused)
         for name in self._train_metric_names():  # every rank packs the same sums, in one order
             self.train_metrics.declare(name, ctx.device)
         # (validation's too: a reward function that applies to no completion of a rank's
@@ -326,15 +335,35 @@ class GRPO(Task):
         ):
             torch.manual_seed(seed)
             if hasattr(bare, "generate_ids"):
-                out = bare.generate_ids(
-                    ids, self.max_len, temperature=self.temperature, top_k=self.top_k or None,
-                    top_p=self.top_p, eos_token_id=self._stop_arg(), attention_mask=mask,
-                )  # fmt: skip
-                return out[:, ids.shape[1] :]
+                return self._hf_sample(bare, ids, mask)
             return nano_sample(
-                bare, ids, mask, self.G, self.max_len, temperature=self.temperature,
-                top_k=self.top_k or None, top_p=self.top_p,
+                bare, ids, mask, self.G, self.max_len, self.together,
+                temperature=self.temperature, top_k=self.top_k or None, top_p=self.top_p,
             )  # fmt: skip
+
+    def _hf_sample(self, bare: nn.Module, ids: torch.Tensor, mask: torch.Tensor):
+        """The model's generate_ids (model=hf's: transformers' generate), `generation_batch_size`
+        prompts per call; given `repeat=` (a capability of its signature), each prompt once and
+        its prefill shared by its group's rows. Each call's completions padded to
+        max_completion_length with a stop id (cut off again by _layout)."""
+        shares = "repeat" in inspect.signature(bare.generate_ids).parameters
+        firsts, fmask = (ids[:: self.G], mask[:: self.G]) if shares else (ids, mask)
+        per = 1 if not shares else self.G  # rows of `ids` each prompt stands for
+        step = firsts.shape[0] if self.together is None else self.together * self.G // per
+        parts = []
+        for start in range(0, firsts.shape[0], step):
+            chunk, extra = firsts[start : start + step], {"repeat": self.G} if shares else {}
+            out = bare.generate_ids(
+                chunk, self.max_len, temperature=self.temperature, top_k=self.top_k or None,
+                top_p=self.top_p, eos_token_id=self._stop_arg(),
+                attention_mask=fmask[start : start + step], **extra,
+            )[:, chunk.shape[1] :]  # fmt: skip
+            parts.append(F.pad(out, (0, self.max_len - out.shape[1]), value=self._filler()))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _filler(self) -> int:
+        """What pads a finished call's completions: a stop id, else the pad id."""
+        return self.stops[0] if self.stops else self.pad
 
     @property
     def stops(self) -> list[int]:
@@ -466,7 +495,7 @@ class GRPO(Task):
     def _logps(self, model: nn.Module, roll: Rollout, grad: bool = True):
         """(per-token log-probs (N, C), fp32; their entropies, no gradient) of the completion
         tokens under `model`, its logits divided by the sampling temperature (TRL's)."""
-        if self.chunk_tokens:
+        if self.head_loss:  # the completion positions' hidden states only through the head
             out = call(model, roll["seq"], head_loss=self._chunked_head(roll))
             return (out[..., 0] if grad else out[..., 0].detach()), out[..., 1].detach()
         logits = call(model, roll["seq"])
@@ -481,16 +510,20 @@ class GRPO(Task):
         return (logps if grad else logps.detach()), entropy
 
     def _chunked_head(self, roll: Rollout):
-        """task.chunked_loss: what the model's `forward(..., head_loss=)` calls with its last
-        hidden states and output layer: the completion positions' log-probs and entropies,
+        """What the model's `forward(..., head_loss=)` calls with its last hidden states and
+        output layer: the completion positions' log-probs and entropies, from those positions'
+        hidden states only (the prompt's logits are never computed). task.chunked_loss:
         `loss_chunk_tokens` tokens at a time, each chunk's logits recomputed in the backward
-        (activation checkpointing) instead of kept: the (tokens, vocab) logits never exist."""
+        (activation checkpointing) instead of kept: the (tokens, vocab) logits never exist;
+        off: one piece, kept for the backward."""
         pos, ids, temperature, chunk = roll["pos"], roll["ids"], self.temperature, self.chunk_tokens
 
         def head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
             n, c = pos.shape
             picked = hidden.gather(1, pos.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
             flat, targets = picked.reshape(n * c, -1), ids.reshape(-1)
+            if not chunk:
+                return _chunk_scores(flat, targets, weight, bias, temperature).view(n, c, 2)
             parts = [
                 checkpoint(_chunk_scores, flat[i : i + chunk], targets[i : i + chunk], weight,
                            bias, temperature, use_reentrant=False)

@@ -96,6 +96,12 @@ def _combination(task: Mapping[str, Any], cfg: DictConfig, strategies) -> str | 
             f"task.loss_chunk_tokens={task.get('loss_chunk_tokens')}: the tokens of one chunk "
             "of task.chunked_loss must be at least 1, e.g. `task.loss_chunk_tokens=1024`."
         )
+    together = task.get("generation_batch_size")
+    if together is not None and int(together) < 1:
+        return (
+            f"task.generation_batch_size={together}: the prompts sampled together must be at "
+            "least 1, or null for all of the micro-batch's, e.g. `task.generation_batch_size=4`."
+        )
     sharded = strategy is not None and strategy.shards_parameters
     if sharded and float(task.get("beta", 0.0)) > 0 and cfg.lora.rank <= 0:
         return (

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from accel_train.models.generate import generate as nano_generate
+from accel_train.models.generate import generate_cached
 
 
 def unwrapped(model: nn.Module) -> nn.Module:
@@ -57,12 +58,30 @@ def gathered(model: nn.Module, root_forward: Callable[[], object], reshard_after
 
 
 def nano_sample(bare: nn.Module, ids: torch.Tensor, mask: torch.Tensor, group: int,
-                max_len: int, **sampling) -> torch.Tensor:  # fmt: skip
-    """model=gpt: nanoGPT's sampling loop (no KV cache), one group at a time (its rows share
-    one prompt: no padding). `sampling`: temperature, top_k, top_p."""
-    rows = []
-    for start in range(0, ids.shape[0], group):
-        prompt = ids[start : start + group][:, mask[start].bool()]
-        out = nano_generate(bare, prompt, max_len, block_size=bare.block_size, **sampling)
-        rows.append(out[:, prompt.shape[1] :])
+                max_len: int, prompts_together: int | None = None,
+                **sampling) -> torch.Tensor:  # fmt: skip
+    """model=gpt: (N, max_len) completions of the left-padded prompts `ids` (N, P), each prompt
+    given `group` times in a row. With the model's KV cache (`decode`): each prompt's prefill
+    runs once and is repeated to its group's rows, `prompts_together` prompts (None: all) per
+    call, left padding masked. Without one (or where prompt + completion passes block_size
+    with padding: the sliding window would see the padding), nanoGPT's loop one prompt at a
+    time. `sampling`: temperature, top_k, top_p."""
+    cached = hasattr(bare, "decode") and ids.shape[1] < bare.block_size
+    fits = ids.shape[1] + max_len <= bare.block_size
+    step = (prompts_together or ids.shape[0]) if cached and fits else 1
+    firsts, rows = ids[::group], []
+    valid = mask[::group].bool()
+    for start in range(0, firsts.shape[0], step):
+        chunk, keep = firsts[start : start + step], valid[start : start + step]
+        if chunk.shape[0] == 1:  # one prompt: its padding cut off, no mask needed
+            chunk, keep = chunk[:, keep[0]], None
+        elif bool(keep.all()):  # HOST SYNC (once per chunk): no padding, no mask
+            keep = None
+        if cached:
+            out = generate_cached(bare, chunk, max_len, block_size=bare.block_size,
+                                  valid=keep, repeat=group, **sampling)  # fmt: skip
+        else:
+            out = nano_generate(bare, chunk.repeat_interleave(group, 0), max_len,
+                                block_size=bare.block_size, **sampling)  # fmt: skip
+        rows.append(out[:, chunk.shape[1] :])
     return torch.cat(rows)

@@ -101,8 +101,9 @@ class GrpoTaskConfig(TaskConfig):
     log_completions: bool = True
     num_completions_to_print: int | None = 8
     generation: str = "hf"
-    chunked_loss: bool = False
+    chunked_loss: bool = True
     loss_chunk_tokens: int = 1024
+    generation_batch_size: int | None = None
     seed: int = 0
 
 
