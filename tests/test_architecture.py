@@ -441,6 +441,7 @@ def _task_names() -> set[str]:
                 "Task",
                 "Running",
                 "TaskContext",
+                "Predictions",  # (the interface's record of predicted classes)
             ):
                 names.add(node.name)
     # `custom` is also a model, dataset and loss option (cfg.dataset.get("name", "custom")).

@@ -86,6 +86,9 @@ class Splits:
     device_features: DeviceFeatures | None = None
     # A per-sample field validation scores apart (a radio set's SNR), or None.
     groups: EvalGroups | None = None
+    # The classes' names in label order (a folder's class folders), or None: accel-eval's
+    # per-class accuracy and predictions name them (their indices where None).
+    class_names: list[str] | None = None
 
     @property
     def data_args(self) -> dict:

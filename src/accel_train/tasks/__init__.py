@@ -8,8 +8,9 @@ from omegaconf import DictConfig
 from accel_train.errors import UserError
 from accel_train.targets import build
 from accel_train.tasks.base import Running, Task, TaskContext, split_output
+from accel_train.tasks.predictions import Predictions
 
-__all__ = ["Running", "Task", "TaskContext", "build_task", "split_output"]
+__all__ = ["Predictions", "Running", "Task", "TaskContext", "build_task", "split_output"]
 
 # Keys of every task option that accel-train reads itself (never passed to the class).
 OWN_KEYS = ("name", "monitor", "monitor_mode", "objective")

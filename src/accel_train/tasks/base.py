@@ -34,6 +34,7 @@ from torch import nn
 
 from accel_train.config.task_facts import TaskFacts
 from accel_train.data.batch import cast_floats, count_samples, take
+from accel_train.tasks.predictions import Predictions
 
 StepOutput = torch.Tensor | tuple[torch.Tensor, torch.Tensor | int]
 
@@ -210,6 +211,12 @@ class Task(TaskFacts):
     def resume_conflict(self, saved: dict[str, Any]) -> str | None:
         """Why a checkpoint whose checkpoint_data() was `saved` does not fit this run's data
         (None: it does); the resume refuses it unless `resume_new_tokenizer=true`."""
+        return None
+
+    def keep_predictions(self) -> Predictions | None:
+        """Start keeping each evaluated item's predicted class (tasks/predictions.py), for
+        accel-eval's predictions file and per-class accuracy: the record `evaluate` fills, or
+        None for a task that predicts no classes (the default)."""
         return None
 
     def eval_output(self, model: nn.Module, batch: Any) -> Any:

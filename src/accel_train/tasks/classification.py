@@ -40,6 +40,7 @@ from accel_train.losses import build_loss
 from accel_train.models import check_output
 from accel_train.plugins import register_task
 from accel_train.tasks.base import Task, TaskContext
+from accel_train.tasks.predictions import Predictions
 
 log = logging.getLogger("accel_train")
 # With this many classes or more, top-5 accuracy is logged by default (timm's train.py logs
@@ -61,6 +62,7 @@ class Classification(facts.Classification, Task):
         self.device: torch.device | None = None
         self.mix: BatchMix | None = None  # the batch switches on training batches (or None)
         self.group_names: list[str] = []  # acc_<group>/<value>, one per group (Splits.groups)
+        self.kept: Predictions | None = None  # accel-eval's per-item predictions (or None)
 
     def setup(self, ctx: TaskContext) -> None:
         if ctx.num_classes < 2:
@@ -222,6 +224,13 @@ class Classification(facts.Classification, Task):
                 m.add(f"acc_top{top}", hits, k)
         if self.group_names and len(batch) > 2:
             self._group_accuracy(logits.argmax(1) == labels, batch[2][:k])
+        if self.kept is not None:  # (accel-eval only: a host read)
+            self.kept.add(logits, labels)
+
+    def keep_predictions(self) -> Predictions:
+        """Each item's prediction from now on: a video's is its views' averaged one."""
+        self.kept = Predictions()
+        return self.kept
 
     def _group_accuracy(self, correct: torch.Tensor, group: torch.Tensor) -> None:
         """acc_<group>/<value>: hits and samples per group, summed on the device (no host read:

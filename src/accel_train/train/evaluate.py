@@ -31,6 +31,14 @@ from accel_train.run_checkpoint import RunCheckpoint
 from accel_train.tasks import Task, TaskContext, build_task
 from accel_train.techniques.channels_last import to_channels_last
 from accel_train.train.batchnorm_stats import warn_if_unsettled
+from accel_train.train.eval_predictions import (
+    class_names,
+    confusion,
+    draw_confusion,
+    per_class_accuracy,
+    prediction_paths,
+    write_csv,
+)
 from accel_train.train.harness_eval import evaluate_harness
 from accel_train.written import make_parents, remove_empty
 
@@ -101,8 +109,10 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     keep_cases = getattr(task, "keep_cases", None)  # a task's per-case table and predictions
     if keep_cases is not None:
         keep_cases(out.parent / f"{out.stem}_cases", data)
+    kept = task.keep_predictions()  # a classifier's per-item predictions (None: no classes)
     scored = score(model, loader, task, precision, env)
     cases = task.write_cases() if keep_cases is not None else []
+    names = class_names(splits, splits.num_classes) if kept is not None else []
     result = {
         "ckpt_path": str(ckpt_path),
         "dataset": cfg.dataset.get("name", "custom"),
@@ -116,12 +126,32 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         "epoch": state["progress"]["epoch"],
         "precision": precision.describe(),
         **({"cases": cases} if cases else {}),
+        **({"per_class_acc": per_class_accuracy(kept, names)} if kept is not None else {}),
     }
     # The result first: a failed write below still leaves it on the screen.
     shown = "  ".join(f"{split}/{name}={value:.4f}" for name, value in scored.items())
     log.info("%s  (%s)  -> %s", shown, _counted(data), out)
     _write_result(result, out, given=bool(ecfg.out_path))
+    if kept is not None:
+        _write_predictions(kept, data, names, out, bool(ecfg.out_path), f"{split} split")
     return result
+
+
+def _write_predictions(kept, data, names: list[str], out: Path, given: bool, what: str) -> None:
+    """The predictions CSV and the confusion matrix beside the result JSON (written by then,
+    so its folder exists), named after it (train/eval_predictions.py)."""
+    table, picture = prediction_paths(out)
+    try:
+        write_csv(kept, data, names, table)
+        drawn = draw_confusion(confusion(kept, len(names)), names, picture, f"{out.stem}: {what}")
+    except OSError as err:
+        key = "out_path" if given else "out_path (by default beside the checkpoint)"
+        raise UserError(
+            f"{key}={out}: the result was written but its predictions could not be "
+            f"({type(err).__name__}: {err.strerror or err}). Give a writable folder with "
+            "`out_path=...`."
+        ) from None
+    log.info("per-item predictions -> %s%s", table, f", confusion matrix -> {picture}" * drawn)
 
 
 def _eval_loader(data: Any, cfg: DictConfig, device: torch.device, splits: Any, task: Any):

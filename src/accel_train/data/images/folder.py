@@ -152,6 +152,7 @@ def build_image_folder(
         image_size=size,
         num_classes=len(train_folder.classes),
         device_augment=device_augment,
+        class_names=list(train_folder.classes),
     )
 
 
@@ -518,6 +519,10 @@ class ImageFolderSplit(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         return self.getitem(i, 0)
+
+    def path(self, i: int) -> str:
+        """Item i's source file (accel-eval's predictions name it)."""
+        return self.bases.path(int(self.indices[i]))
 
     def getitem(self, i: int, epoch: int) -> tuple[torch.Tensor, int]:
         base = self.bases[int(self.indices[i])]

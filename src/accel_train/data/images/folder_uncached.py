@@ -82,8 +82,12 @@ class PhotoSplit(Dataset):
     def __getitem__(self, i: int):
         return self.getitem(i, 0)
 
+    def path(self, i: int) -> str:
+        """Item i's source file (accel-eval's predictions name it)."""
+        return self.files.path(int(self.indices[i]))
+
     def getitem(self, i: int, epoch: int):
-        path = self.files.path(int(self.indices[i]))
+        path = self.path(i)
         what = f"dataset.root: the image file {path}"
         size = self.size_at(epoch) if self.size_at is not None and self.crop else self.size
         rng = random.Random(f"{self.seed}/{epoch}/{i}")

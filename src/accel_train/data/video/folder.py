@@ -154,6 +154,7 @@ def build_video_folder(
         # (No `frames` in model_args: builders that take **kwargs, model=torchvision's and
         # timm's, would pass it on to architectures that do not know it.)
         num_classes=len(classes),
+        class_names=[str(c) for c in classes],
     )
 
 
