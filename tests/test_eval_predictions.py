@@ -66,6 +66,16 @@ def test_an_image_folder_run_writes_predictions_per_class_accuracy_and_a_matrix(
     made = sorted(p.name for p in mine.parent.iterdir())
     assert made == ["a.json", "a_confusion_matrix.png", "a_predictions.csv", "mine.csv"]
     assert mine.read_text() == "the user's\n"
+    # A file of the user's with a name the predictions take: refused, nothing written.
+    (tmp_path / "scores" / "b_predictions.csv").write_text("the user's\n")
+    proc = run_cli([f"ckpt_path={ckpt}", f"out_path={tmp_path / 'scores' / 'b.json'}"],
+                   prog="accel-eval")  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "b_predictions.csv exists and is not one accel-eval wrote" in proc.stderr
+    assert not (tmp_path / "scores" / "b.json").exists()
+    # accel-eval's own files there are replaced by a later accel-eval (no overwrite needed).
+    check_ok(run_cli([f"ckpt_path={ckpt}", f"out_path={tmp_path / 'scores' / 'a.json'}"],
+                     prog="accel-eval"))  # fmt: skip
 
 
 def test_a_video_folder_run_writes_one_row_per_video(run_cli, tmp_path):

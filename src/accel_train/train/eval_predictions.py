@@ -23,6 +23,31 @@ log = logging.getLogger("accel_train")
 # Above this many classes the confusion matrix is not drawn: its cells and names become
 # unreadable at any size a picture can have (the per-class accuracy says it in the JSON).
 MAX_DRAWN_CLASSES = 30
+HEADER = ["index", "path", "label", "class", "predicted", "predicted_class", "probability"]
+# Kept in the picture's PNG text: how a later accel-eval knows the picture is its own.
+MARK = "accel-eval confusion matrix"
+
+
+def foreign_file(out: Path) -> Path | None:
+    """The CSV or picture beside `out` that exists and is not accel-eval's (None: both are
+    free to write): a CSV replaced must start with accel-eval's header, a picture hold MARK."""
+    table, picture = prediction_paths(out)
+    if table.is_file():
+        try:
+            with table.open(newline="") as f:
+                first = f.readline().strip()
+        except (OSError, UnicodeDecodeError):
+            first = ""
+        if first != ",".join(HEADER):
+            return table
+    if picture.is_file():
+        try:
+            ours = MARK.encode() in picture.read_bytes()
+        except OSError:
+            ours = False
+        if not ours:
+            return picture
+    return None
 
 
 def prediction_paths(out: Path) -> tuple[Path, Path]:
@@ -64,8 +89,7 @@ def write_csv(kept: Predictions, data: Any, names: list[str], path: Path) -> Non
     source = getattr(data, "path", None)
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["index", "path", "label", "class", "predicted", "predicted_class",
-                    "probability"])  # fmt: skip
+        w.writerow(HEADER)
         for i, (y, p, prob) in enumerate(
             zip(labels.tolist(), predicted.tolist(), probability.tolist(), strict=True)
         ):
@@ -109,5 +133,5 @@ def draw_confusion(matrix: torch.Tensor, names: list[str], path: Path, title: st
     ax.set_ylabel("true class")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, metadata={"Title": f"{MARK}: {title}"})
     return True

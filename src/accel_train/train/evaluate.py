@@ -35,6 +35,7 @@ from accel_train.train.eval_predictions import (
     class_names,
     confusion,
     draw_confusion,
+    foreign_file,
     per_class_accuracy,
     prediction_paths,
     write_csv,
@@ -131,10 +132,24 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     # The result first: a failed write below still leaves it on the screen.
     shown = "  ".join(f"{split}/{name}={value:.4f}" for name, value in scored.items())
     log.info("%s  (%s)  -> %s", shown, _counted(data), out)
+    if kept is not None:
+        _refuse_foreign(out)
     _write_result(result, out, given=bool(ecfg.out_path))
     if kept is not None:
         _write_predictions(kept, data, names, out, bool(ecfg.out_path), f"{split} split")
     return result
+
+
+def _refuse_foreign(out: Path) -> None:
+    """The predictions' names beside the result are accel-eval's: a file there of another's
+    is never replaced (checked before anything is written)."""
+    foreign = foreign_file(out)
+    if foreign is not None:
+        raise UserError(
+            f"{foreign} exists and is not one accel-eval wrote: accel-eval writes a classifier's "
+            f"predictions there, beside its result {out.name}, and replaces only its own. Move "
+            "that file or choose another `out_path` (the result is printed above)."
+        )
 
 
 def _write_predictions(kept, data, names: list[str], out: Path, given: bool, what: str) -> None:
