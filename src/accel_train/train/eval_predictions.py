@@ -56,8 +56,9 @@ def prediction_paths(out: Path) -> tuple[Path, Path]:
     return out.with_name(f"{stem}_predictions.csv"), out.with_name(f"{stem}_confusion_matrix.png")
 
 
-def class_names(splits: Any, num_classes: int) -> list[str]:
+def class_names(splits: Any) -> list[str]:
     """The data's class names in label order (Splits.class_names), else the indices."""
+    num_classes = splits.num_classes
     names = getattr(splits, "class_names", None)
     if names and len(names) == num_classes:
         return [str(n) for n in names]

@@ -28,7 +28,7 @@ from accel_train.loggers import json_safe
 from accel_train.parallel import DistEnv, resolve_device
 from accel_train.precision import Precision, resolve_precision
 from accel_train.run_checkpoint import RunCheckpoint
-from accel_train.tasks import Task, TaskContext, build_task
+from accel_train.tasks import Predictions, Task, TaskContext, build_task
 from accel_train.techniques.channels_last import to_channels_last
 from accel_train.train.batchnorm_stats import warn_if_unsettled
 from accel_train.train.eval_predictions import (
@@ -113,7 +113,6 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
     kept = task.keep_predictions()  # a classifier's per-item predictions (None: no classes)
     scored = score(model, loader, task, precision, env)
     cases = task.write_cases() if keep_cases is not None else []
-    names = class_names(splits, splits.num_classes) if kept is not None else []
     result = {
         "ckpt_path": str(ckpt_path),
         "dataset": cfg.dataset.get("name", "custom"),
@@ -127,17 +126,30 @@ def evaluate_checkpoint(ecfg: DictConfig) -> dict[str, Any]:
         "epoch": state["progress"]["epoch"],
         "precision": precision.describe(),
         **({"cases": cases} if cases else {}),
-        **({"per_class_acc": per_class_accuracy(kept, names)} if kept is not None else {}),
+        **_per_class(kept, splits),
     }
     # The result first: a failed write below still leaves it on the screen.
     shown = "  ".join(f"{split}/{name}={value:.4f}" for name, value in scored.items())
     log.info("%s  (%s)  -> %s", shown, _counted(data), out)
+    _write_outputs(result, out, bool(ecfg.out_path), kept, data, class_names(splits))
+    return result
+
+
+def _per_class(kept: Predictions | None, splits) -> dict[str, Any]:
+    """The result's per_class_acc where the task kept predictions (a classifier)."""
+    if kept is None:
+        return {}
+    return {"per_class_acc": per_class_accuracy(kept, class_names(splits))}
+
+
+def _write_outputs(result, out: Path, given: bool, kept: Predictions | None, data, names) -> None:
+    """The result JSON, and beside it a classifier's predictions (a file of another's at their
+    names refused before anything is written)."""
     if kept is not None:
         _refuse_foreign(out)
-    _write_result(result, out, given=bool(ecfg.out_path))
+    _write_result(result, out, given=given)
     if kept is not None:
-        _write_predictions(kept, data, names, out, bool(ecfg.out_path), f"{split} split")
-    return result
+        _write_predictions(kept, data, names, out, given, f"{result['split']} split")
 
 
 def _refuse_foreign(out: Path) -> None:
