@@ -271,6 +271,11 @@ class SignalArraysDatasetConfig(DatasetConfig):
     class_names: list[str] | None = None
     channels_last: bool | None = None
     window: int | None = None
+    stride: int | None = None
+    sample_rate: float | None = None
+    label_column: str = "label"
+    recording: str | None = None
+    columns: list[str] | None = None
     features: SignalFeaturesConfig = field(default_factory=SignalFeaturesConfig)
 
 

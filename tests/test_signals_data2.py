@@ -1,0 +1,147 @@
+"""Signals (issue 64), second slice, through the real CLI on data generated here: SigMF
+recordings (any datatype, overlapping annotations and ones that run to the end of the capture,
+labels from core:label or signal:detail) and CSV time series (windows per recording,
+standardize features), and their refusals by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import check_ok, read_jsonl
+
+pytest.importorskip("sigmf")
+
+
+def tone(freq: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n)
+    return np.exp(2j * np.pi * freq * t + 1j * rng.uniform(0, 6.3)) + 0.05 * (
+        rng.standard_normal(n) + 1j * rng.standard_normal(n)
+    )
+
+
+def write_sigmf(stem: Path, samples: np.ndarray, datatype: str | None, annotations: list,
+                rate: float | None = 1e6) -> Path:  # fmt: skip
+    """samples complex (or real) in [-1, 1): stored as `datatype` (e.g. ci16_be, rf32_le)."""
+    kind, rest = datatype[:2] if datatype else "cf", datatype[2:] if datatype else "32_le"
+    width, endian = rest.split("_") if "_" in rest else (rest, "le")
+    base = {"f": "f", "i": "i", "u": "u"}[kind[1]] + str(int(width) // 8)
+    dtype = np.dtype(("<" if endian == "le" else ">") + base)
+    x = samples if kind[0] == "c" else samples.real
+    scale = 2 ** (int(width) - 1) * 0.9 if kind[1] == "i" else 1.0
+    parts = np.stack([x.real, x.imag], 1).reshape(-1) if kind[0] == "c" else x
+    (parts * scale).astype(dtype).tofile(stem.with_suffix(".sigmf-data"))
+    glob = {"core:version": "1.0.0"}
+    if datatype:
+        glob["core:datatype"] = datatype
+    if rate:
+        glob["core:sample_rate"] = rate
+    meta = {"global": glob, "captures": [{"core:sample_start": 0}], "annotations": annotations}
+    path = stem.with_suffix(".sigmf-meta")
+    path.write_text(json.dumps(meta))
+    return path
+
+
+def args(path, run_dir, *extra, batch: int = 16, epochs: int = 3):
+    return [
+        "dataset=signal_arrays", f"dataset.path={path}", "model.width=8", "optimizer=adamw",
+        "optimizer.lr=0.003", f"loader.batch_size={batch}", f"trainer.max_epochs={epochs}",
+        "trainer.progress=none", "logger=none", f"hydra.run.dir={run_dir}", *extra,
+    ]  # fmt: skip
+
+
+def test_sigmf_recordings_of_any_datatype_train_on_their_annotations(run_cli, tmp_path):
+    """Two classes (a low and a high tone) in files of three datatypes; the last annotation of
+    each has no sample_count (it runs to the capture's end) and one overlaps another; one
+    file's labels come from signal:detail."""
+    rng = np.random.default_rng(0)
+    root = tmp_path / "sigmf"
+    root.mkdir()
+    for i, datatype in enumerate(("ci16_be", "cf32_le", "ci8")):
+        low, high = tone(0.02, 2048, rng), tone(0.3, 2048, rng)
+        x = np.concatenate([low, high]) * 0.7
+        if i == 2:  # signal:detail's modulation class takes precedence
+            notes = [
+                {"core:sample_start": 0, "core:sample_count": 2048, "core:label": "x",
+                 "signal:detail": {"mod_class": "low"}},
+                {"core:sample_start": 2048, "signal:detail": {"mod_class": "high"}},
+            ]  # fmt: skip
+        else:
+            notes = [{"core:sample_start": 0, "core:sample_count": 2048, "core:label": "low"},
+                     {"core:sample_start": 1024, "core:sample_count": 512, "core:label": "low"},
+                     {"core:sample_start": 2048, "core:label": "high"}]  # fmt: skip
+        write_sigmf(root / f"rec{i}", x, datatype, notes)
+    run_dir = tmp_path / "run"
+    proc = run_cli(args(root, run_dir, "dataset.window=128", "dataset.stride=64",
+                        "dataset.val_fraction=0.25",
+                        "dataset.features.kind=iq_power_norm"))  # fmt: skip
+    check_ok(proc)
+    text = proc.stdout + proc.stderr
+    # 31 windows per 2048 samples at stride 64, per class and file, plus 7 in the overlap x2.
+    assert "200 windows of 2 x 128 samples" in text and "2 classes (high, low)" in text, text
+    last = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "val/acc" in r][-1]
+    assert last["val/acc"] >= 0.9, last
+
+
+def test_sigmf_refusals_by_name(run_cli, tmp_path):
+    common = ["trainer.progress=none", "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
+    notes = [{"core:sample_start": 0, "core:label": "a"}]
+    x = tone(0.1, 256, np.random.default_rng(1)) * 0.5
+    untyped = write_sigmf(tmp_path / "untyped", x, None, notes)
+    refused(run_cli(["dataset=signal_arrays", f"dataset.path={untyped}", *common]),
+            str(untyped), "core:datatype")  # fmt: skip
+    rateless = write_sigmf(tmp_path / "rateless", x, "cf32_le", notes, rate=None)
+    refused(run_cli(["dataset=signal_arrays", f"dataset.path={rateless}", *common]),
+            str(rateless), "dataset.sample_rate")  # fmt: skip
+
+
+def refused(proc, *words: str) -> str:
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    assert "Traceback" not in text, text
+    for word in words:
+        assert word in text, text
+    return text
+
+
+def write_sensors(path: Path, nan_at: int | None = None) -> Path:
+    """Two recordings ("walk": a 1 Hz swing; "rest": a constant with noise) of 3 channels at
+    50 Hz, on different scales per channel, in one CSV with a recording column."""
+    rng = np.random.default_rng(2)
+    rows = ["subject,ax,ay,az,activity"]
+    for rec in range(6):
+        act = "walk" if rec % 2 else "rest"
+        t = np.arange(200) / 50
+        swing = np.sin(2 * np.pi * t + rng.uniform(0, 6.3)) if act == "walk" else 0 * t
+        for k in range(200):
+            ax, ay, az = 100 * swing[k], 0.01 * swing[k], 9.8 + rng.normal(0, 0.05)
+            rows.append(f"s{rec},{ax + rng.normal(0, 5):.4f},{ay:.5f},{az:.4f},{act}")
+    if nan_at is not None:
+        parts = rows[nan_at + 1].split(",")
+        rows[nan_at + 1] = ",".join([parts[0], "", *parts[2:]])
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_csv_series_train_in_windows_per_recording_standardized(run_cli, tmp_path):
+    data = write_sensors(tmp_path / "har.csv")
+    run_dir = tmp_path / "run"
+    proc = run_cli(args(data, run_dir, "dataset.window=64", "dataset.stride=32",
+                        "dataset.recording=subject", "dataset.label_column=activity",
+                        "dataset.val_fraction=0.25", "dataset.features.kind=standardize",
+                        batch=4, epochs=6))  # fmt: skip
+    check_ok(proc)
+    text = proc.stdout + proc.stderr
+    # 200 rows per recording: starts 0, 32, ..., 128 (5 windows), never across two recordings.
+    assert "30 windows of 3 x 64 samples" in text and "2 classes (rest, walk)" in text, text
+    last = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "val/acc" in r][-1]
+    assert last["val/acc"] >= 0.9, last
+
+
+def test_a_window_with_nan_is_refused_naming_file_and_row(run_cli, tmp_path):
+    data = write_sensors(tmp_path / "har.csv", nan_at=310)
+    proc = run_cli(args(data, tmp_path / "run", "dataset.window=64",
+                        "dataset.recording=subject", "dataset.label_column=activity"))  # fmt: skip
+    refused(proc, str(data), "row 312", "NaN")
