@@ -145,3 +145,61 @@ def test_a_window_with_nan_is_refused_naming_file_and_row(run_cli, tmp_path):
     proc = run_cli(args(data, tmp_path / "run", "dataset.window=64",
                         "dataset.recording=subject", "dataset.label_column=activity"))  # fmt: skip
     refused(proc, str(data), "row 312", "NaN")
+
+
+# ---- accel-data convert: RadioML 2016's pickle -> HDF5 ----------------------------------------
+
+
+class Payload:
+    """What a hostile pickle holds: unpickling it would call os.system."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("touch pwned",))
+
+
+def test_a_radioml_2016_pickle_is_converted_and_trains(run_cli, tmp_path):
+    import pickle
+
+    rng = np.random.default_rng(3)
+    data = {
+        (mod, snr): np.stack([np.stack([x.real, x.imag]) for x in
+                              (tone(f, 64, rng) for _ in range(24))]).astype(np.float32)
+        for mod, f in (("LOW", 0.02), ("HIGH", 0.3)) for snr in (-2, 18)
+    }  # fmt: skip
+    pkl = tmp_path / "RML2016.10a_dict.pkl"
+    pkl.write_bytes(pickle.dumps(data, protocol=2))  # RadioML 2016's protocol
+    out = tmp_path / "converted"
+    proc = run_cli(["convert", f"input={pkl}", f"out={out}"], prog="accel-data")
+    check_ok(proc)
+    assert "dataset.class_names=[HIGH,LOW]" in proc.stdout, proc.stdout
+    assert (out / "classes.txt").read_text() == "HIGH\nLOW\n"
+    # Nothing lost: a second run is refused, overwrite=true replaces the command's own files.
+    again = run_cli(["convert", f"input={pkl}", f"out={out}"], prog="accel-data")
+    refused(again, "overwrite=true")
+    check_ok(run_cli(["convert", f"input={pkl}", f"out={out}", "overwrite=true"],
+                     prog="accel-data"))  # fmt: skip
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    refused(run_cli(["convert", f"input={pkl}", f"out={mine}", "overwrite=true"],
+                    prog="accel-data"), "notes.txt")  # fmt: skip
+    assert (mine / "notes.txt").read_text() == "mine"
+    run_dir = tmp_path / "run"
+    train = run_cli(args(out / "radioml.h5", run_dir, "dataset.class_names=[HIGH,LOW]",
+                         "dataset.val_fraction=0.25", "dataset.features.kind=iq_power_norm",
+                         "trainer.plot_curves=false", epochs=2))  # fmt: skip
+    check_ok(train)
+    last = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "val/acc" in r][-1]
+    assert "val/acc_snr/18.0" in last or "val/acc_snr/18" in last, last
+
+
+def test_a_pickle_holding_anything_but_arrays_is_refused(run_cli, tmp_path):
+    import pickle
+
+    pkl = tmp_path / "evil.pkl"
+    pkl.write_bytes(pickle.dumps({("BPSK", 0): Payload()}, protocol=2))
+    proc = run_cli(["convert", f"input={pkl}", f"out={tmp_path / 'out'}"], prog="accel-data")
+    refused(proc, str(pkl), "posix.system", "nothing was written")
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "out").exists()

@@ -91,8 +91,8 @@ def _kind(path: Path) -> str:
         raise UserError(
             f"dataset.path={path}: a pickle file (RadioML 2016's .pkl is one). Training never "
             "unpickles: a pickle runs code when it is read. Convert it once to arrays with "
-            f"`accel-data convert in={path} out=<folder>` (a restricted unpickler that accepts "
-            "only numpy arrays), or save X/Y/Z as .npy files, .npz or HDF5 yourself."
+            f"`accel-data convert input={path} out=<folder>` (a restricted unpickler that "
+            "accepts only numpy arrays), or save X/Y/Z as .npy files, .npz or HDF5 yourself."
         )
     if suffix == ".npz":
         return "npz"
