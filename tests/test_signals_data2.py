@@ -203,3 +203,59 @@ def test_a_pickle_holding_anything_but_arrays_is_refused(run_cli, tmp_path):
     proc = run_cli(["convert", f"input={pkl}", f"out={tmp_path / 'out'}"], prog="accel-data")
     refused(proc, str(pkl), "posix.system", "nothing was written")
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "out").exists()
+
+
+# ---- official audio splits --------------------------------------------------------------------
+
+
+def write_sounds(root: Path, rels: list[str]) -> Path:
+    sf = pytest.importorskip("soundfile")
+    rng = np.random.default_rng(4)
+    for rel in rels:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        sf.write(root / rel, (0.3 * rng.standard_normal(1600)).astype(np.float32), 8000)
+    return root
+
+
+def audio_split_line(run_cli, root: Path, run_dir: Path, *extra: str) -> str:
+    """The build's line saying how it validates, from a run of one step."""
+    proc = run_cli([
+        "dataset=audio_folder", f"dataset.root={root}", "dataset.sample_rate=8000",
+        "dataset.clip_seconds=0.1", "dataset.features.n_fft=128", "dataset.features.hop_length=64",
+        "dataset.features.n_mels=16", "model.width=4", "loader.batch_size=4",
+        "trainer.max_steps=1", "trainer.progress=none", "logger=none",
+        f"hydra.run.dir={run_dir}", *extra,
+    ])  # fmt: skip
+    check_ok(proc)
+    return next(line for line in (proc.stdout + proc.stderr).splitlines() if "validating" in line)
+
+
+def test_official_audio_splits_are_kept(run_cli, tmp_path):
+    pytest.importorskip("torchcodec")
+    # UrbanSound8K-like fold folders of class folders: fold 2 validates, folds 1 and 3 train.
+    rels = [f"fold{k}/{c}/{i}.wav" for k in (1, 2, 3) for c in ("dog", "siren") for i in range(k)]
+    folds = write_sounds(tmp_path / "folds", rels)
+    line = audio_split_line(run_cli, folds, tmp_path / "r1", "dataset.fold=2")
+    assert "validating on 4 (fold 2 of 1, 2, 3)" in line, line
+    # Speech Commands' lists: listed files validate and test, the rest trains.
+    sc = write_sounds(tmp_path / "sc", [f"{c}/{i}_nohash_0.wav" for c in ("yes", "no")
+                                        for i in range(4)])  # fmt: skip
+    (sc / "validation_list.txt").write_text("yes/0_nohash_0.wav\nno/1_nohash_0.wav\n")
+    (sc / "testing_list.txt").write_text("yes/2_nohash_0.wav\n")
+    line = audio_split_line(run_cli, sc, tmp_path / "r2")
+    assert "validating on 2 (validation_list.txt and testing_list.txt)" in line, line
+    # A list with a fold column and a speaker column: a speaker is never on both sides.
+    rows, rels = ["path,label,fold,speaker"], []
+    for i in range(12):
+        rel = f"clips/{i}.wav"
+        rels.append(rel)
+        rows.append(f"{rel},{'ab'[i % 2]},{1 + i % 3},spk{i // 2}")
+    listed = write_sounds(tmp_path / "listed", rels)
+    (listed / "list.csv").write_text("\n".join(rows) + "\n")
+    common = [f"dataset.list_file={listed / 'list.csv'}"]
+    line = audio_split_line(run_cli, listed, tmp_path / "r3", *common, "dataset.fold=3")
+    assert "validating on 4 (fold 3 of 1, 2, 3)" in line, line
+    line = audio_split_line(run_cli, listed, tmp_path / "r4", *common, "dataset.group=speaker",
+                            "dataset.val_fraction=0.34")  # fmt: skip
+    # 6 speakers of 2 clips each: 2 speakers validate, both of their clips.
+    assert "validating on 4 (speaker spk" in line and ": 2 of 6)" in line, line

@@ -288,6 +288,8 @@ class AudioFolderDatasetConfig(DatasetConfig):
     clip_seconds: float = 1.0
     pad: str = "zeros"
     eval_clips: int = 1
+    fold: str | None = None
+    group: str | None = None
     features: SignalFeaturesConfig = field(
         default_factory=lambda: SignalFeaturesConfig(kind="log_mel")
     )
