@@ -89,8 +89,7 @@ def build_audio_folder(
                             ("eval_clips", eval_clips, 1)):  # fmt: skip
         if value < low:
             raise UserError(f"dataset.{key}={value} must be >= {low} (docs/signals.md).")
-    if not clip_seconds > 0:
-        raise UserError(f"dataset.clip_seconds={clip_seconds} must be > 0 (the window's length).")
+    _check_clip(clip_seconds)
     if pad not in PADS:
         raise UserError(
             f"dataset.pad={pad!r} is not one of {', '.join(PADS)}: how a recording shorter "
@@ -129,6 +128,11 @@ def build_audio_folder(
         num_classes=len(classes),
         device_features=build_features(features, int(sample_rate), "audio"),
     )
+
+
+def _check_clip(clip_seconds: float) -> None:
+    if not clip_seconds > 0:
+        raise UserError(f"dataset.clip_seconds={clip_seconds} must be > 0 (the window's length).")
 
 
 def _sources(root: Path, list_file: str | None, group: str | None):
