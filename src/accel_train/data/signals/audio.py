@@ -285,6 +285,7 @@ class AudioSplit(Dataset):
         self.durations = durations[idx] if idx else np.zeros(0)
         self.rate, self.channels, self.clip, self.pad = rate, channels, clip, pad
         self.seed, self.views = seed, views
+        self.views_from = f"dataset.eval_clips={views}"  # named by the device-batch line
         self.samples = round(clip * rate)
 
     def __len__(self) -> int:
