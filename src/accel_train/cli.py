@@ -30,6 +30,7 @@ from accel_train.config.aliases import alias_overrides, apply_process_wide, eval
 from accel_train.config.free_text import take_free_text
 from accel_train.config.hydra_errors import refuse_unknown_keys, report_config_errors
 from accel_train.config.schema import (
+    ConvertConfig,
     EvalConfig,
     ExportConfig,
     SampleConfig,
@@ -370,8 +371,22 @@ def _shard(cfg: DictConfig):
     shard(cfg)
 
 
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="convert")
+@report_user_errors
+@report_config_errors
+def _convert(cfg: DictConfig):
+    refuse_unknown_keys(cfg, ConvertConfig)
+    from accel_train.commands.convert import convert  # deferred: see the module docstring
+
+    convert(cfg)
+
+
 # `accel-data <command> key=value ...`: one Hydra config per command.
-_DATA_COMMANDS = {"tokenize": (_tokenize, "tokenize.yaml"), "shard": (_shard, "shard.yaml")}
+_DATA_COMMANDS = {
+    "tokenize": (_tokenize, "tokenize.yaml"),
+    "shard": (_shard, "shard.yaml"),
+    "convert": (_convert, "convert.yaml"),
+}
 
 
 def data() -> None:

@@ -18,6 +18,7 @@ from accel_train.config.schema import submitit as _submitit
 from accel_train.config.schema.catalogue import OPTION_SCHEMAS, register_configs, schema_name
 from accel_train.config.schema.checkpoint import CheckpointConfig
 from accel_train.config.schema.commands import (
+    ConvertConfig,
     EvalConfig,
     ExportConfig,
     SampleConfig,
@@ -222,6 +223,7 @@ __all__ = [
     "ExportConfig",
     "SampleConfig",
     "TokenizeConfig",
+    "ConvertConfig",
     "ShardConfig",
     "OPTION_SCHEMAS",
     "schema_name",

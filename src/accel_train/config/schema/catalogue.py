@@ -11,6 +11,7 @@ from accel_train.config.lazy_store import store_lazily
 from accel_train.config.schema import submitit
 from accel_train.config.schema.checkpoint import CheckpointConfig
 from accel_train.config.schema.commands import (
+    ConvertConfig,
     EvalConfig,
     ExportConfig,
     SampleConfig,
@@ -208,6 +209,7 @@ def register_configs() -> None:
     store_lazily("export_schema", ExportConfig)
     store_lazily("tokenize_schema", TokenizeConfig)
     store_lazily("shard_schema", ShardConfig)
+    store_lazily("convert_schema", ConvertConfig)
     store_lazily("sample_schema", SampleConfig)
     for group, options in OPTION_SCHEMAS.items():
         for schema in set(options.values()):

@@ -65,6 +65,13 @@ class TokenizeConfig:
 
 
 @dataclass
+class ConvertConfig:
+    input: str = MISSING
+    out: str = MISSING
+    overwrite: bool = False
+
+
+@dataclass
 class ShardConfig:
     dataset: Any = MISSING
     task: Any = None  # what dataset=tokens picks for training (its defaults list): unused here

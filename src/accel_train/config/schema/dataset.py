@@ -280,6 +280,11 @@ class SignalArraysDatasetConfig(DatasetConfig):
     class_names: list[str] | None = None
     channels_last: bool | None = None
     window: int | None = None
+    stride: int | None = None
+    sample_rate: float | None = None
+    label_column: str = "label"
+    recording: str | None = None
+    columns: list[str] | None = None
     features: SignalFeaturesConfig = field(default_factory=SignalFeaturesConfig)
 
 
@@ -292,6 +297,8 @@ class AudioFolderDatasetConfig(DatasetConfig):
     clip_seconds: float = 1.0
     pad: str = "zeros"
     eval_clips: int = 1
+    fold: str | None = None
+    group: str | None = None
     features: SignalFeaturesConfig = field(
         default_factory=lambda: SignalFeaturesConfig(kind="log_mel")
     )

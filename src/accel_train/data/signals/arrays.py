@@ -41,6 +41,9 @@ import torch
 from torch.utils.data import Dataset
 
 from accel_train.data.signals.features import build_features
+from accel_train.data.signals.sigmf_files import is_sigmf, read_sigmf
+from accel_train.data.signals.tables import is_table, read_tables
+from accel_train.data.signals.windows import Windows, channel_stats
 from accel_train.data.splits import EvalGroups, Splits, held_out_indices
 from accel_train.errors import UserError
 
@@ -88,8 +91,8 @@ def _kind(path: Path) -> str:
         raise UserError(
             f"dataset.path={path}: a pickle file (RadioML 2016's .pkl is one). Training never "
             "unpickles: a pickle runs code when it is read. Convert it once to arrays with "
-            f"`accel-data convert in={path} out=<folder>` (a restricted unpickler that accepts "
-            "only numpy arrays), or save X/Y/Z as .npy files, .npz or HDF5 yourself."
+            f"`accel-data convert input={path} out=<folder>` (a restricted unpickler that "
+            "accepts only numpy arrays), or save X/Y/Z as .npy files, .npz or HDF5 yourself."
         )
     if suffix == ".npz":
         return "npz"
@@ -123,6 +126,11 @@ def build_signal_arrays(
     class_names: Sequence[str] | None = None,
     channels_last: bool | None = None,
     window: int | None = None,
+    stride: int | None = None,
+    sample_rate: float | None = None,
+    label_column: str = "label",
+    recording: str | None = None,
+    columns: Sequence[str] | None = None,
     features: Mapping | None = None,
     val_fraction: float = 0.1,
     seed: int = 0,
@@ -134,30 +142,26 @@ def build_signal_arrays(
             f"dataset.path={path!r}: no such file or folder. Point it at an HDF5 file, an .npz "
             "or a folder of .npy files (docs/signals.md)."
         )
+    if is_sigmf(file) or is_table(file):
+        windows = (read_sigmf(file, window, stride, sample_rate) if is_sigmf(file) else
+                   read_tables(file, window, stride, label_column, recording, columns))  # fmt: skip
+        return _window_splits(file, windows, class_names, features, val_fraction, seed)
     signal, layout, labels, num_classes, snr = _read(file, keys, channels_last)
     classes = _class_names(class_names, num_classes)
     length = layout.length
-    window = int(window) if window else length
-    if window > length or window < 1:
-        raise UserError(
-            f"dataset.window={window} is longer than every recording of {file}: each holds "
-            f"{length} samples. Set `dataset.window` to at most {length} (null: the whole "
-            "recording)."
-        )
+    window = _window_of(window, length, file)
     n = len(labels)
     scan = signal.array().size * signal.array().dtype.itemsize <= FINITE_SCAN_BYTES
     if scan:
         _check_finite(signal, n, file, signal.key)
-    groups = values = None
-    if snr is not None:
-        values, groups = np.unique(snr, return_inverse=True)
-        groups = torch.as_tensor(groups.reshape(-1), dtype=torch.int64)
+    values, groups = _snr_groups(snr)
     strata = labels if groups is None else labels * (len(values) + 1) + groups
     train_idx, val_idx = held_out_indices(n, val_fraction, seed, strata)
     common = dict(source=signal, layout=layout, window=window, seed=seed,
                   check=not scan)  # fmt: skip
     train = ArraySplit(train_idx, labels, None, train=True, **common)
     val = ArraySplit(val_idx, labels, groups, train=False, **common)
+    stats = channel_stats(train) if _kind_of(features) == "standardize" else None
     log.info(
         "dataset=signal_arrays: %d recordings of %d x %d samples (%s), %d classes (%s), "
         "windows of %d; validating on %d held out (stratified by class%s)",
@@ -172,8 +176,58 @@ def build_signal_arrays(
         in_channels=layout.channels,
         image_size=window,
         num_classes=num_classes,
-        device_features=build_features(features, 0, "signal_arrays"),
+        device_features=build_features(features, 0, "signal_arrays", stats),
         groups=EvalGroups("snr", [float(v) for v in values]) if values is not None else None,
+    )
+
+
+def _window_of(window: int | None, length: int, file: Path) -> int:
+    window = int(window) if window else length
+    if window > length or window < 1:
+        raise UserError(
+            f"dataset.window={window} is longer than every recording of {file}: each holds "
+            f"{length} samples. Set `dataset.window` to at most {length} (null: the whole "
+            "recording)."
+        )
+    return window
+
+
+def _snr_groups(snr: np.ndarray | None):
+    """(the distinct SNRs, each recording's index among them), or (None, None)."""
+    if snr is None:
+        return None, None
+    values, groups = np.unique(snr, return_inverse=True)
+    return values, torch.as_tensor(groups.reshape(-1), dtype=torch.int64)
+
+
+def _kind_of(features: Mapping | None) -> str:
+    return str(dict(features or {}).get("kind", "none"))
+
+
+def _window_splits(file: Path, windows: Windows, class_names, features, val_fraction: float,
+                   seed: int) -> Splits:  # fmt: skip
+    """Splits of windows cut from recordings (SigMF, CSV/Parquet): held out stratified by
+    class."""
+    if class_names:
+        _class_names(class_names, len(windows.classes))
+    train_idx, val_idx = held_out_indices(len(windows.labels), val_fraction, seed, windows.labels)
+    train, val = windows.split(train_idx), windows.split(val_idx)
+    stats = channel_stats(train) if _kind_of(features) == "standardize" else None
+    log.info(
+        "dataset=signal_arrays: %d windows of %d x %d samples from %s, %d classes (%s); "
+        "validating on %d held out (stratified by class)",
+        len(windows.labels), windows.channels, windows.window, file.name, len(windows.classes),
+        ", ".join(windows.classes[:8]) + (", ..." if len(windows.classes) > 8 else ""),
+        len(val_idx),
+    )  # fmt: skip
+    return Splits(
+        train,
+        val,
+        None,
+        in_channels=windows.channels,
+        image_size=windows.window,
+        num_classes=len(windows.classes),
+        device_features=build_features(features, 0, "signal_arrays", stats),
     )
 
 

@@ -19,7 +19,10 @@ Items are float32 waveforms. Training: ``(C, N)``, a random window of ``clip_sec
 zeros or repeated (``dataset.pad``). Evaluation: ``(V, C, N)``, ``eval_clips`` windows spread
 uniformly over the recording; the classifier averages their scores per recording, as it does a
 video's clips. The features (log-mel, SpecAugment) are computed on the device
-(data/signals/features.py). Validation is a seeded ``val_fraction`` held out, stratified by class.
+(data/signals/features.py). Validation keeps the official splits when there are some
+(``dataset.fold``, Speech Commands' lists, ``dataset.group``: audio_splits.py), else a seeded
+``val_fraction`` held out, stratified by class. Class folders may sit in fold folders
+(``root/fold<K>/<class>/``); a list file with a header may name ``fold`` and group columns.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from accel_train.data.signals.audio_splits import FOLD_DIR, fold_of, split_indices
 from accel_train.data.signals.features import build_features
-from accel_train.data.splits import Splits, held_out_indices
+from accel_train.data.splits import Splits
 from accel_train.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -73,17 +77,19 @@ def build_audio_folder(
     clip_seconds: float = 1.0,
     pad: str = "zeros",
     eval_clips: int = 1,
+    fold: str | int | None = None,
+    group: str | None = None,
     features: Mapping | None = None,
     val_fraction: float = 0.1,
     seed: int = 0,
 ) -> Splits:
-    """Train / val splits of a folder (or list) of sound files (see the module docstring)."""
+    """Train / val (/ test) splits of a folder (or list) of sound files (see the module
+    docstring; the splits: audio_splits.py)."""
     for key, value, low in (("sample_rate", sample_rate, 1), ("channels", channels, 1),
                             ("eval_clips", eval_clips, 1)):  # fmt: skip
         if value < low:
             raise UserError(f"dataset.{key}={value} must be >= {low} (docs/signals.md).")
-    if not clip_seconds > 0:
-        raise UserError(f"dataset.clip_seconds={clip_seconds} must be > 0 (the window's length).")
+    _check_clip(clip_seconds)
     if pad not in PADS:
         raise UserError(
             f"dataset.pad={pad!r} is not one of {', '.join(PADS)}: how a recording shorter "
@@ -97,21 +103,26 @@ def build_audio_folder(
             "dataset.list_file names, relative to it)."
         )
     check_decoder()
-    paths, labels, classes = _sources(root_dir, list_file)
+    paths, labels, classes, folds, groups = _sources(root_dir, list_file, group)
     durations = read_durations(paths)
-    train_idx, val_idx = held_out_indices(len(paths), val_fraction, seed, labels)
+    rels = [Path(os.path.relpath(p, root_dir)).as_posix() for p in paths]
+    train_idx, val_idx, test_idx, how = split_indices(
+        root_dir, rels, labels, fold=fold, folds=folds, groups=groups, group_key=group,
+        val_fraction=val_fraction, seed=seed,
+    )  # fmt: skip
     common = dict(paths=paths, labels=labels, durations=durations, rate=int(sample_rate),
                   channels=int(channels), clip=float(clip_seconds), pad=pad, seed=seed)  # fmt: skip
     log.info(
         "dataset=audio_folder: %d recordings, %d classes (%s); windows of %g s at %d Hz; "
-        "validating on %d held out (dataset.val_fraction), %d window(s) each",
+        "validating on %d (%s), %d window(s) each",
         len(paths), len(classes), ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else ""),
-        clip_seconds, sample_rate, len(val_idx), eval_clips,
+        clip_seconds, sample_rate, len(val_idx), how, eval_clips,
     )  # fmt: skip
+    test = AudioSplit(test_idx, views=int(eval_clips), **common) if test_idx is not None else None
     return Splits(
         AudioSplit(train_idx, views=0, **common),
         AudioSplit(val_idx, views=int(eval_clips), **common),
-        None,
+        test,
         in_channels=int(channels),
         image_size=round(clip_seconds * sample_rate),
         num_classes=len(classes),
@@ -119,57 +130,90 @@ def build_audio_folder(
     )
 
 
-def _sources(root: Path, list_file: str | None) -> tuple[list[str], torch.Tensor, list[str]]:
-    """(absolute paths, class indices, class names) from the class folders or the list."""
+def _check_clip(clip_seconds: float) -> None:
+    if not clip_seconds > 0:
+        raise UserError(f"dataset.clip_seconds={clip_seconds} must be > 0 (the window's length).")
+
+
+def _sources(root: Path, list_file: str | None, group: str | None):
+    """(absolute paths, class indices, class names, folds, groups) from the class folders or
+    the list."""
     if list_file:
-        rows = _read_list(Path(list_file).expanduser())
-        classes = sorted({label for _, label in rows})
+        rows = _read_list(Path(list_file).expanduser(), group)
+        classes = sorted({r["label"] for r in rows})
         index = {c: i for i, c in enumerate(classes)}
-        labels = torch.tensor([index[label] for _, label in rows], dtype=torch.int64)
-        return [str(root / p) for p, _ in rows], labels, classes
+        labels = torch.tensor([index[r["label"]] for r in rows], dtype=torch.int64)
+        folds = [fold_of(r["path"], r.get("fold")) for r in rows]
+        groups = [r["group"] for r in rows] if group else None
+        return [str(root / r["path"]) for r in rows], labels, classes, folds, groups
+    bases = [root]
     folders = sorted(p.name for p in root.iterdir() if p.is_dir())
-    skipped = [f for f in folders if not_a_class(f) and not f.startswith(".")]
-    classes = [f for f in folders if not not_a_class(f)]
+    if not any(not not_a_class(f) for f in folders):  # fold1/<class>/...: classes in folds
+        bases = [root / f for f in folders if FOLD_DIR.match(f)] or bases
+    found_classes = sorted({p.name for b in bases for p in b.iterdir() if p.is_dir()})
+    skipped = [f for f in found_classes if not_a_class(f) and not f.startswith(".")]
+    classes = [f for f in found_classes if not not_a_class(f)]
     if skipped:
         log.info("dataset=audio_folder: not classes (a name starting with _ or fold): %s",
                  ", ".join(skipped))  # fmt: skip
     if not classes:
         raise UserError(
             f"dataset.root={root}: no class folders (folders named _* or fold* are not "
-            "classes). Put each class's sound files in its own sub-folder, root/<class>/*.wav, "
-            "or list them in a CSV `path,label` given as dataset.list_file."
+            "classes). Put each class's sound files in its own sub-folder, root/<class>/*.wav "
+            "(or root/fold<K>/<class>/*.wav), or list them in a CSV `path,label` given as "
+            "dataset.list_file."
         )
     paths, labels = [], []
     for c, name in enumerate(classes):
-        found = []
-        for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
-            dirnames[:] = sorted(d for d in dirnames if d[0] != ".")
-            found += [os.path.join(dirpath, f) for f in sorted(filenames)
-                      if f[0] != "." and f.lower().endswith(AUDIO_EXTENSIONS)]  # fmt: skip
+        found = [f for b in bases for f in _sounds(b / name)]
         if not found:
             raise UserError(
-                f"dataset.root: the class folder {root / name} has no sound files "
+                f"dataset.root: the class folder {name} under {root} has no sound files "
                 f"({' '.join(AUDIO_EXTENSIONS)}). Add its files or remove the folder."
             )
         paths += found
         labels += [c] * len(found)
-    return paths, torch.tensor(labels, dtype=torch.int64), classes
+    folds = [fold_of(os.path.relpath(p, root), None) for p in paths]
+    return paths, torch.tensor(labels, dtype=torch.int64), classes, folds, None
 
 
-def _read_list(file: Path) -> list[tuple[str, str]]:
+def _sounds(folder: Path) -> list[str]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if d[0] != ".")
+        found += [os.path.join(dirpath, f) for f in sorted(filenames)
+                  if f[0] != "." and f.lower().endswith(AUDIO_EXTENSIONS)]  # fmt: skip
+    return found
+
+
+def _read_list(file: Path, group: str | None) -> list[dict]:
+    """Rows ``path,label`` (no header), or with a header naming ``path``, ``label`` and
+    optionally ``fold`` and the ``dataset.group`` column."""
     if not file.is_file():
         raise UserError(f"dataset.list_file={file}: no such file. Give a CSV `path,label`.")
     table = [r for r in csv.reader(file.read_text(encoding="utf-8").splitlines()) if r]
-    if table and [c.strip().lower() for c in table[0][:2]] == ["path", "label"]:
-        table = table[1:]
+    header = [c.strip().lower() for c in table[0]] if table else []
+    named = header[:2] == ["path", "label"] or ("path" in header and "label" in header)
+    if group and (not named or group.lower() not in header):
+        raise UserError(
+            f"dataset.group={group}: dataset.list_file={file} has no such column (its header: "
+            f"{', '.join(header) if named else 'none'}). Add a header row naming path, label "
+            f"and {group}."
+        )
+    cols = {k: header.index(k) for k in ("path", "label", "fold") if k in header} if named else {
+        "path": 0, "label": 1}  # fmt: skip
+    if group:
+        cols["group"] = header.index(group.lower())
     rows = []
-    for n, row in enumerate(table, 1):
-        if len(row) < 2 or not row[0].strip() or not row[1].strip():
+    for n, row in enumerate(table[1:] if named else table, 2 if named else 1):
+        row = [c.strip() for c in row]
+        item = {k: row[i] if i < len(row) else "" for k, i in cols.items()}
+        if not item["path"] or not item["label"]:
             raise UserError(
                 f"dataset.list_file={file}: row {n} has no path or no label. Each row is "
                 "`path,label` (paths relative to dataset.root)."
             )
-        rows.append((row[0].strip(), row[1].strip()))
+        rows.append(item)
     if not rows:
         raise UserError(f"dataset.list_file={file}: the list is empty. Add rows `path,label`.")
     return rows
@@ -241,6 +285,7 @@ class AudioSplit(Dataset):
         self.durations = durations[idx] if idx else np.zeros(0)
         self.rate, self.channels, self.clip, self.pad = rate, channels, clip, pad
         self.seed, self.views = seed, views
+        self.views_from = f"dataset.eval_clips={views}"  # named by the device-batch line
         self.samples = round(clip * rate)
 
     def __len__(self) -> int:

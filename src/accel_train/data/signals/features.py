@@ -11,6 +11,8 @@ audio is wrong for I/Q:
   input at each example's own peak (over its channels and bins), while a ``(B, F, T)`` batch
   would share one cut, making an example depend on its batch mates. SpecAugment
   (``freq_mask``, ``time_mask``: the widest masks, 0 = off) masks training batches;
+- ``standardize`` (sensors): ``(x - mean) / std`` per channel, the statistics measured once on
+  the training split's windows (data/signals/windows.py: ``channel_stats``);
 - ``iq_power_norm`` (radio I/Q, 2 channels I and Q): each example divided by the root of its
   mean complex power ``mean(I^2 + Q^2)``, as TorchSig and rfml normalise; per-channel statistics
   would scale I and Q apart and distort the constellation.
@@ -30,7 +32,7 @@ from torch import nn
 
 from accel_train.errors import UserError
 
-KINDS = ("none", "log_mel", "iq_power_norm")
+KINDS = ("none", "log_mel", "iq_power_norm", "standardize")
 
 
 @dataclass
@@ -51,7 +53,9 @@ class SignalFeatures:
     """The device features of one data set: ``(windows, train, generator) -> model input``."""
 
     def __init__(self, kind: str, sample_rate: int, mel: MelSettings | None = None,
-                 freq_mask: int = 0, time_mask: int = 0):  # fmt: skip
+                 freq_mask: int = 0, time_mask: int = 0,
+                 stats: tuple[list[float], list[float]] | None = None):  # fmt: skip
+        self.stats = None if stats is None else tuple(torch.tensor(v)[:, None] for v in stats)
         self.kind, self.freq_mask, self.time_mask = kind, int(freq_mask), int(time_mask)
         self.mel: nn.Module | None = None
         self.top_db = mel.top_db if mel else None
@@ -66,6 +70,9 @@ class SignalFeatures:
         if self.kind == "iq_power_norm":
             power = x.square().sum(1, keepdim=True).mean(2, keepdim=True)  # mean(I^2 + Q^2)
             return x * power.clamp_min(1e-20).rsqrt()
+        if self.kind == "standardize":
+            mean, std = (v.to(x.device) for v in self.stats)
+            return (x - mean) / std
         if self.kind != "log_mel":
             return x
         if self._on != x.device:  # the filterbank and window follow the batch to its device
@@ -114,7 +121,12 @@ def _spec_augment(spec: torch.Tensor, freq: int, time: int, gen: torch.Generator
     return torch.where(keep, spec, fill)
 
 
-def build_features(features: Mapping | None, sample_rate: int, family: str) -> SignalFeatures:
+def build_features(
+    features: Mapping | None,
+    sample_rate: int,
+    family: str,
+    stats: tuple[list[float], list[float]] | None = None,
+) -> SignalFeatures:
     """``dataset.features`` checked: a kind of the menu, the family's own (log-mel on audio,
     I/Q normalisation on 2-channel arrays), widths that are numbers of bins."""
     f = dict(features or {})
@@ -131,6 +143,12 @@ def build_features(features: Mapping | None, sample_rate: int, family: str) -> S
             f"dataset={family} gives windows without a known sample rate for a mel scale. Use "
             "`dataset.features.kind=none` or `iq_power_norm`."
         )
+    if kind == "standardize" and stats is None:
+        raise UserError(
+            f"dataset.features.kind=standardize is a feature of sensor windows "
+            f"(dataset=signal_arrays), whose per-channel statistics it measures on the "
+            f"training split; dataset={family} has none. Use `dataset.features.kind=log_mel`."
+        )
     for key in ("freq_mask", "time_mask"):
         if int(f.get(key) or 0) < 0:
             raise UserError(f"dataset.features.{key}={f[key]} must be >= 0 (0: no mask).")
@@ -142,4 +160,4 @@ def build_features(features: Mapping | None, sample_rate: int, family: str) -> S
             f"n_mels={mel.n_mels} must be >= 2, >= 1 and >= 1."
         )
     return SignalFeatures(kind, sample_rate, mel, int(f.get("freq_mask") or 0),
-                          int(f.get("time_mask") or 0))  # fmt: skip
+                          int(f.get("time_mask") or 0), stats)  # fmt: skip
