@@ -35,9 +35,12 @@ def pytest_configure(config):
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
-def pytest_sessionstart(session):
-    # The warm CLI's parent (tests/warm_cli.py) gets the session's environment as it starts,
-    # before any test changes os.environ.
+def pytest_collection_finish(session):
+    # The warm CLI's parent (tests/warm_cli.py) gets the session's environment once the test
+    # modules are imported (an import at collection may set variables: MONAI sets KMP_*,
+    # CUBLAS_WORKSPACE_CONFIG, ...; every run inherits them alike) and before any test changes
+    # os.environ.
+    BASE_ENV.clear()
     BASE_ENV.update(base_env())
 
 

@@ -114,7 +114,8 @@ def warm_allowed(prog: str, env: dict[str, str]) -> bool:
         BASE_ENV.update(base_env())
     if not (WARM["enabled"] and prog in WARM_PROGS):
         return False
-    return warm_env_ok(env, BASE_ENV, warm_server().imported)
+    server = warm_server()
+    return warm_env_ok(env, BASE_ENV, server.imported, server.imported_with)
 
 
 # This process's CLI runs, warm and fresh, and why runs that could have forked did not (the
@@ -126,7 +127,8 @@ RUNS: dict = {"warm": 0, "fresh": 0, "fresh_because": {}}
 def _count(prog: str, warm: bool, env: dict[str, str]) -> None:
     RUNS["warm" if warm else "fresh"] += 1
     if not warm and WARM["enabled"] and prog in WARM_PROGS and BASE_ENV:
-        for key in sorted(env_differences(env, BASE_ENV)) or ["(forced fresh)"]:
+        imported_with = _server[0].imported_with if _server else None
+        for key in sorted(env_differences(env, BASE_ENV, imported_with)) or ["(forced fresh)"]:
             RUNS["fresh_because"][key] = RUNS["fresh_because"].get(key, 0) + 1
 
 

@@ -102,20 +102,31 @@ PRELOAD = (
 )
 
 
-def warm_env_ok(env: dict[str, str], server_env: dict[str, str], imported: set[str]) -> bool:
-    """True when `env` differs from the server's only in variables read at run time, and in a
-    PYTHONPATH that puts folders before the server's (a test's user code) holding no module the
-    server has imported (`imported`: its top-level names), which they would shadow."""
-    differ = env_differences(env, server_env)
+def warm_env_ok(
+    env: dict[str, str],
+    server_env: dict[str, str],
+    imported: set[str],
+    imported_with: dict[str, str] | None = None,
+) -> bool:
+    """True when `env` differs from the server's only in variables read at run time (or set
+    to the values its imports ran with), and in a PYTHONPATH that puts folders before the
+    server's (a test's user code) holding no module the server has imported (`imported`: its
+    top-level names), which they would shadow."""
+    differ = env_differences(env, server_env, imported_with)
     if differ - {"PYTHONPATH"}:
         return False
     return not differ or _added_path(env, server_env, imported) is not None
 
 
-def env_differences(env: dict[str, str], server_env: dict[str, str]) -> set[str]:
-    """The variables `env` sets otherwise than the server's, run-time ones aside."""
+def env_differences(
+    env: dict[str, str], server_env: dict[str, str], imported_with: dict[str, str] | None = None
+) -> set[str]:
+    """The variables `env` sets otherwise than the server's, run-time ones aside, and those it
+    sets to the value the server's imports ran with (`imported_with`: its environment after
+    them, e.g. HF_HUB_OFFLINE=1 that an in-process test set in the pytest process too)."""
     keys = set(env) | set(server_env)
-    return {k for k in keys if env.get(k) != server_env.get(k)} - RUNTIME_ENV
+    differ = {k for k in keys if env.get(k) != server_env.get(k)} - RUNTIME_ENV
+    return {k for k in differ if imported_with is None or env.get(k) != imported_with.get(k)}
 
 
 def _added_path(env: dict[str, str], server_env: dict[str, str], imported: set[str]):
@@ -164,6 +175,7 @@ class WarmServer:
             time.sleep(0.05)
         # The top-level names of the modules the server imported (warm_env_ok).
         self.imported = set(json.loads(Path(self.socket_path + ".modules.json").read_text()))
+        self.imported_with = json.loads(Path(self.socket_path + ".env.json").read_text())
         # torchrun's PYTHON_EXEC for a warm run's workers: this file's worker_stub, started
         # without site-packages (-S: it needs the standard library only, ~20 ms).
         self.python = self.dir / "python"
@@ -277,6 +289,9 @@ def _serve(socket_path: str, bin_dir: str) -> None:
         raise SystemExit(f"warm CLI server: {len(threads)} threads after the imports")
     imported = sorted({name.split(".")[0] for name in sys.modules})
     Path(socket_path + ".modules.json").write_text(json.dumps(imported))
+    # Its environment after the imports (HF_HUB_OFFLINE=1, set above): a run that sets a
+    # variable to the value the server itself imported with may fork (warm_env_ok).
+    Path(socket_path + ".env.json").write_text(json.dumps(dict(os.environ)))
     parent = os.getppid()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
